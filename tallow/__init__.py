@@ -1,0 +1,1 @@
+"""tallow: quantized GGUF inference, greedy-identical to llama.cpp."""
