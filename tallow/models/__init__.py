@@ -1,0 +1,21 @@
+"""Model families by GGUF architecture name."""
+
+from __future__ import annotations
+
+from ..gguf_file import GGUFFile
+from ..spec import ModelSpec
+from .base import DecoderModel
+from .gemma3 import Gemma3Model
+from .llama import LlamaModel
+from .qwen import Qwen2Model, Qwen3Model
+
+FAMILIES: dict[str, type[DecoderModel]] = {
+    "llama": LlamaModel,
+    "qwen2": Qwen2Model,
+    "qwen3": Qwen3Model,
+    "gemma3": Gemma3Model,
+}
+
+
+def build_model(gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None) -> DecoderModel:
+    return FAMILIES[spec.architecture](gf, spec, linear_mode)

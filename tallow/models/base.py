@@ -1,0 +1,116 @@
+"""The decoder skeleton every family shares: embed, run the blocks, norm, project to logits.
+
+A family file subclasses `DecoderModel` and says what one block computes (`block`) and
+which tensors it needs (`load_layer`); how a matrix product runs is the kernels' business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ModelFileError
+from ..gguf_file import GGUFFile
+from ..kernels.cpu.linear import make_embedding, make_linear
+from ..layers import RotaryTables, rms_norm, softcap_logits
+from ..memory.kv_pool import KVPool
+from ..quant.reference import dequantize
+from ..spec import ModelSpec
+
+
+@dataclass
+class LayerWeights:
+    """Tensors of one block, by their GGUF short names (attn_q, ffn_norm, …)."""
+
+    index: int
+    tensors: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["tensors"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def get(self, name: str) -> Any:
+        return self.tensors.get(name)
+
+
+class DecoderModel:
+    """Weights and forward pass of one decoder-only model."""
+
+    def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None):
+        self.gf = gf
+        self.spec = spec
+        self.linear_mode = linear_mode
+        self.embedding = make_embedding(self._tensor("token_embd.weight"))
+        self.output_norm = self.norm_weight("output_norm.weight")
+        output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
+        self.output = make_linear(output, mode=linear_mode)
+        self.rope = {}
+        for layer in spec.layers:
+            if layer.rope_base not in self.rope:
+                self.rope[layer.rope_base] = RotaryTables(spec.rope_dim, layer.rope_base, spec.rope_style, spec.rope_scale)
+        self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
+
+    # -- loading helpers -------------------------------------------------------------------
+    def _tensor(self, name: str):
+        try:
+            return self.gf.tensors[name]
+        except KeyError:
+            raise ModelFileError(f"{self.gf.path}: the tensor {name} is missing.") from None
+
+    def norm_weight(self, name: str) -> torch.Tensor:
+        t = self._tensor(name)
+        return dequantize(t.data, t.qtype, t.n_cols).reshape(-1).clone()
+
+    def linear(self, name: str, bias: str | None = None):
+        bias_array: np.ndarray | None = None
+        if bias is not None and bias in self.gf.tensors:
+            b = self.gf.tensors[bias]
+            bias_array = dequantize(b.data, b.qtype, b.n_cols).reshape(-1).numpy()
+        return make_linear(self._tensor(name), bias_array, mode=self.linear_mode)
+
+    def load_layer(self, i: int) -> LayerWeights:
+        raise NotImplementedError
+
+    def block(self, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes of the weights this model holds (quantized or repacked)."""
+        total = self.output.nbytes + self.output_norm.numel() * 4
+        for layer in self.layers:
+            for value in layer.tensors.values():
+                total += value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+        return total
+
+    # -- forward ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], start: int, kv: KVPool, all_logits: bool = False) -> torch.Tensor:
+        """Run tokens at positions start.. through the model, writing their K/V into kv.
+
+        Returns logits (n_tokens, vocab) if all_logits else (1, vocab) for the last token.
+        """
+        n = len(tokens)
+        if start + n > kv.n_ctx:
+            raise ValueError(f"{start + n} tokens exceed the context of {kv.n_ctx}")
+        ids = torch.tensor(tokens, dtype=torch.long)
+        positions = torch.arange(start, start + n)
+        for table in self.rope.values():
+            table.ensure(start + n)
+        x = self.embedding(ids)  # (n, dim)
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        for layer in self.layers:
+            x = self.block(layer, x, positions, kv, start)
+        if not all_logits:
+            x = x[-1:]
+        x = rms_norm(x, self.output_norm, self.spec.norm_eps)
+        logits = self.output(x)  # (n or 1, vocab)
+        del kv.tokens[start:]
+        kv.tokens.extend(tokens)
+        return softcap_logits(logits, self.spec.final_logit_softcap)

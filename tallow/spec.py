@@ -1,0 +1,156 @@
+"""ModelSpec: one normalized description of a model, built from GGUF metadata only.
+
+Per-layer facts (sliding window, RoPE base, KV heads) live here so model files and the
+memory planner never re-derive them. Where llama.cpp fixes a fact per architecture rather
+than reading it from the file (gemma3's sliding-window pattern of 6 and local RoPE base of
+10000), we read the metadata key when a file carries it and fall back to llama.cpp's value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ModelFileError
+from .gguf_file import GGUFFile
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+
+# RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
+# the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
+_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+
+# llama.cpp's per-architecture defaults where the GGUF may not carry the key.
+_GEMMA3_SWA_PATTERN = 6
+_GEMMA3_ROPE_BASE_SWA = 10000.0
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    index: int
+    n_heads: int
+    n_kv_heads: int
+    sliding_window: int | None  # None: global attention over the whole context
+    rope_base: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    name: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # key/query head size
+    v_head_dim: int
+    vocab_size: int
+    context_length: int
+    norm_eps: float
+    rope_base: float
+    rope_dim: int
+    rope_style: str  # "norm" | "neox"
+    rope_scale: float  # linear position scaling (1.0 = none)
+    attn_scale: float  # multiplies q·k
+    embed_scale: float  # multiplies the token embedding (gemma: sqrt(dim))
+    final_logit_softcap: float | None
+    attn_logit_softcap: float | None
+    tied_embeddings: bool
+    layers: tuple[LayerSpec, ...] = field(repr=False)
+
+    @property
+    def kv_bytes_per_token_f16(self) -> int:
+        """Bytes of f16 K+V one token costs across all layers (no window savings)."""
+        return sum(2 * layer.n_kv_heads * (self.head_dim + self.v_head_dim) for layer in self.layers)
+
+
+def _per_layer(value, n_layers: int, what: str, path: str) -> list[int]:
+    if isinstance(value, np.ndarray):
+        if len(value) != n_layers:
+            raise ModelFileError(f"{path}: {what} has {len(value)} entries for {n_layers} layers.")
+        return [int(v) for v in value]
+    return [int(value)] * n_layers
+
+
+def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
+    arch = gf.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(
+            f"{gf.path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
+        )
+
+    def need(key: str):
+        value = gf.arch_get(key)
+        if value is None:
+            raise ModelFileError(f"{gf.path}: the metadata key {arch}.{key} is missing.")
+        return value
+
+    n_layers = int(need("block_count"))
+    dim = int(need("embedding_length"))
+    heads = _per_layer(need("attention.head_count"), n_layers, "attention.head_count", gf.path)
+    kv_heads = _per_layer(gf.arch_get("attention.head_count_kv", heads[0]), n_layers, "attention.head_count_kv", gf.path)
+    ffn = gf.arch_get("feed_forward_length")
+    ffn_dim = int(ffn[0] if isinstance(ffn, np.ndarray) else need("feed_forward_length"))
+    head_dim = int(gf.arch_get("attention.key_length", dim // heads[0]))
+    v_head_dim = int(gf.arch_get("attention.value_length", head_dim))
+    tokens = gf.get("tokenizer.ggml.tokens")
+    vocab_size = int(gf.arch_get("vocab_size", len(tokens) if tokens is not None else 0))
+    if "token_embd.weight" not in gf.tensors:
+        raise ModelFileError(f"{gf.path}: the tensor token_embd.weight is missing.")
+    vocab_size = gf.tensors["token_embd.weight"].shape[1]
+
+    rope_base = float(gf.arch_get("rope.freq_base", 10000.0))
+    rope_dim = int(gf.arch_get("rope.dimension_count", head_dim))
+    rope_scale = 1.0
+    if gf.arch_get("rope.scaling.type") == "linear" and gf.arch_get("rope.scaling.factor"):
+        rope_scale = float(gf.arch_get("rope.scaling.factor"))
+
+    window = gf.arch_get("attention.sliding_window")
+    layers = []
+    for i in range(n_layers):
+        sliding = None
+        base = rope_base
+        if arch == "gemma3" and window:
+            pattern = int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN))
+            if i % pattern < pattern - 1:
+                sliding = int(window)
+                base = float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA))
+        layers.append(LayerSpec(i, heads[i], kv_heads[i], sliding, base))
+
+    if arch == "gemma3":
+        attn_scale = 1.0 / math.sqrt(head_dim)  # llama.cpp: 1/sqrt(n_embd_head_k) for all but 27B
+        embed_scale = math.sqrt(dim)
+    else:
+        attn_scale = 1.0 / math.sqrt(head_dim)
+        embed_scale = 1.0
+    softcap = gf.arch_get("final_logit_softcapping")
+    attn_softcap = gf.arch_get("attn_logit_softcapping")
+
+    name = gf.get("general.name") or gf.path
+    return ModelSpec(
+        architecture=arch,
+        name=str(name),
+        n_layers=n_layers,
+        dim=dim,
+        ffn_dim=ffn_dim,
+        n_heads=heads[0],
+        n_kv_heads=kv_heads[0],
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        vocab_size=vocab_size,
+        context_length=int(gf.arch_get("context_length", 2048)),
+        norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_base=rope_base,
+        rope_dim=rope_dim,
+        rope_style=_ROPE_STYLE[arch],
+        rope_scale=rope_scale,
+        attn_scale=attn_scale,
+        embed_scale=embed_scale,
+        final_logit_softcap=float(softcap) if softcap else None,
+        attn_logit_softcap=float(attn_softcap) if attn_softcap else None,
+        tied_embeddings="output.weight" not in gf.tensors,
+        layers=tuple(layers),
+    )

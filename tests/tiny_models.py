@@ -1,0 +1,123 @@
+"""Small random-weight GGUF models for every architecture, written deterministically.
+
+llama.cpp runs any valid GGUF, so these let us compare tallow with llama.cpp on
+architectures we have no real weights for (qwen3) and, with F32 weights and F32 KV,
+without llama.cpp's activation quantization blurring the comparison: any architectural
+mistake shows up as a large logit difference. `scripts/make_fixtures.py` records
+llama.cpp's logits for them; the tests rebuild the same files from the same seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import quantize
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+N_VOCAB_BYTES = 256
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode alphabet, one token per byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return [mapping[b] for b in range(256)]
+
+
+def _tokens() -> tuple[list[str], list[int], list[str]]:
+    tokens = _byte_tokens() + ["Ġt", "he", "<s>", "</s>"]
+    types = [TokenType.NORMAL] * (len(tokens) - 2) + [TokenType.CONTROL, TokenType.CONTROL]
+    merges = ["Ġ t", "h e"]
+    return tokens, [int(t) for t in types], merges
+
+
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
+    """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(arch)
+    rng = np.random.RandomState(seed)
+    dim, n_heads, n_kv, ffn = 64, 4, 2, 128
+    # llama.cpp's llama and qwen2 derive the head size from dim/n_heads; qwen3 and gemma3
+    # read key_length, so they get a head size that differs from it to test that path.
+    head_dim = 32 if arch in ("qwen3", "gemma3") else dim // n_heads
+    n_layers = 6 if arch == "gemma3" else 2
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        w.add_sliding_window(8)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(n_vocab - 2)
+    w.add_eos_token_id(n_vocab - 1)
+    w.add_add_bos_token(False)
+
+    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float, scale: float) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    if arch in ("llama", "qwen2"):
+        matrix("output.weight", n_vocab, dim, dim**-0.5)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
+        if arch == "qwen2":
+            vector(p + "attn_q.bias", n_heads * head_dim, 0.0, 0.1)
+            vector(p + "attn_k.bias", n_kv * head_dim, 0.0, 0.1)
+            vector(p + "attn_v.bias", n_kv * head_dim, 0.0, 0.1)
+        if arch in ("qwen3", "gemma3"):
+            vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
+            vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
+        if arch == "gemma3":
+            vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
+            vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:
+    """A fixed token sequence longer than gemma3's tiny window of 8."""
+    return [int(t) for t in np.random.RandomState(seed).randint(0, N_VOCAB_BYTES, size=n)]
