@@ -1,0 +1,229 @@
+"""The `tallow` command: parses flags, calls the Python API, prints. Text on stdout, stats on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections import Counter
+from typing import Any
+
+from .errors import TallowError, UsageError
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="registry name or path to a GGUF file (default: qwen2.5-coder-1.5b-instruct)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+    )
+
+
+def _load(args: argparse.Namespace):
+    from .api import load
+
+    llm = load(args.model, ctx=getattr(args, "ctx", None))
+    return llm
+
+
+def _print_stats(llm) -> None:
+    s = llm.stats.last
+    load = llm.stats.load
+    _err(
+        f"\n[tallow] load {load.load_s * 1000:.0f} ms | prompt {s.prompt_tokens} tok"
+        f" (reused {s.reused_tokens}) | prefill {s.prefill_tokens} tok in {s.prefill_s * 1000:.1f} ms"
+        f" = {s.prefill_tok_s:.1f} tok/s | decode {s.decode_tokens} tok in {s.decode_s * 1000:.1f} ms"
+        f" = {s.decode_tok_s:.1f} tok/s | TTFT {s.ttft_s * 1000:.1f} ms | finish: {s.finish_reason}"
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    llm = _load(args)
+    kwargs = dict(max_tokens=args.max_tokens, stream=True, stop=args.stop, **_sampling(args))
+    if args.raw:
+        deltas = llm.generate(args.prompt, **kwargs)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+        deltas = llm.chat(messages, **kwargs)
+    for delta in deltas:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    _print_stats(llm)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .repl import run_repl
+
+    return run_repl(args)
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .gguf_file import GGUFFile
+    from .registry import resolve_model
+    from .tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(resolve_model(args.model)))
+    ids = tok.encode(args.text, add_special=not args.no_bos, parse_special=not args.no_parse_special)
+    print(json.dumps(ids))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .gguf_file import GGUFFile
+    from .registry import resolve_model
+    from .spec import spec_from_gguf
+
+    path = resolve_model(args.model_pos or args.model)
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    types = Counter(t.qtype.name for t in gf.tensors.values())
+    n_params = sum(t.n_rows * t.n_cols for t in gf.tensors.values())
+    tensor_bytes = sum(t.n_bytes for t in gf.tensors.values())
+    ctx = args.ctx or min(spec.context_length, 4096)
+    kv_bytes = spec.kv_bytes_per_token_f16 * ctx
+    windows = sorted({layer.sliding_window for layer in spec.layers if layer.sliding_window})
+    lines = [
+        f"file          {path} ({gf.file_size / 2**20:.1f} MiB, GGUF v{gf.version})",
+        f"name          {spec.name}",
+        f"architecture  {spec.architecture}",
+        f"parameters    {n_params / 1e6:.1f} M",
+        f"layers        {spec.n_layers}   dim {spec.dim}   ffn {spec.ffn_dim}",
+        f"attention     {spec.n_heads} heads, {spec.n_kv_heads} KV heads, head dim {spec.head_dim}"
+        + (f", sliding window {windows} on {sum(1 for l in spec.layers if l.sliding_window)} layers" if windows else ""),
+        f"rope          base {spec.rope_base:g} ({spec.rope_style})"
+        + (f", local base {sorted({l.rope_base for l in spec.layers if l.sliding_window})}" if windows else ""),
+        f"vocab         {spec.vocab_size}   context {spec.context_length}   tied embeddings: {spec.tied_embeddings}",
+        f"tensor types  " + ", ".join(f"{k}: {v}" for k, v in types.most_common()),
+        f"memory @ctx {ctx}: weights {tensor_bytes / 2**20:.1f} MiB + KV (f16) {kv_bytes / 2**20:.1f} MiB"
+        f" = {(tensor_bytes + kv_bytes) / 2**20:.1f} MiB  ({spec.kv_bytes_per_token_f16} KV bytes/token)",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .registry import list_models
+
+    for entry, path in list_models():
+        mark = "*" if entry.default else " "
+        where = str(path) if path else "not pulled (tallow pull " + entry.name + ")"
+        print(f"{mark} {entry.name:32s} {entry.architecture:8s} {entry.quant:8s} {entry.size_bytes / 2**20:8.1f} MiB  {where}")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .registry import pull
+
+    for name in args.names:
+        print(pull(name, verify=args.verify))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tallow", description="Run quantized GGUF models, greedy-identical to llama.cpp.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="generate a reply (or a raw continuation) for one prompt")
+    _add_model_arg(p)
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
+    p.add_argument("--system", default=None, help="system message (chat mode)")
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="interactive multi-turn chat")
+    _add_model_arg(p)
+    p.add_argument("--system", default=None)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("tokenize", help="print token ids as JSON")
+    _add_model_arg(p)
+    p.add_argument("text")
+    p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
+    p.add_argument("--no-parse-special", action="store_true", help="treat special-token text as plain text")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = sub.add_parser("inspect", help="architecture, hyperparameters, tensor types, memory")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL")
+    _add_model_arg(p)
+    p.add_argument("-c", "--ctx", type=int, default=None)
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("models", help="list registry models and which are pulled")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("pull", help="download registry models")
+    p.add_argument("names", nargs="+")
+    p.add_argument("--verify", action="store_true", help="re-hash a model already present")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("bench", help="prefill/decode speed like llama-bench")
+    _add_model_arg(p)
+    p.add_argument("-p", "--n-prompt", default="33,512", help="prompt lengths, comma-separated")
+    p.add_argument("-n", "--n-gen", default="64", help="generation lengths, comma-separated")
+    p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except TallowError as exc:
+        _err(f"tallow: error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err("\ntallow: interrupted")
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

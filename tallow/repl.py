@@ -1,0 +1,78 @@
+"""`tallow chat`: an interactive multi-turn chat in the terminal.
+
+/clear forgets the conversation, /exit (or Ctrl-D) leaves; Ctrl-C stops the answer being
+written, not the program. The KV pool keeps the conversation's prefix, so each turn only
+prefills the new message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from .cli import _err, _load, _sampling
+
+try:  # line editing and history when the platform has it
+    import readline  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
+HELP = "commands: /clear (forget the conversation), /exit (leave); Ctrl-C stops an answer"
+
+
+def run_repl(args: argparse.Namespace) -> int:
+    llm = _load(args)
+    _err(f"[tallow] {llm.spec.name} ({llm.spec.architecture}), context {llm.n_ctx}. {HELP}")
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = []
+    interrupted = {"flag": False}
+
+    def on_sigint(signum, frame):
+        interrupted["flag"] = True
+
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/clear":
+            history.clear()
+            _err("[tallow] conversation cleared")
+            continue
+        if text.startswith("/"):
+            _err(f"[tallow] unknown command {text.split()[0]}; {HELP}")
+            continue
+        history.append({"role": "user", "content": text})
+        interrupted["flag"] = False
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        answer = []
+        try:
+            for delta in llm.chat(
+                system + history,
+                max_tokens=args.max_tokens,
+                stream=True,
+                stop=args.stop,
+                should_stop=lambda: interrupted["flag"],
+                **_sampling(args),
+            ):
+                answer.append(delta)
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        print()
+        if interrupted["flag"]:
+            _err("[tallow] (stopped)")
+        history.append({"role": "assistant", "content": "".join(answer)})
+        s = llm.stats.last
+        _err(f"[{s.decode_tok_s:.1f} tok/s, {s.prompt_tokens} prompt tokens, {s.reused_tokens} reused]")
