@@ -1,0 +1,28 @@
+"""Where the tests find real GGUF models: `<dir>/<name>.gguf` in, in order,
+$TALLOW_TEST_MODELS, tallow's cache (~/.cache/tallow/models) and /root/models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KNOWN_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
+
+
+def model_dirs() -> list[Path]:
+    dirs = []
+    env = os.environ.get("TALLOW_TEST_MODELS")
+    if env:
+        dirs.append(Path(env))
+    dirs.append(Path.home() / ".cache" / "tallow" / "models")
+    dirs.append(Path("/root/models"))
+    return dirs
+
+
+def model_path(name: str) -> Path | None:
+    """The first `<dir>/<name>.gguf` that exists, or None (tests then skip with that reason)."""
+    for d in model_dirs():
+        p = d / f"{name}.gguf"
+        if p.is_file():
+            return p
+    return None
