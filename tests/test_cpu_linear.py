@@ -23,7 +23,8 @@ from tallow.gguf_file import GGUFFile, TensorInfo
 from tallow.kernels.cpu import linear as L
 from tallow.kernels.cpu.linear import make_embedding, make_linear
 from tallow.quant import pack
-from tallow.quant.pack import INT4_TYPES, INT8_TYPES, int4_codes, pack_int4, repack_error, unpack_int4_weight
+from tallow.quant.pack import (INT4_TYPES, INT4X2_TYPES, INT8_TYPES, int4_codes, int4x2_codes, pack_int4, repack_error,
+                               unpack_int4_weight)
 from tallow.quant.reference import dequantize
 
 from test_quant_reference import random_rows
@@ -72,19 +73,40 @@ def test_tinygemm_dequant_convention() -> None:
     torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("qtype", sorted(INT4_TYPES), ids=lambda t: t.name)
+def _fold(t: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, K*parts) -> (N, K): add the int4x2 halves."""
+    return t[:, :k] + t[:, k:] if t.shape[1] > k else t
+
+
+@pytest.mark.parametrize("qtype", sorted(INT4_TYPES | INT4X2_TYPES), ids=lambda t: t.name)
 def test_int4_codes_are_exact_and_only_scales_round(qtype: QT) -> None:
     raw = random_rows(qtype, 8, 512, seed=3)
     w_ref = dequantize(raw, qtype, 512)
-    q, scale, zero = int4_codes(raw, qtype, 512)
+    q, scale, zero = (int4_codes if qtype in INT4_TYPES else int4x2_codes)(raw, qtype, 512)
+    assert int(q.min()) >= 0 and int(q.max()) <= 15
     s = scale.repeat_interleave(32, dim=1)
     z = zero.repeat_interleave(32, dim=1)
     # fp32 affine form reproduces the reference up to fp32 rounding of zero
-    torch.testing.assert_close((q.float() - 8) * s + z, w_ref, rtol=1e-6, atol=1e-6 * float(w_ref.abs().max()))
-    # with bf16 scale/zero, each element moves by at most 2^-8 (|q-8| |scale| + |zero|)
+    w_affine = _fold((q.float() - 8) * s + z, 512)
+    torch.testing.assert_close(w_affine, w_ref, rtol=1e-6, atol=1e-6 * float(w_ref.abs().max()))
+    # with bf16 scale/zero, each element moves by at most 2^-8 (|q-8| |scale| + |zero|) per part
     w4 = unpack_int4_weight(raw, qtype, 512)
-    bound = 2.0 ** -8 * ((q.float() - 8).abs() * s.abs() + z.abs()) * (1 + 1e-6) + 1e-30
+    bound = _fold(2.0 ** -8 * ((q.float() - 8).abs() * s.abs() + z.abs()), 512) * (1 + 1e-6) + 1e-30
     assert bool(((w4 - w_ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("qtype", sorted(INT4X2_TYPES), ids=lambda t: t.name)
+def test_int4x2_linear_matches_reference(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in exact-code path for 5- and 8-bit group-32 types: bf16-level error, not int8's."""
+    t = fake_tensor(qtype, 40, 512, seed=int(qtype))
+    monkeypatch.setenv("TALLOW_INT4X2", "1")
+    fast, ref = make_linear(t), make_linear(t, mode="reference")
+    assert fast.kind == "int4x2" and make_linear(t, mode="int4x2").kind == "int4x2"
+    assert fast.nbytes == 48 * 512 + (2 * 512 // 32) * 48 * 2 * 2  # 1 byte/weight, rows padded to 48
+    g = torch.Generator().manual_seed(2)
+    for m in (1, 7, 64):
+        x = torch.randn(m, 512, generator=g)
+        assert rel_err(fast(x), ref(x)) < BF16_TOL, (qtype.name, m)
 
 
 @pytest.mark.skipif(not pack.HAS_INT4_OPS, reason="no int4pack ops in this torch")

@@ -13,6 +13,9 @@ Two targets:
 * **int8 per output channel** for everything else quantized (Q5_0, Q5_1, Q8_0, Q2_K..Q6_K):
   `aten._weight_int8pack_mm(x_bf16, w_int8 (N, K), scales (N,))`. This is a lossy
   requantization (one scale per row instead of per block); `repack_error` measures it.
+* **int4x2** (opt-in) for Q8_0, Q5_0, Q5_1, Q5_K: the codes split exactly into a low nibble and
+  a high part, packed as one int4 matrix over a doubled K; exact codes like the int4 types,
+  1 byte/weight like int8, and as fast as int8 for single-token decode (see int4x2_codes).
 
 Why bf16 and not fp32/fp16 activations: the kernels accept all three dtypes, but only the bf16
 path is vectorized on this torch build (measured at K=1536, N=8960, M=1: int4 0.23 ms bf16 vs
@@ -31,16 +34,19 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
-from .reference import _f16, _k_scale_min, _nibbles, _as_uint8_tensor, block_dims, dequantize
+from .reference import _bits, _bits_le32, _f16, _k_scale_min, _nibbles, _as_uint8_tensor, block_dims, dequantize
 
 __all__ = [
-    "INT4_TYPES", "INT8_TYPES", "GROUP_SIZE", "HAS_INT4_OPS", "HAS_INT8_OPS",
-    "int4_codes", "pack_int4", "unpack_int4_weight", "pack_int8", "repack_error", "RepackError",
+    "INT4_TYPES", "INT8_TYPES", "INT4X2_TYPES", "GROUP_SIZE", "HAS_INT4_OPS", "HAS_INT8_OPS",
+    "int4_codes", "int4x2_codes", "pack_int4", "unpack_int4_weight", "pack_int8", "repack_error", "RepackError",
 ]
 
 GROUP_SIZE = 32  # tinygemm group along K; equals the Q4_0/Q4_1 block and the Q4_K sub-block
 INT4_TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q4_K})
 INT8_TYPES: frozenset[QT] = frozenset({QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q5_K, QT.Q6_K})
+# Types whose codes split exactly into two 4-bit halves with a shared per-32 scale: they can run as
+# one int4 matmul over a doubled K ("int4x2", opt-in; see int4x2_codes).
+INT4X2_TYPES: frozenset[QT] = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K, QT.Q8_0})
 
 HAS_INT4_OPS: bool = (hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
                       and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"))
@@ -90,6 +96,54 @@ def int4_codes(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int
     return q, scale.reshape(n, groups), zero.reshape(n, groups)
 
 
+def int4x2_codes(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Express Q8_0/Q5_0/Q5_1/Q5_K rows exactly as tinygemm int4 over a doubled K.
+
+    A code q (5 or 8 bits) splits into lo = q & 15 and hi = q >> 4 (arithmetic), so
+    w = (d*16)*hi + d*lo + c for a per-32 affine constant c. The first K columns hold lo with
+    (scale d, zero 8d + c), the next K hold hi + 8 with (scale 16d, zero 0); the matmul then
+    runs on x duplicated to [x, x]. Codes stay exact and 16d rounds to bf16 exactly as d does,
+    so the only error is bf16 rounding of d and of the zero, as for the int4 types.
+
+    Returns q uint8 (N, 2K), scale float32 (N, 2K/32), zero float32 (N, 2K/32).
+    """
+    if qtype not in INT4X2_TYPES:
+        raise ModelFileError(f"Tensor type {QT(qtype).name} cannot be repacked to int4x2 (only Q5_0, Q5_1, Q5_K, Q8_0 can).")
+    block, type_size = block_dims(qtype)
+    b = _as_uint8_tensor(raw)
+    n = b.shape[0]
+    blocks = b.reshape(-1, type_size)
+    if qtype == QT.Q8_0:
+        d = _f16(blocks, 0)  # (B, 1)
+        q = blocks[:, 2:34].contiguous().view(torch.int8)  # (B, 32)
+        lo, hi = q & 15, q >> 4  # 0..15, -8..7
+        zero_lo = 8 * d  # w = d*(16 hi + lo) = 16d*hi + (lo - 8)*d + 8d
+    elif qtype in (QT.Q5_0, QT.Q5_1):
+        d = _f16(blocks, 0)
+        qh_off = 2 if qtype == QT.Q5_0 else 4
+        hi = _bits_le32(blocks[:, qh_off:qh_off + 4]).to(torch.int8)  # (B, 32) 0..1
+        lo = _nibbles(blocks[:, qh_off + 4:qh_off + 20], 16).reshape(-1, 32).to(torch.int8)
+        # Q5_0: w = d*(q - 16) -> zero_lo = 8d - 16d;  Q5_1: w = d*q + m -> zero_lo = 8d + m
+        zero_lo = 8 * d - 16 * d if qtype == QT.Q5_0 else 8 * d + _f16(blocks, 2)
+    else:  # Q5_K: 8 sub-blocks of 32, w = (d*sc)*q - dmin*m
+        dd, dmin = _f16(blocks, 0), _f16(blocks, 2)
+        sc, mn = _k_scale_min(blocks[:, 4:16])  # (B, 8)
+        d = (dd * sc.float()).reshape(-1, 1)  # one row per 32-element sub-block
+        zero_lo = 8 * d - (dmin * mn.float()).reshape(-1, 1)
+        lo = _nibbles(blocks[:, 48:176], 32).reshape(-1, 32).to(torch.int8)
+        hi = _bits(blocks[:, 16:48], 32).reshape(-1, 32).to(torch.int8)
+    groups = n_cols // GROUP_SIZE
+    q = torch.cat([lo.reshape(n, n_cols), (hi + 8).reshape(n, n_cols)], dim=1).to(torch.uint8)
+    scale = torch.cat([d.reshape(n, groups), 16 * d.reshape(n, groups)], dim=1)
+    zero = torch.cat([zero_lo.reshape(n, groups), torch.zeros(n, groups)], dim=1)
+    return q, scale, zero
+
+
+def _codes(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return int4_codes(raw, qtype, n_cols) if qtype in INT4_TYPES else int4x2_codes(raw, qtype, n_cols)
+
+
 @dataclass
 class Int4Pack:
     """A weight in tinygemm CPU layout. `packed` may have padded rows (N rounded up to 16)."""
@@ -98,39 +152,46 @@ class Int4Pack:
     scales_and_zeros: torch.Tensor  # bf16 (K/32, N_pad, 2)
     out_features: int               # N, the real row count
     in_features: int                # K
+    k_parts: int = 1                # 2 for int4x2: the kernel's K is 2K and x must be [x, x]
 
 
 def pack_int4(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> Int4Pack:
-    """Repack a Q4_0/Q4_1/Q4_K tensor (uint8 (N, row_bytes)) for `_weight_int4pack_mm_for_cpu`.
+    """Repack a Q4_0/Q4_1/Q4_K tensor (uint8 (N, row_bytes)) for `_weight_int4pack_mm_for_cpu`;
+    Q8_0/Q5_0/Q5_1/Q5_K are packed exactly as int4x2 (K doubled, see int4x2_codes).
 
     Rows are padded to a multiple of 16 (the packer's requirement) with zero weights; callers
     slice the output back to `out_features` columns.
     """
     if not HAS_INT4_OPS:
         raise RuntimeError("this torch build has no _convert_weight_to_int4pack_for_cpu op")
+    if qtype not in INT4_TYPES and qtype not in INT4X2_TYPES:
+        raise ModelFileError(f"Tensor type {QT(qtype).name} cannot be repacked to int4.")
     n = int(raw.shape[0])
     n_pad = -(-n // _N_ALIGN) * _N_ALIGN
-    groups = n_cols // GROUP_SIZE
-    packed = torch.empty(n_pad, n_cols // 2, dtype=torch.uint8)
+    parts = 1 if qtype in INT4_TYPES else 2
+    kk = n_cols * parts  # the kernel's K
+    groups = kk // GROUP_SIZE
+    packed = torch.empty(n_pad, kk // 2, dtype=torch.uint8)
     sz = torch.zeros(groups, n_pad, 2, dtype=torch.bfloat16)  # padding rows: scale 0, zero 0
-    for r0, r1 in _row_chunks(n, n_cols, align=_PACK_ROWS):
-        q, scale, zero = int4_codes(raw[r0:r1], qtype, n_cols)
+    for r0, r1 in _row_chunks(n, kk, align=_PACK_ROWS):
+        q, scale, zero = _codes(raw[r0:r1], qtype, n_cols)
         r1p = min(r1 + (n_pad - n if r1 == n else 0), n_pad)
-        q32 = torch.full((r1p - r0, n_cols), 8, dtype=torch.int32)
+        q32 = torch.full((r1p - r0, kk), 8, dtype=torch.int32)
         q32[: r1 - r0] = q
         packed[r0:r1p] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q32, 1)
         sz[:, r0:r1, 0] = scale.T.to(torch.bfloat16)
         sz[:, r0:r1, 1] = zero.T.to(torch.bfloat16)
-    return Int4Pack(packed, sz, n, n_cols)
+    return Int4Pack(packed, sz, n, n_cols, parts)
 
 
 def unpack_int4_weight(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> torch.Tensor:
     """The float32 weight (N, K) that the int4 kernel effectively uses: the exact codes with
     bf16-rounded scale and zero. For error measurement and tests."""
-    q, scale, zero = int4_codes(raw, qtype, n_cols)
+    q, scale, zero = _codes(raw, qtype, n_cols)
     s = scale.to(torch.bfloat16).float().repeat_interleave(GROUP_SIZE, dim=1)
     z = zero.to(torch.bfloat16).float().repeat_interleave(GROUP_SIZE, dim=1)
-    return (q.float() - 8) * s + z
+    w = (q.float() - 8) * s + z  # (N, K * parts)
+    return w[:, :n_cols] + w[:, n_cols:] if w.shape[1] > n_cols else w
 
 
 def _requant_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +234,7 @@ class RepackError:
 
 
 def repack_error(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int, target: str) -> RepackError:
-    """Measure the weight error of the `target` ("int4", "int8" or "bf16") representation."""
+    """Measure the weight error of the `target` ("int4" (also int4x2), "int8" or "bf16") representation."""
     err2 = ref2 = 0.0
     emax = wmax = rowrel = 0.0
     for r0, r1 in _row_chunks(int(raw.shape[0]), n_cols):
