@@ -77,7 +77,7 @@ class LLM:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(ids, skip_special=True)
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **template_kwargs: Any) -> list[int]:
         """The token ids of a chat rendered with the model's template, ready to generate from."""
@@ -143,7 +143,7 @@ class LLM:
         self.stats.history.append(stats)
         self._last_tokens: list[int] = []
         sampler = Sampler(params, self.spec.vocab_size)
-        decoder = StreamDecoder(self.tokenizer)
+        decoder = StreamDecoder(self.tokenizer, skip_special=True)  # like llama.cpp's completion text
         matcher = StopMatcher(stops)
         stopped = False
         for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop):

@@ -1,0 +1,160 @@
+"""Regenerate the llama.cpp conformance fixtures (dev only: needs llama-cpp-python).
+
+    pip install ../shared/wheels/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl
+    python scripts/make_fixtures.py [--models DIR]
+
+Writes tests/fixtures/conformance_<model>.json for the three real models:
+  - greedy: 64-token greedy continuations of 12 prompts, raw and chat-templated, with the
+    prompt ids and, per generated step, llama.cpp's top-2 logit gap (to judge near-ties);
+  - teacher_forced: over a ~500-token text, per position llama.cpp's top-10 token ids and
+    logits (full logit rows would be hundreds of MB).
+and tests/fixtures/tiny_<arch>.json: llama.cpp's full logits on the random-weight tiny
+models of tests/tiny_models.py (F32 weights and F32 KV, so no activation quantization).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import llama_cpp  # noqa: E402
+
+from tallow.chat.template import ChatTemplate  # noqa: E402
+from tallow.gguf_file import GGUFFile  # noqa: E402
+from tiny_models import ARCHITECTURES, tiny_prompt, write_tiny_model  # noqa: E402
+
+MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
+N_GEN = 64
+TOP = 10
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Here is a list of five fruits:\n1.",
+    "Once upon a time, in a small village by the sea,",
+    "Q: What is 17 multiplied by 23?\nA:",
+    "Translate to French: 'The weather is nice today.'\nFrench:",
+    '{"name": "Alice", "age": 30, "skills": [',
+    "The three laws of thermodynamics are",
+    "Write a haiku about autumn leaves.",
+    "SELECT customer_id, COUNT(*) FROM orders",
+    "In 1969, the Apollo 11 mission",
+    "Turn on the kitchen lights and set the thermostat to 21 degrees.",
+]
+
+TEACHER_TEXT = (
+    "The history of computing is a story of abstraction. Early machines were programmed by "
+    "rewiring panels; then came stored programs, assemblers, and compilers. Each layer hid the "
+    "one below it. In 1957, FORTRAN let scientists write formulas instead of machine code, and "
+    "by the 1970s, C gave systems programmers portable control over memory. Today a Python "
+    "programmer can write:\n\n"
+    "def mean(xs):\n    return sum(xs) / len(xs) if xs else 0.0\n\n"
+    "print(mean([3, 1, 4, 1, 5, 9, 2, 6]))\n\n"
+    "and never think about registers, caches, or instruction pipelines. Yet performance still "
+    "depends on them. A modern CPU core can retire four or more instructions per cycle, but a "
+    "cache miss to main memory costs hundreds of cycles. That is why inference engines for "
+    "large language models care so much about memory bandwidth: generating one token requires "
+    "reading every weight of the model once. A model with 1.5 billion parameters stored in "
+    "4-bit blocks occupies roughly 0.9 GB, so at 40 GB/s the floor is about 22 ms per token. "
+    "Quantization formats such as Q4_K store weights in blocks of 256 with per-block scales and "
+    "minimums; the dot product can be computed directly on the packed integers. "
+    "Les ordinateurs modernes sont rapides, mais la mémoire reste le goulot d'étranglement. "
+    "现代计算机速度很快，但内存仍然是瓶颈。 Современные компьютеры быстры, но память остаётся узким местом. "
+    "In the end, the best optimization is the one you measure: profile first, then change one "
+    "thing, then measure again, and write down what you found, including what did not work."
+)
+
+
+def top2_gap(row: np.ndarray) -> float:
+    a = np.partition(row, -2)[-2:]
+    return float(abs(a[1] - a[0]))
+
+
+def greedy(llm: llama_cpp.Llama, prompt_ids: list[int]) -> dict:
+    llm.reset()
+    llm.eval(prompt_ids)
+    out, gaps = [], []
+    for _ in range(N_GEN):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        tok = int(row.argmax())
+        gaps.append(round(top2_gap(row), 5))
+        if llm_is_eog(llm, tok):
+            out.append(tok)
+            break
+        out.append(tok)
+        llm.eval([tok])
+    text = llm.detokenize([t for t in out if not llm_is_eog(llm, t)]).decode("utf-8", errors="replace")
+    return {"prompt_ids": prompt_ids, "ids": out, "gaps": gaps, "text": text}
+
+
+def llm_is_eog(llm: llama_cpp.Llama, tok: int) -> bool:
+    return bool(llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), tok))
+
+
+def real_model_fixture(path: Path) -> dict:
+    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, logits_all=True, n_threads=2, verbose=False)
+    gf = GGUFFile(path)
+    template = ChatTemplate.from_gguf(gf)
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model)))
+    cases = []
+    for prompt in PROMPTS:
+        raw_ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
+        cases.append({"mode": "raw", "prompt": prompt, **greedy(llm, raw_ids)})
+        text = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        text = template.prompt_for_tokenizer(text, add_bos)
+        chat_ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+        cases.append({"mode": "chat", "prompt": prompt, **greedy(llm, chat_ids)})
+        print(f"  {prompt[:30]!r}: raw {cases[-2]['text'][:40]!r} | chat {cases[-1]['text'][:40]!r}", flush=True)
+    ids = llm.tokenize(TEACHER_TEXT.encode(), add_bos=True, special=True)
+    llm.reset()
+    llm.eval(ids)
+    scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    top_ids = np.argsort(-scores, axis=1)[:, :TOP]
+    teacher = {
+        "ids": ids,
+        "top_ids": top_ids.tolist(),
+        "top_logits": np.take_along_axis(scores, top_ids, 1).round(5).tolist(),
+    }
+    return {"model": path.stem, "llama_cpp_python": llama_cpp.__version__, "greedy": cases, "teacher_forced": teacher}
+
+
+def tiny_fixture(arch: str, folder: Path) -> dict:
+    path = write_tiny_model(arch, folder / f"tiny-{arch}.gguf")
+    ids = tiny_prompt()
+    llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
+    llm.eval(ids)
+    return {"arch": arch, "ids": ids, "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="/root/models", help="folder with <name>.gguf files")
+    ap.add_argument("--only", choices=("tiny", "real"), default=None)
+    args = ap.parse_args()
+    out = ROOT / "tests" / "fixtures"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.only != "real":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for arch in ARCHITECTURES:
+                (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_fixture(arch, Path(tmp))))
+                print("wrote", f"tiny_{arch}.json")
+    if args.only != "tiny":
+        for name in MODELS:
+            print(name, flush=True)
+            data = real_model_fixture(Path(args.models) / f"{name}.gguf")
+            (out / f"conformance_{name}.json").write_text(json.dumps(data))
+            print("wrote", f"conformance_{name}.json")
+
+
+if __name__ == "__main__":
+    main()
