@@ -68,6 +68,7 @@ class LLM:
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.model = build_model(self.gguf, self.spec, linear_mode)
+        self.gguf.release_pages()
         self.engine = Engine(self.model, n_ctx)
         self.n_ctx = n_ctx
         self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes))

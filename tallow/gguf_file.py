@@ -205,6 +205,15 @@ class GGUFFile:
         """The header and tensor table: a fingerprint of the model that changes when its weights do not match."""
         return bytes(self._mmap[: self.header_size])
 
+    def release_pages(self) -> None:
+        """Drop this process's resident copies of the mapped pages (they stay in the page cache).
+
+        Loading touches every weight once to repack it; afterwards only embedding rows are
+        read from the map, so keeping the rest resident would count the model twice.
+        """
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
+
     def close(self) -> None:
         self.tensors.clear()
         try:
