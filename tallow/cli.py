@@ -83,9 +83,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.url:
+        from .client import run_remote_repl
+
+        return run_remote_repl(args)
     from .repl import run_repl
 
     return run_repl(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.app import serve
+
+    if args.queue < 1:
+        raise UsageError(f"--queue must be at least 1, not {args.queue}.")
+    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -171,8 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="interactive multi-turn chat")
     _add_model_arg(p)
     p.add_argument("--system", default=None)
+    p.add_argument("--url", default=None, help="talk to a running `tallow serve` at this URL instead of loading a model")
+    p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="API key for --url (default: $TALLOW_API_KEY)")
     _add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a web chat page")
+    _add_model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
+    p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine before 503 (default 16)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("tokenize", help="print token ids as JSON")
     _add_model_arg(p)
