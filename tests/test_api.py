@@ -1,0 +1,94 @@
+"""The Python API, the product: tallow.load / generate / chat / stats."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tallow
+from tallow.errors import UsageError
+
+from model_paths import model_path
+
+
+@pytest.fixture(scope="module")
+def llm():
+    path = model_path("smollm2-135m")
+    if path is None:
+        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
+            pytest.fail("smollm2-135m is required but missing")
+        pytest.skip("smollm2-135m not found")
+    return tallow.load(path, ctx=512)
+
+
+def test_generate_greedy_is_deterministic(llm):
+    a = llm.generate("The capital of France is", max_tokens=8)
+    b = llm.generate("The capital of France is", max_tokens=8)
+    assert a.text == b.text and "Paris" in a.text
+    assert a.finish_reason == "length" and len(a.tokens) == 8
+    assert a.stats.prompt_tokens == len(llm.tokenize("The capital of France is"))
+
+
+def test_stream_equals_non_stream(llm):
+    full = llm.generate("def add(a, b):", max_tokens=20)
+    streamed = "".join(llm.generate("def add(a, b):", max_tokens=20, stream=True))
+    assert streamed == full.text
+
+
+def test_prefix_reuse_counts_and_keeps_output(llm):
+    system = {"role": "system", "content": "You are a terse assistant for a smart home. " * 5}
+    first = llm.chat([system, {"role": "user", "content": "Turn on the lights."}], max_tokens=8)
+    second = llm.chat([system, {"role": "user", "content": "Turn off the fan."}], max_tokens=8)
+    assert second.stats.reused_tokens > 40
+    assert second.stats.prefill_tokens == second.stats.prompt_tokens - second.stats.reused_tokens
+    llm.engine.reset()
+    cold = llm.chat([system, {"role": "user", "content": "Turn off the fan."}], max_tokens=8)
+    assert cold.stats.reused_tokens == 0
+    assert cold.text == second.text
+    assert first.text
+
+
+def test_seeded_sampling_reproducible(llm):
+    kw = dict(max_tokens=12, temperature=0.9, top_k=50, seed=1234)
+    assert llm.generate("Once upon a time", **kw).text == llm.generate("Once upon a time", **kw).text
+
+
+def test_stop_string_cuts_and_holds_back(llm):
+    out = llm.generate("1, 2, 3, 4,", max_tokens=20, stop=[" 7"])
+    assert " 7" not in out.text and out.finish_reason == "stop"
+    assert out.text.strip().startswith("5")
+
+
+def test_should_stop_cancels_between_tokens(llm):
+    count = {"n": 0}
+
+    def stop_after_three() -> bool:
+        count["n"] += 1
+        return count["n"] >= 3
+
+    out = llm.generate("Once upon a time", max_tokens=50, should_stop=stop_after_three)
+    assert len(out.tokens) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=4, temperature=-0.5), "temperature"),
+        (dict(max_tokens=4, top_p=1.5), "top_p"),
+    ],
+)
+def test_bad_arguments_raise_usage_error(llm, kwargs, needle):
+    with pytest.raises(UsageError, match=needle):
+        llm.generate("hello", **kwargs)
+
+
+def test_prompt_longer_than_context_is_refused(llm):
+    with pytest.raises(UsageError, match="context"):
+        llm.generate(list(range(100, 700)), max_tokens=4)
+
+
+def test_load_stats(llm):
+    load = llm.stats.load
+    assert load.load_s > 0 and load.weights_bytes > 50e6 and load.kv_bytes > 0
