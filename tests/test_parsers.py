@@ -1,0 +1,79 @@
+"""Reasoning and tool-call parsing: streamed in any split, the result equals the one-shot parse."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tallow.chat.parsers import ChatOutputParser, ParsedDelta, parse_chat_output
+
+TOOLS = ["get_weather", "set_light"]
+
+CASES = [
+    # (text, starts_in_reasoning, expected reasoning, content, [(name, args)])
+    ("Hello there.", False, "", "Hello there.", []),
+    ("<think>Let me see.\nOK</think>\n\nParis.", False, "Let me see.\nOK", "Paris.", []),
+    ("I think.\n</think>\n\nAnswer", True, "I think.\n", "Answer", []),
+    ("The tag <think> mid-answer is text.", False, "", "The tag <think> mid-answer is text.", []),
+    (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        False, "", "", [("get_weather", {"city": "Paris"})],
+    ),
+    (
+        'Sure.\n<tool_call>\n{"name": "set_light", "arguments": {"on": true}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}\n</tool_call>',
+        False, "", "Sure.\n", [("set_light", {"on": True}), ("get_weather", {"city": "Rome"})],
+    ),
+    ('<think>need weather</think><tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', False, "need weather", "", [("get_weather", {})]),
+    ("```json\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n```", False, "", "", [("get_weather", {"city": "Oslo"})]),
+    ('{"name": "set_light", "arguments": {"room": "kitchen"}}', False, "", "", [("set_light", {"room": "kitchen"})]),
+    # JSON that is not a declared tool stays an answer
+    ('{"name": "unknown_tool", "arguments": {}}', False, "", '{"name": "unknown_tool", "arguments": {}}', []),
+    ('{"answer": 42}', False, "", '{"answer": 42}', []),
+    # unparseable call: the raw text is returned as content, never lost
+    ("<tool_call>\n{not json}\n</tool_call>", False, "", "<tool_call>\n{not json}\n</tool_call>", []),
+    ('<tool_call>\n{"name": "get_weather", "argu', False, "", '<tool_call>\n{"name": "get_weather", "argu', []),
+    # unclosed but complete call (stopped by max_tokens right after the JSON)
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n', False, "", "", [("get_weather", {"city": "Oslo"})]),
+    ("a < b and <tool", False, "", "a < b and <tool", []),
+]
+
+
+def _check(result: ParsedDelta, reasoning: str, content: str, calls: list) -> None:
+    assert result.reasoning == reasoning
+    assert result.content == content
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == calls
+    assert all(c.id.startswith("call_") for c in result.tool_calls)
+    assert len({c.id for c in result.tool_calls}) == len(result.tool_calls)
+
+
+@pytest.mark.parametrize("text,starts,reasoning,content,calls", CASES)
+def test_one_shot(text, starts, reasoning, content, calls):
+    _check(parse_chat_output(text, TOOLS, parse_tools=True, starts_in_reasoning=starts), reasoning, content, calls)
+
+
+@pytest.mark.parametrize("text,starts,reasoning,content,calls", CASES)
+def test_streamed_in_random_pieces_gives_the_same_result(text, starts, reasoning, content, calls):
+    rng = random.Random(len(text))
+    for _ in range(20):
+        parser = ChatOutputParser(TOOLS, parse_tools=True, starts_in_reasoning=starts)
+        total = ParsedDelta()
+        i = 0
+        while i < len(text):
+            n = rng.randint(1, 6)
+            delta = parser.push(text[i : i + n])
+            # a marker is never released half-printed
+            assert "<tool_c" not in delta.content or "<tool_call>" in text
+            assert "<thi" not in delta.content or "The tag" in text
+            total.extend(delta)
+            i += n
+        total.extend(parser.flush())
+        _check(total, reasoning, content, calls)
+
+
+def test_without_tools_tool_syntax_is_plain_text():
+    text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    out = parse_chat_output(text, None, parse_tools=False)
+    assert out.content == text and not out.tool_calls
