@@ -1,0 +1,169 @@
+"""Split-K flash-decoding attention for one query token (GQA, optional sliding window).
+
+Shapes: q (n_heads, head_dim) fp32/fp16/bf16; K and V caches (n_kv_heads, n_ctx, head_dim) fp16
+(or bf16), last dim contiguous; `seq_len` an int32 tensor of one element ON THE DEVICE: the
+number of valid positions, the current token's included. Because the length is read inside
+the kernel, the launch (grid, arguments) is the same at every step, so the call can be
+captured once in a CUDA graph and replayed as the cache grows.
+
+Why split-K. One program per head would give a qwen3-4b decode step 8 programs (one per KV
+head) for 132 SMs: the KV read would crawl at a few percent of bandwidth. Here the grid is
+(n_kv_heads, n_splits) with n_splits fixed at launch (default: enough programs for ~4 per SM),
+and each program takes an equal share of the *current* span [start, seq_len) -- computed in
+the kernel from the device length -- so all SMs stream KV at any depth. Each program handles
+all query heads of its KV head (GQA: K/V bytes are read once, not once per query head), as a
+(16 x head_dim) @ (head_dim x BLOCK_T) tensor-core product; the group is padded to 16 rows.
+Each split writes its unnormalized partial output with its running max and sum; a second small
+kernel merges the splits (log-sum-exp weights). Empty splits (short contexts) write max=-inf
+and weigh nothing.
+
+Numerics: q is rounded to the cache dtype for the QK product (as llama.cpp's CUDA flash
+attention does with an f16 cache), scores and softmax in fp32 (exp2 with log2(e) folded into
+the scale), probabilities rounded to fp16 for the PV product, fp32 accumulation. Relative error
+against the fp32 reference is ~1e-3.
+
+Sliding window: key position p is visible iff p < seq_len and (window == 0 or
+p >= seq_len - window), i.e. llama.cpp's rule `pos_q - pos_k < window` with pos_q = seq_len - 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["decode_attention", "decode_attention_reference", "default_splits"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, part_ptr, ml_ptr,
+                  stride_qh, stride_kh, stride_kt, stride_vh, stride_vt,
+                  qk_scale, window, n_splits,
+                  GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_T: tl.constexpr):
+    kvh = tl.program_id(0)
+    s = tl.program_id(1)
+    L = tl.load(len_ptr).to(tl.int32)
+    start = tl.where(window > 0, tl.maximum(L - window, 0), 0)
+    per = tl.cdiv(tl.cdiv(L - start, n_splits), BLOCK_T) * BLOCK_T
+    lo = start + s * per
+    hi = tl.minimum(lo + per, L)
+
+    gi = tl.arange(0, GP)
+    head = kvh * GROUP + gi
+    hmask = gi < GROUP
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    q = tl.load(q_ptr + head[:, None] * stride_qh + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = q.to(k_ptr.dtype.element_ty)  # (GP, BLOCK_D)
+
+    m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((GP,), dtype=tl.float32)
+    acc = tl.zeros((GP, BLOCK_D), dtype=tl.float32)
+    tt = tl.arange(0, BLOCK_T)
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+    for t0 in range(lo, hi, BLOCK_T):
+        t = t0 + tt
+        tmask = t < hi
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_base + t[:, None].to(tl.int64) * stride_kt + dd[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + t[:, None].to(tl.int64) * stride_vt + dd[None, :], mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * qk_scale  # (GP, BLOCK_T), log2 units
+        scores = tl.where(tmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    row = head.to(tl.int64) * n_splits + s  # (GP,) partial slot of each head
+    tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(ml_ptr + row * 2, m_i, mask=hmask)
+    tl.store(ml_ptr + row * 2 + 1, l_i, mask=hmask)
+
+
+@triton.jit
+def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_oh,
+                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    h = tl.program_id(0).to(tl.int64)
+    si = tl.arange(0, NS)
+    dd = tl.arange(0, BLOCK_D)
+    m = tl.load(ml_ptr + (h * NS + si) * 2)  # (NS,)
+    l = tl.load(ml_ptr + (h * NS + si) * 2 + 1)
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
+    acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + h * stride_oh + dd, o, mask=dd < D)
+
+
+def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_t: int = 64) -> int:
+    """A power of two giving ~4 programs per SM, never more splits than BLOCK_T tiles in n_ctx."""
+    if n_sms is None:
+        n_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    want = max(1, math.ceil(4 * n_sms / n_kv_heads))
+    cap = max(1, math.ceil(n_ctx / block_t))
+    return 1 << (min(want, cap, 256) - 1).bit_length()
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor,
+                     scale: float, window: int = 0, n_splits: int | None = None, out: torch.Tensor | None = None,
+                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None, block_t: int = 64,
+                     num_warps: int = 4) -> torch.Tensor:
+    """Attention of one query token over the first `seq_len` positions of the cache.
+
+    q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, n_ctx, head_dim); seq_len int32 (1,)
+    on q's device. Returns float32 (n_heads, head_dim) (into `out` if given). For CUDA graphs,
+    pass `out` and `scratch` (from `make_scratch`) so the launch allocates nothing."""
+    n_heads, d = q.shape
+    n_kv, n_ctx, d_k = k_cache.shape
+    if d_k != d or v_cache.shape != k_cache.shape or n_heads % n_kv:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)}, K {tuple(k_cache.shape)}, "
+                         f"V {tuple(v_cache.shape)} do not fit (GQA needs n_heads % n_kv_heads == 0).")
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(1) != 1:
+        raise ValueError("decode_attention: the head_dim axis of q, K and V must be contiguous.")
+    group = n_heads // n_kv
+    if n_splits is None:
+        n_splits = default_splits(n_kv, n_ctx, block_t=block_t)
+    if n_splits & (n_splits - 1):
+        raise ValueError(f"n_splits must be a power of two, got {n_splits}.")
+    block_d = triton.next_power_of_2(d)
+    if scratch is None:
+        scratch = make_scratch(n_heads, n_splits, d, q.device)
+    part, ml = scratch
+    if out is None:
+        out = torch.empty((n_heads, d), dtype=torch.float32, device=q.device)
+    _split_kernel[(n_kv, n_splits)](
+        q, k_cache, v_cache, seq_len, part, ml,
+        q.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        float(scale) * _LOG2E, int(window), n_splits,
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
+        num_warps=num_warps)
+    _merge_kernel[(n_heads,)](part, ml, out, out.stride(0), NS=n_splits, D=d, BLOCK_D=block_d,
+                              num_warps=4)
+    return out
+
+
+def make_scratch(n_heads: int, n_splits: int, head_dim: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs (n_heads, n_splits, BLOCK_D) and (max, sum) pairs (n_heads, n_splits, 2), fp32."""
+    block_d = triton.next_power_of_2(head_dim)
+    return (torch.empty((n_heads, n_splits, block_d), dtype=torch.float32, device=device),
+            torch.empty((n_heads, n_splits, 2), dtype=torch.float32, device=device))
+
+
+def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: int,
+                               scale: float, window: int = 0) -> torch.Tensor:
+    """fp32 softmax attention in torch over positions [max(0, seq_len - window), seq_len)."""
+    n_heads, d = q.shape
+    n_kv = k_cache.shape[0]
+    start = max(0, seq_len - window) if window > 0 else 0
+    k = k_cache[:, start:seq_len].float().repeat_interleave(n_heads // n_kv, dim=0)  # (n_heads, T, d)
+    v = v_cache[:, start:seq_len].float().repeat_interleave(n_heads // n_kv, dim=0)
+    scores = torch.einsum("hd,htd->ht", q.float(), k) * scale
+    return torch.einsum("ht,htd->hd", torch.softmax(scores, dim=-1), v)

@@ -1,0 +1,289 @@
+"""Decode matrix-vector products over quantized weights: y (M, N) = x (M, K) @ W^T, M <= 8.
+
+Decode at batch 1 streams every weight byte once per token, so these kernels are built around
+one rule: read each byte of W once, dequantize in registers, never write a dense copy.
+
+Layout. W arrives as byte planes (planes.py): per row, the quant codes are one contiguous run,
+the scales another. A program owns BLOCK_N output rows and walks K in steps of BLOCKS GGUF
+blocks; at each step it loads a (BLOCK_N, chunks, 16|32) tile of code bytes -- the innermost
+dim is contiguous in memory, so each thread issues 16-byte loads and a warp covers whole
+sectors -- plus the few scale bytes of those blocks, rebuilds the fp32 weights exactly as
+tallow/quant/reference.py does (same products, so the same weight values up to the compiler
+contracting `d*q - m` into one fma), multiplies by the matching x elements (x is tiny and
+stays in L1/L2) and accumulates elementwise in fp32. The cross-lane reduction happens once,
+after the K loop.
+
+The nibble order of each type is not the element order (Q4_K: a 32-byte chunk holds elements
+c*64+j in its low nibbles and c*64+32+j in its high ones), so instead of shuffling weights into
+element order, each part of the tile loads x at the matching offsets: a sum over K does not
+care about order.
+
+M > 1 (speculative verification, short batches): each (row tile, m) pair is its own program,
+with m varying fastest in the launch order, so the M programs reading one row tile run side
+by side and the repeated reads of W come from L2, not DRAM.
+
+Numerics: fp32 weights bit-identical to the reference's (up to fma contraction), fp32
+products and sums; only the summation order differs from `x @ dequantize(W).T`, so the
+relative error is a few fp32 ulps times sqrt(K).
+
+Activations may be fp32 or fp16/bf16 (converted to fp32 on load); the output is fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .planes import PlaneWeight, dequantize_planes
+
+__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "SUPPORTED"]
+
+SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+# ------------------------------------------------------------------------------------------
+# Q4_K: 256-element blocks; per block dm (d, dmin fp16), 12 bytes of 6-bit (scale, min) x 8,
+# 128 bytes of nibbles in 4 chunks of 32 bytes: chunk c, byte j -> element c*64+j (low nibble),
+# c*64+32+j (high nibble); sub-block (32 elements) 2c and 2c+1.
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    pid = tl.program_id(0)
+    m = pid % M
+    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)  # clamp: loads stay unmasked along rows
+    nb = K // 256
+    G: tl.constexpr = BLOCKS * 4  # 32-byte chunks per step
+    g = tl.arange(0, G)
+    j = tl.arange(0, 32)
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros((BLOCK_N, G, 32), dtype=tl.float32)
+    for kb in range(0, nb, BLOCKS):
+        chunk = kb * 4 + g  # (G,) chunk index within the row
+        ok = chunk < nb * 4
+        chunk = tl.where(ok, chunk, 0)
+        blk = chunk // 4
+        q = tl.load(qs_ptr + rows[:, None, None] * (nb * 128) + chunk[None, :, None] * 32 + j[None, None, :],
+                    mask=ok[None, :, None], other=0).to(tl.int32)  # (BN, G, 32)
+        # 6-bit scale/min of sub-blocks s_lo = 2*(c%4) and s_hi = s_lo + 1
+        sbase = sc_ptr + rows[:, None] * (nb * 12) + blk[None, :] * 12  # (BN, G)
+        s_lo = (chunk % 4) * 2
+        s_hi = s_lo + 1
+        d = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2).to(tl.float32)
+        dmin = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2 + 1).to(tl.float32)
+        # s_lo is 0,2 (< 4) or 4,6 (>= 4); s_hi likewise 1,3 or 5,7: same branch for both
+        low = s_lo[None, :] < 4
+        a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
+        b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
+        c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
+        a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
+        b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
+        c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
+        sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
+        mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
+        sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
+        mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+        dl_lo = d * sc_lo.to(tl.float32)
+        ml_lo = dmin * mn_lo.to(tl.float32)
+        dl_hi = d * sc_hi.to(tl.float32)
+        ml_hi = dmin * mn_hi.to(tl.float32)
+        xoff = chunk[:, None] * 64 + j[None, :]  # (G, 32) element of the low nibble
+        x_lo = tl.load(x_row + xoff, mask=ok[:, None], other=0.0).to(tl.float32)
+        x_hi = tl.load(x_row + xoff + 32, mask=ok[:, None], other=0.0).to(tl.float32)
+        w_lo = (q & 15).to(tl.float32) * dl_lo[:, :, None] - ml_lo[:, :, None]
+        w_hi = (q >> 4).to(tl.float32) * dl_hi[:, :, None] - ml_hi[:, :, None]
+        acc += w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+# Q6_K: 256-element blocks; ql 128 bytes, qh 64 bytes, 16 int8 scales, d fp16.
+# Element e = half*128 + r*32 + t (half 0..1, r 0..3, t 0..31):
+#   low 4 bits: ql[half*64 + (r%2)*32 + t], nibble r//2;  high 2 bits: qh[half*32 + t] >> 2r;
+#   scale index e // 16 = half*8 + r*2 + t//16.
+# The tile splits t = hh*16 + jj so one 16-element run shares a scale: index h = 2*g + hh with
+# g = block*2 + half the "half-block" of the row.
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    pid = tl.program_id(0)
+    m = pid % M
+    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)
+    nb = K // 256
+    H: tl.constexpr = BLOCKS * 4  # 16-byte runs per step
+    hidx = tl.arange(0, H)
+    jj = tl.arange(0, 16)
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros((BLOCK_N, H, 16), dtype=tl.float32)
+    for kb in range(0, nb, BLOCKS):
+        h = kb * 4 + hidx
+        ok = h < nb * 4
+        h = tl.where(ok, h, 0)
+        g = h // 2
+        hh = h % 2
+        boff = (g * 64 + hh * 16)[None, :, None] + jj[None, None, :]  # (1, H, 16)
+        lrow = ql_ptr + rows[:, None, None] * (nb * 128)
+        qa = tl.load(lrow + boff, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 0, 2
+        qb = tl.load(lrow + boff + 32, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 1, 3
+        qhv = tl.load(qh_ptr + rows[:, None, None] * (nb * 64) + (g * 32 + hh * 16)[None, :, None]
+                      + jj[None, None, :], mask=ok[None, :, None], other=0).to(tl.int32)
+        d = tl.load(d_ptr + rows[:, None] * nb + (g // 2)[None, :]).to(tl.float32)  # (BN, H)
+        srow = sc_ptr + rows[:, None] * (nb * 16) + (g * 8 + hh)[None, :]
+        dl0 = d * tl.load(srow).to(tl.float32)
+        dl1 = d * tl.load(srow + 2).to(tl.float32)
+        dl2 = d * tl.load(srow + 4).to(tl.float32)
+        dl3 = d * tl.load(srow + 6).to(tl.float32)
+        q0 = ((qa & 15) | ((qhv & 3) << 4)) - 32
+        q1 = ((qb & 15) | (((qhv >> 2) & 3) << 4)) - 32
+        q2 = ((qa >> 4) | (((qhv >> 4) & 3) << 4)) - 32
+        q3 = ((qb >> 4) | (((qhv >> 6) & 3) << 4)) - 32
+        xoff = (g * 128 + hh * 16)[:, None] + jj[None, :]  # (H, 16)
+        xm = ok[:, None]
+        x0 = tl.load(x_row + xoff, mask=xm, other=0.0).to(tl.float32)
+        x1 = tl.load(x_row + xoff + 32, mask=xm, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + xoff + 64, mask=xm, other=0.0).to(tl.float32)
+        x3 = tl.load(x_row + xoff + 96, mask=xm, other=0.0).to(tl.float32)
+        acc += (dl0[:, :, None] * q0.to(tl.float32)) * x0[None, :, :]
+        acc += (dl1[:, :, None] * q1.to(tl.float32)) * x1[None, :, :]
+        acc += (dl2[:, :, None] * q2.to(tl.float32)) * x2[None, :, :]
+        acc += (dl3[:, :, None] * q3.to(tl.float32)) * x3[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+# Q8_0: 32-element blocks; d fp16, 32 int8 codes in element order. w = q * d.
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    pid = tl.program_id(0)
+    m = pid % M
+    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)
+    nb = K // 32
+    bi = tl.arange(0, BLOCKS)
+    j = tl.arange(0, 32)
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros((BLOCK_N, BLOCKS, 32), dtype=tl.float32)
+    for kb in range(0, nb, BLOCKS):
+        blk = kb + bi
+        ok = blk < nb
+        blk = tl.where(ok, blk, 0)
+        q = tl.load(qs_ptr + rows[:, None, None] * K + blk[None, :, None] * 32 + j[None, None, :],
+                    mask=ok[None, :, None], other=0)
+        d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
+        xv = tl.load(x_row + blk[:, None] * 32 + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        acc += (q.to(tl.float32) * d[:, :, None]) * xv[None, :, :]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+# Q4_0 / Q4_1 / Q5_0: 32-element blocks, 16 code bytes: byte j -> element j (low nibble) and
+# j+16 (high nibble). Q4_0: d*(q-8); Q4_1: d*q + m; Q5_0: d*((q | bit<<4) - 16), bit j of qh.
+# One kernel, the variant chosen by a constexpr.
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
+    pid = tl.program_id(0)
+    m = pid % M
+    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)
+    nb = K // 32
+    bi = tl.arange(0, BLOCKS)
+    jj = tl.arange(0, 16)
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros((BLOCK_N, BLOCKS, 16), dtype=tl.float32)
+    for kb in range(0, nb, BLOCKS):
+        blk = kb + bi
+        ok = blk < nb
+        blk = tl.where(ok, blk, 0)
+        q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + jj[None, None, :],
+                    mask=ok[None, :, None], other=0).to(tl.int32)
+        sidx = rows[:, None] * nb + blk[None, :]
+        d = tl.load(d_ptr + sidx).to(tl.float32)[:, :, None]
+        lo = q & 15
+        hi = q >> 4
+        xoff = blk[:, None] * 32 + jj[None, :]
+        x_lo = tl.load(x_row + xoff, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+        x_hi = tl.load(x_row + xoff + 16, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+        if VARIANT == 0:
+            acc += (d * (lo - 8).to(tl.float32)) * x_lo + (d * (hi - 8).to(tl.float32)) * x_hi
+        elif VARIANT == 1:
+            mn = tl.load(aux_ptr + sidx).to(tl.float32)[:, :, None]
+            acc += (d * lo.to(tl.float32) + mn) * x_lo + (d * hi.to(tl.float32) + mn) * x_hi
+        else:
+            qh = tl.load(aux_ptr + sidx)[:, :, None]
+            b_lo = (qh >> jj[None, None, :]) & 1
+            b_hi = (qh >> (jj[None, None, :] + 16)) & 1
+            acc += (d * ((lo | (b_lo << 4)) - 16).to(tl.float32)) * x_lo
+            acc += (d * ((hi | (b_hi << 4)) - 16).to(tl.float32)) * x_hi
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+
+def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCKS per K step, num_warps) for a shape. Tuned on the H200 (see
+    docs/performance.md); the aim is a grid of several programs per SM with 16-32 KB of
+    weight loads in flight per SM."""
+    if qtype in ("Q4_K", "Q6_K"):
+        return (8, 2, 4) if n >= 4096 else (4, 2, 4)
+    return (8, 8, 4) if n >= 4096 else (4, 8, 4)
+
+
+def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
+               config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """y = x @ W^T. x float32/float16/bfloat16 (M, K) or (K,) with M <= 8 -> float32 (M, N).
+
+    `out` (float32 (M, N), contiguous) lets a CUDA-graph caller keep a static output buffer."""
+    if w.qtype not in SUPPORTED:
+        raise ValueError(f"No Triton GEMV for {w.qtype}.")
+    squeeze = x.ndim == 1
+    x2 = x.reshape(1, -1) if squeeze else x
+    if x2.ndim != 2 or x2.shape[1] != w.k:
+        raise ValueError(f"quant_gemv: x has shape {tuple(x.shape)}, the weight wants K={w.k}.")
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    m_rows = x2.shape[0]
+    if out is None:
+        out = torch.empty((m_rows, w.n), dtype=torch.float32, device=x2.device)
+    block_n, blocks, warps = config or gemv_config(w.qtype, w.n, w.k)
+    grid = (triton.cdiv(w.n, block_n) * m_rows,)
+    p = w.planes
+    common = dict(BLOCK_N=block_n, BLOCKS=blocks, num_warps=warps)
+    args = (w.n, w.k, m_rows, x2.stride(0), out.stride(0))
+    if w.qtype == "Q4_K":
+        _q4_k_gemv_kernel[grid](x2, p["qs"], p["scales"], p["dm"], out, *args, **common)
+    elif w.qtype == "Q6_K":
+        _q6_k_gemv_kernel[grid](x2, p["ql"], p["qh"], p["sc"], p["d"], out, *args, **common)
+    elif w.qtype == "Q8_0":
+        _q8_0_gemv_kernel[grid](x2, p["qs"], p["d"], out, *args, **common)
+    else:
+        variant = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2}[w.qtype]
+        aux = p["d"] if variant == 0 else (p["m"] if variant == 1 else p["qh"])
+        _q4_x_gemv_kernel[grid](x2, p["qs"], p["d"], aux, out, *args, VARIANT=variant, **common)
+    return out.reshape(w.n) if squeeze else out
+
+
+def quant_gemv_reference(x: torch.Tensor, w: PlaneWeight) -> torch.Tensor:
+    """The slow exact path: dequantize W to fp32, fp32 matmul (float64 accumulate is not
+    needed at these sizes; fp32 is what the kernel is held to)."""
+    return x.float() @ dequantize_planes(w).to(x.device).T

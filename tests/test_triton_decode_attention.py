@@ -1,0 +1,75 @@
+"""Split-K flash-decoding attention (tallow/kernels/triton/decode_attention.py) through Triton's
+interpreter, against an fp32 torch softmax attention.
+
+Tolerance: the kernel rounds q and the softmax probabilities to fp16 for its two tensor-core
+products (fp32 accumulation), so the output carries ~2^-11 relative rounding per term: we
+demand 2e-3 relative to the output norm (measured ~3e-4); an off-by-one in the mask, a lost
+split or a wrong GQA head mapping gives > 1e-1.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import tallow.kernels.triton  # noqa: E402,F401  (applies the interpreter shim)
+from tallow.kernels.triton.decode_attention import (decode_attention, decode_attention_reference,  # noqa: E402
+                                                    default_splits, make_scratch)
+
+CASES = [
+    # n_heads, n_kv_heads, head_dim, n_ctx, seq_len, window, n_splits
+    (4, 2, 64, 256, 1, 0, 4),  # depth 0: one key, most splits empty
+    (6, 2, 64, 256, 200, 0, 4),  # GQA group of 3 (padded to 16 rows)
+    (8, 2, 128, 300, 257, 0, 8),  # a partial last tile
+    (4, 1, 64, 256, 200, 50, 4),  # sliding window: only the last 50 keys
+    (3, 3, 32, 64, 40, 0, 16),  # no GQA, more splits than tiles
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_decode_attention_matches_reference(case: tuple[int, ...]) -> None:
+    n_heads, n_kv, d, n_ctx, seq_len, window, n_splits = case
+    g = torch.Generator().manual_seed(sum(case))
+    q = torch.randn(n_heads, d, generator=g)
+    k = torch.randn(n_kv, n_ctx, d, generator=g).half()
+    v = torch.randn(n_kv, n_ctx, d, generator=g).half()
+    out = torch.full((n_heads, d), float("nan"))
+    decode_attention(q, k, v, torch.tensor([seq_len], dtype=torch.int32), scale=d ** -0.5, window=window,
+                     n_splits=n_splits, out=out, block_t=32)
+    ref = decode_attention_reference(q, k, v, seq_len, d ** -0.5, window)
+    assert torch.isfinite(out).all()
+    assert (out - ref).norm() / ref.norm() < 2e-3
+
+
+def test_same_launch_follows_the_device_length() -> None:
+    """One set of buffers and arguments (what a CUDA graph replays), the length bumped in place."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 64, generator=g)
+    k = torch.randn(2, 128, 64, generator=g).half()
+    v = torch.randn(2, 128, 64, generator=g).half()
+    seq_len = torch.tensor([5], dtype=torch.int32)
+    scratch, out = make_scratch(4, 4, 64, "cpu"), torch.empty(4, 64)
+    for n in (5, 6, 97):
+        seq_len.fill_(n)
+        decode_attention(q, k, v, seq_len, 0.125, n_splits=4, out=out, scratch=scratch, block_t=32)
+        ref = decode_attention_reference(q, k, v, n, 0.125)
+        assert (out - ref).norm() / ref.norm() < 2e-3
+
+
+def test_default_splits_fill_the_gpu() -> None:
+    assert default_splits(8, 40960, n_sms=132) == 128  # qwen3-4b: 8 x 128 = 1024 programs
+    assert default_splits(2, 40960, n_sms=132) == 256  # qwen2.5-1.5b: capped at 256
+    assert default_splits(8, 128, n_sms=132) == 2  # never more splits than 64-key tiles
+
+
+def test_bad_shapes_raise() -> None:
+    q = torch.randn(5, 64)
+    k = torch.randn(2, 16, 64).half()
+    with pytest.raises(ValueError):
+        decode_attention(q, k, k, torch.tensor([4], dtype=torch.int32), 0.1)
