@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (`tallow serve`): FastAPI app, request protocol, worker."""

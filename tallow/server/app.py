@@ -1,0 +1,311 @@
+"""The OpenAI-compatible HTTP server: thin — it validates, queues and streams; the engine works.
+
+    tallow serve -m smollm2-135m --port 8080
+    curl localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+
+Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming with
+`data: [DONE]`, or one JSON answer), `GET /v1/models`, `GET /health` (503 while the model
+loads, 200 after), `GET /metrics` (Prometheus text) and `GET /` (the web chat page).
+Every error is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..chat.parsers import ParsedDelta
+from .protocol import APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
+from .worker import Job, Worker
+
+log = logging.getLogger("tallow.server")
+
+STATIC = Path(__file__).parent / "static"
+DISCONNECT_POLL_S = 0.1  # how often a waiting handler checks whether its client is still there
+
+
+class ServerState:
+    """What the handlers share: the worker, the served model's identity, the API key."""
+
+    def __init__(self, worker: Worker, model_id: str, model_path: str | None, api_key: str | None, aliases: tuple[str, ...] = ()) -> None:
+        self.worker = worker
+        self.model_id = model_id
+        self.aliases = {model_id, *aliases}
+        self.api_key = api_key
+        self.started = time.time()
+        try:
+            self.created = int(os.path.getmtime(model_path)) if model_path else int(self.started)
+        except OSError:
+            self.created = int(self.started)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.aliases:
+            raise APIError(404, f"The model {name!r} does not exist; this server serves {self.model_id!r}.", "invalid_request_error", "model", "model_not_found")
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _next_event(job: Job, request: Request, worker: Worker) -> tuple[str, Any]:
+    """The job's next event; if the client disconnects meanwhile, cancel the job and say so."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                worker.cancel(job)
+                return "disconnected", None
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The FastAPI application around a started (or starting) worker."""
+    app = FastAPI(title="tallow", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.tallow = state
+    worker = state.worker
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        message = f"There is no route {request.method} {request.url.path}." if exc.status_code in (404, 405) else str(exc.detail)
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse({"error": {"message": f"The server failed ({type(exc).__name__}).", "type": "server_error", "param": None, "code": "internal_error"}}, status_code=500)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if state.api_key and request.url.path.startswith("/v1/"):
+            header = request.headers.get("authorization", "")
+            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            if token != state.api_key:
+                return _error_response(APIError(401, "The API key is missing or wrong: send it as 'Authorization: Bearer KEY'.", "invalid_request_error", None, "invalid_api_key"))
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if worker.load_error is not None:
+            return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=500)
+        if not worker.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
+        return JSONResponse({"status": "ok", "model": state.model_id})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str) -> dict[str, Any]:
+        state.check_model(name)
+        return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse_chat_request(parse_json_body(await request.body()))
+        state.check_model(req.model)
+        return await _handle(request, req, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_completion_request(parse_json_body(await request.body()))
+        state.check_model(req.model)
+        return await _handle(request, req, "completion")
+
+    async def _handle(request: Request, req: ChatRequest | CompletionRequest, kind: str) -> Response:
+        job = Job(req, asyncio.get_running_loop())
+        worker.submit(job)
+        # Wait for the prompt to be accepted (or refused) before answering: a context
+        # overflow must be a 400, which a stream that already sent its headers cannot be.
+        event, payload = await _next_event(job, request, worker)
+        if event == "error":
+            return _error_response(payload)
+        if event == "disconnected":
+            return Response(status_code=499)
+        prompt_tokens = payload["prompt_tokens"]
+        if req.stream:
+            return StreamingResponse(_stream(request, job, req, kind), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _collect(request, job, req, kind, prompt_tokens)
+
+    async def _collect(request: Request, job: Job, req: ChatRequest | CompletionRequest, kind: str, prompt_tokens: int) -> Response:
+        total = ParsedDelta()
+        while True:
+            event, payload = await _next_event(job, request, worker)
+            if event == "delta":
+                total.extend(payload)
+            elif event == "error":
+                return _error_response(payload)
+            elif event == "disconnected":
+                return Response(status_code=499)
+            elif event == "done":
+                break
+        base = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id, "created": job.created, "model": state.model_id, "system_fingerprint": "tallow"}
+        if kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": total.content if (total.content or not total.tool_calls) else None}
+            if total.reasoning:
+                message["reasoning_content"] = total.reasoning
+            if total.tool_calls:
+                message["tool_calls"] = [c.to_openai() for c in total.tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": payload["finish_reason"]}
+            body = {**base, "object": "chat.completion", "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": total.content, "logprobs": None, "finish_reason": payload["finish_reason"]}
+            body = {**base, "object": "text_completion", "choices": [choice]}
+        body["usage"] = payload["usage"]
+        body["timings"] = payload["timings"]
+        return JSONResponse(body)
+
+    async def _stream(request: Request, job: Job, req: ChatRequest | CompletionRequest, kind: str) -> AsyncIterator[bytes]:
+        """SSE chunks until `data: [DONE]`; if the client goes, the finally cancels the job."""
+        chat = kind == "chat"
+        base = {"id": ("chatcmpl-" if chat else "cmpl-") + job.id, "object": "chat.completion.chunk" if chat else "text_completion", "created": job.created, "model": state.model_id, "system_fingerprint": "tallow"}
+        extra = {"usage": None} if req.include_usage else {}
+
+        def chunk(delta: dict[str, Any] | str, finish: str | None = None) -> bytes:
+            return _sse(chunk_obj(delta, finish))
+
+        def chunk_obj(delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
+            if chat:
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+            return {**base, "choices": [choice], **extra}
+
+        n_calls = 0
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            while True:
+                event, payload = await _next_event(job, request, worker)
+                if event == "delta":
+                    if not chat:
+                        if payload.content:
+                            yield chunk(payload.content)
+                        continue
+                    if payload.reasoning:
+                        yield chunk({"reasoning_content": payload.reasoning})
+                    if payload.content:
+                        yield chunk({"content": payload.content})
+                    if payload.tool_calls:
+                        calls = []
+                        for call in payload.tool_calls:
+                            calls.append(call.to_openai(index=n_calls))
+                            n_calls += 1
+                        yield chunk({"tool_calls": calls})
+                elif event == "done":
+                    final = chunk_obj({} if chat else "", payload["finish_reason"])
+                    final["timings"] = payload["timings"]
+                    yield _sse(final)
+                    if req.include_usage:
+                        yield _sse({**base, "choices": [], "usage": payload["usage"]})
+                    break
+                elif event == "error":
+                    yield _sse(payload.body())
+                    break
+                else:  # disconnected
+                    return
+            yield b"data: [DONE]\n\n"
+        finally:
+            worker.cancel(job)
+
+    return app
+
+
+def _prometheus(state: ServerState) -> str:
+    """Prometheus text exposition of the worker's counters and gauges."""
+    w = state.worker
+    m = w.metrics
+    kv_used = kv_size = 0
+    if w.llm is not None:
+        kv_used = len(w.llm.engine.kv.tokens)
+        kv_size = w.llm.n_ctx
+    rows = [
+        ("tallow_requests_total", "counter", "Generation requests served (started).", m.requests_total),
+        ("tallow_requests_failed_total", "counter", "Requests that ended in an error.", m.requests_failed),
+        ("tallow_requests_cancelled_total", "counter", "Requests whose client went away.", m.requests_cancelled),
+        ("tallow_requests_rejected_total", "counter", "Requests refused because the queue was full.", m.requests_rejected_queue_full),
+        ("tallow_prompt_tokens_total", "counter", "Prompt tokens of all requests.", m.prompt_tokens_total),
+        ("tallow_cached_prompt_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.", m.cached_tokens_total),
+        ("tallow_cache_hits_total", "counter", "Requests that reused a cached prefix.", m.cache_hits_total),
+        ("tallow_generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens_total),
+        ("tallow_prefill_seconds_total", "counter", "Time spent in prefill.", m.prefill_seconds_total),
+        ("tallow_decode_seconds_total", "counter", "Time spent decoding.", m.decode_seconds_total),
+        ("tallow_prefill_tokens_per_second", "gauge", "Prefill speed of the last request.", m.last_prefill_tok_s),
+        ("tallow_decode_tokens_per_second", "gauge", "Decode speed of the last request.", m.last_decode_tok_s),
+        ("tallow_queue_depth", "gauge", "Requests waiting for the engine.", w.queue_depth),
+        ("tallow_requests_running", "gauge", "Requests being generated (0 or 1).", 1 if w.running is not None else 0),
+        ("tallow_kv_tokens_used", "gauge", "Positions of the KV pool holding tokens.", kv_used),
+        ("tallow_kv_tokens_capacity", "gauge", "Positions of the KV pool.", kv_size),
+        ("tallow_model_loaded", "gauge", "1 once the model is loaded.", 1 if w.ready.is_set() else 0),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def model_identity(model: str | None) -> tuple[str, str, tuple[str, ...]]:
+    """(id shown in /v1/models, resolved file path, other names accepted in requests)."""
+    from ..registry import resolve_model
+
+    path = str(resolve_model(model, pull_missing=True, progress=True))
+    stem = Path(path).name.removesuffix(".gguf")
+    aliases = tuple(a for a in (model, Path(path).name) if a)
+    return stem, path, aliases
+
+
+def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16) -> int:
+    """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C."""
+    import sys
+
+    import uvicorn
+
+    from ..api import LLM
+
+    model_id, path, aliases = model_identity(model)
+    server: uvicorn.Server | None = None
+
+    def on_load_error(exc: BaseException) -> None:
+        print(f"tallow: error: {exc}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.should_exit = True
+
+    worker = Worker(lambda: LLM(path, ctx=ctx), max_queue=queue, on_load_error=on_load_error)
+    state = ServerState(worker, model_id, path, api_key, aliases)
+    app = create_app(state)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    print(f"[tallow] serving {model_id} on http://{host}:{port} (loading…); the web page is at /", file=sys.stderr, flush=True)
+    worker.start()
+    try:
+        server.run()
+    finally:
+        worker.stop()
+    return 2 if worker.load_error is not None else 0

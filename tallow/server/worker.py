@@ -1,0 +1,294 @@
+"""One thread owns the model; requests wait their turn in a bounded FIFO queue.
+
+The engine runs one request at a time over one KV pool, and torch work blocks the thread
+it runs on, so the HTTP event loop never touches the model: it validates a request, puts a
+`Job` in the queue and awaits the job's events (`start`, `delta`…, `done` or `error`),
+which the worker thread posts into the loop with `call_soon_threadsafe`.
+
+The queue is our own deque rather than `queue.Queue` because a client that disconnects
+while waiting must leave it at once (its slot is freed for the next client), which
+`queue.Queue` cannot do. A running job is cancelled through `should_stop`, which the
+engine checks after every token, so a disconnect frees the engine within one decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..chat.parsers import ChatOutputParser, ParsedDelta
+from ..errors import TallowError
+from ..sampling import SamplingParams
+from .protocol import APIError, ChatRequest, CompletionRequest, bad
+
+log = logging.getLogger("tallow.server")
+
+TOOL_OPEN = "<tool_call>"
+
+
+@dataclass
+class Job:
+    """One request on its way through the queue; events flow back to the HTTP handler."""
+
+    request: ChatRequest | CompletionRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+    finished: bool = False
+
+    def post(self, kind: str, payload: Any = None) -> None:
+        """Hand an event to the request's event loop (from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed: the server is shutting down, nobody listens
+            self.cancelled.set()
+
+
+@dataclass
+class Metrics:
+    """Counters for /metrics; written by the worker thread, read by the event loop."""
+
+    requests_total: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    requests_rejected_queue_full: int = 0
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    cache_hits_total: int = 0
+    prefill_seconds_total: float = 0.0
+    decode_seconds_total: float = 0.0
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    last_prefill_tok_s: float = 0.0
+    last_decode_tok_s: float = 0.0
+
+
+def _server_sampling(overrides: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp server's defaults (SamplingParams'), overlaid with what the request set.
+
+    The Python API defaults to greedy; an HTTP client that sends no temperature expects
+    the sampling of an OpenAI-style server, as llama.cpp's server does.
+    """
+    defaults = asdict(SamplingParams())
+    defaults.update(overrides)
+    return defaults
+
+
+class Worker:
+    """Loads the model, then serves queued jobs one at a time on its own thread."""
+
+    def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None) -> None:
+        if max_queue < 1:
+            raise ValueError(f"the queue must hold at least one request, not {max_queue}")
+        self.loader = loader
+        self.max_queue = max_queue
+        self.on_load_error = on_load_error
+        self.llm: Any = None
+        self.load_error: BaseException | None = None
+        self.ready = threading.Event()
+        self.metrics = Metrics()
+        self.running: Job | None = None
+        self._pending: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name="tallow-worker", daemon=True)
+
+    # -- control from the event loop ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            for job in self._pending:
+                job.cancelled.set()
+            self._pending.clear()
+            if self.running is not None:
+                self.running.cancelled.set()
+            self._cv.notify_all()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise 503 (with Retry-After) while loading or when the queue is full."""
+        if not self.ready.is_set():
+            raise APIError(503, "The model is still loading; retry in a few seconds.", "server_error", None, "model_loading", {"Retry-After": "2"})
+        with self._cv:
+            if len(self._pending) >= self.max_queue:
+                self.metrics.requests_rejected_queue_full += 1
+                raise APIError(
+                    503,
+                    f"The server is busy: {len(self._pending)} requests are already waiting (the queue holds {self.max_queue}).",
+                    "server_error",
+                    None,
+                    "queue_full",
+                    {"Retry-After": "1"},
+                )
+            self._pending.append(job)
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: leave the queue, or stop generating after the current token."""
+        job.cancelled.set()
+        with self._cv:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                pass  # already running or finished
+            else:
+                self.metrics.requests_cancelled += 1
+
+    # -- the worker thread -------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self.llm = self.loader()
+        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
+            self.load_error = exc
+            log.error("tallow: error: %s", exc)
+            if self.on_load_error is not None:
+                self.on_load_error(exc)
+            return
+        self.ready.set()
+        while True:
+            with self._cv:
+                while not self._pending and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                job = self._pending.popleft()
+                self.running = job
+            try:
+                if not job.cancelled.is_set():
+                    self._serve(job)
+            finally:
+                with self._cv:
+                    self.running = None
+
+    def _serve(self, job: Job) -> None:
+        """Run one job; every failure becomes an error event, never a dead worker."""
+        m = self.metrics
+        m.requests_total += 1
+        started = False
+        try:
+            started = self._generate(job)
+        except APIError as exc:
+            m.requests_failed += 1
+            job.post("error", exc)
+        except TallowError as exc:
+            m.requests_failed += 1
+            job.post("error", bad(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+            m.requests_failed += 1
+            log.error("request %s failed:\n%s", job.id, traceback.format_exc())
+            job.post("error", APIError(500, f"The server failed while generating ({type(exc).__name__}: {exc}).", "server_error", None, "internal_error"))
+        if job.cancelled.is_set() and started:
+            m.requests_cancelled += 1
+
+    def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None]:
+        llm = self.llm
+        req = job.request
+        if isinstance(req, CompletionRequest):
+            if isinstance(req.prompt, str):
+                return llm.tokenize(req.prompt), None
+            vocab = llm.spec.vocab_size
+            if any(t >= vocab for t in req.prompt):
+                raise bad(f"'prompt' holds a token id outside the vocabulary (0..{vocab - 1}).", "prompt", "invalid_value")
+            return list(req.prompt), None
+        tools = req.tools if req.tool_choice != "none" else None
+        prefix = ""
+        if tools and req.tool_choice != "auto":
+            if TOOL_OPEN not in self.llm.template.source:
+                raise bad("'tool_choice' other than 'auto' or 'none' needs a model whose template uses <tool_call> tags; this one does not.", "tool_choice", "unsupported_value")
+            prefix = TOOL_OPEN + "\n"
+            if isinstance(req.tool_choice, dict):
+                prefix += '{"name": "' + req.tool_choice["function"]["name"] + '", "arguments": '
+        ids = llm.chat_prompt(req.messages, tools, assistant_prefix=prefix, **req.template_kwargs)
+        # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
+        # model inside it from the first token.
+        tail = llm.tokenizer.decode(ids[-4:], skip_special=False)
+        starts_in_reasoning = not prefix and tail.rstrip().endswith("<think>")
+        parser = ChatOutputParser(req.tool_names if tools else None, parse_tools=bool(tools), starts_in_reasoning=starts_in_reasoning)
+        if prefix:
+            parser.push(prefix)  # the forced start of the call is part of what gets parsed
+        return ids, parser
+
+    def _generate(self, job: Job) -> bool:
+        llm = self.llm
+        req = job.request
+        ids, parser = self._prompt(job)
+        n_prompt, n_ctx = len(ids), llm.n_ctx
+        if n_prompt >= n_ctx:
+            raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            max_tokens = n_ctx - n_prompt
+        elif n_prompt + max_tokens > n_ctx:
+            raise bad(
+                f"The prompt has {n_prompt} tokens and max_tokens asks for {max_tokens} more, {n_prompt + max_tokens} in all, but the context holds {n_ctx}.",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set, **_server_sampling(req.sampling))
+        job.post("start", {"prompt_tokens": n_prompt})
+        for text in deltas:
+            delta = parser.push(text) if parser else ParsedDelta(content=text)
+            if delta:
+                job.post("delta", delta)
+            if job.cancelled.is_set():
+                break
+        if parser:
+            tail = parser.flush()
+            if tail:
+                job.post("delta", tail)
+        stats = llm.stats.last
+        n_generated = len(llm.last_tokens)
+        finish = stats.finish_reason or "stop"
+        if parser and parser.tool_calls:
+            finish = "tool_calls"
+        m = self.metrics
+        m.prompt_tokens_total += n_prompt
+        m.cached_tokens_total += stats.reused_tokens
+        m.cache_hits_total += 1 if stats.reused_tokens > 0 else 0
+        m.generated_tokens_total += n_generated
+        m.prefill_tokens_total += stats.prefill_tokens
+        m.prefill_seconds_total += stats.prefill_s
+        m.decode_tokens_total += stats.decode_tokens
+        m.decode_seconds_total += stats.decode_s
+        m.last_prefill_tok_s = stats.prefill_tok_s
+        m.last_decode_tok_s = stats.decode_tok_s
+        job.post(
+            "done",
+            {
+                "finish_reason": finish,
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": n_generated,
+                    "total_tokens": n_prompt + n_generated,
+                    "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+                },
+                "timings": {
+                    "prompt_n": stats.prefill_tokens,
+                    "prompt_ms": stats.prefill_s * 1000,
+                    "prompt_per_second": stats.prefill_tok_s,
+                    "cache_n": stats.reused_tokens,
+                    "predicted_n": n_generated,
+                    "predicted_ms": stats.decode_s * 1000,
+                    "predicted_per_second": stats.decode_tok_s,
+                    "ttft_ms": stats.ttft_s * 1000,
+                },
+            },
+        )
+        return True

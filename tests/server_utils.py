@@ -1,0 +1,64 @@
+"""A live tallow server in a background thread, for tests that speak HTTP to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_paths import model_path
+
+
+def require_model(name: str) -> Path:
+    """The model's path; skip when missing, or fail when TALLOW_REQUIRE_MODELS=1."""
+    path = model_path(name)
+    if path is None:
+        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
+            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
+        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving `create_app` on a free loopback port; `stop()` shuts it down."""
+
+    def __init__(self, loader: Any, model_id: str, model_file: str | None = None, queue: int = 4, api_key: str | None = None) -> None:
+        import uvicorn
+
+        from tallow.server.app import ServerState, create_app
+        from tallow.server.worker import Worker
+
+        self.worker = Worker(loader, max_queue=queue)
+        self.state = ServerState(self.worker, model_id, model_file, api_key)
+        self.app = create_app(self.state)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1))
+        self.worker.start()
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        if not self.worker.ready.wait(timeout):
+            raise RuntimeError(f"the model did not load: {self.worker.load_error}")
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.server.should_exit = True
+        self.thread.join(10)
