@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class LLM:
         self.spec = spec_from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf)
+        self.gguf.drop_vocabulary()
         if ctx is not None and (not isinstance(ctx, int) or ctx < 16):
             raise UsageError(f"the context size must be an integer of at least 16, not {ctx!r}.")
         n_ctx = ctx or min(self.spec.context_length, DEFAULT_CTX)
@@ -69,6 +71,7 @@ class LLM:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.model = build_model(self.gguf, self.spec, linear_mode)
         self.gguf.release_pages()
+        _return_freed_heap()
         self.engine = Engine(self.model, n_ctx)
         self.n_ctx = n_ctx
         self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes))
@@ -175,6 +178,14 @@ class LLM:
             tail = emit + matcher.flush()
             if tail:
                 yield tail
+
+
+def _return_freed_heap() -> None:
+    """Hand the repacking temporaries' freed heap back to the OS (glibc keeps it otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
 
 
 def load(model: str | Path | None = None, ctx: int | None = None, progress: bool = True, linear_mode: str | None = None) -> LLM:

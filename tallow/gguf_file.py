@@ -205,6 +205,14 @@ class GGUFFile:
         """The header and tensor table: a fingerprint of the model that changes when its weights do not match."""
         return bytes(self._mmap[: self.header_size])
 
+    VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+    def drop_vocabulary(self) -> None:
+        """Forget the vocabulary arrays once the tokenizer has its own structures built from them
+        (for a 150k-token vocabulary they are tens of MB of Python strings held twice)."""
+        for key in self.VOCABULARY_KEYS:
+            self.metadata.pop(key, None)
+
     def release_pages(self) -> None:
         """Drop this process's resident copies of the mapped pages (they stay in the page cache).
 
