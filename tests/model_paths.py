@@ -1,5 +1,5 @@
 """Where the tests find real GGUF models: `<dir>/<name>.gguf` in, in order,
-$TALLOW_TEST_MODELS, tallow's cache (~/.cache/tallow/models) and /root/models."""
+$TALLOW_TEST_MODELS, tallow's model cache (where `tallow pull` puts them) and /root/models."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def model_dirs() -> list[Path]:
     env = os.environ.get("TALLOW_TEST_MODELS")
     if env:
         dirs.append(Path(env))
-    dirs.append(Path.home() / ".cache" / "tallow" / "models")
+    from tallow.registry import models_dir  # honours $TALLOW_HOME and $XDG_CACHE_HOME, like `tallow pull`
+
+    dirs.append(models_dir())
     dirs.append(Path("/root/models"))
     return dirs
 
