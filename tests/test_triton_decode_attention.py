@@ -64,7 +64,7 @@ def test_same_launch_follows_the_device_length() -> None:
 
 def test_default_splits_fill_the_gpu() -> None:
     assert default_splits(8, 40960, n_sms=132) == 128  # qwen3-4b: 8 x 128 = 1024 programs
-    assert default_splits(2, 40960, n_sms=132) == 256  # qwen2.5-1.5b: capped at 256
+    assert default_splits(2, 40960, n_sms=132) == 128  # qwen2.5-1.5b: capped at 128
     assert default_splits(8, 128, n_sms=132) == 2  # never more splits than 64-key tiles
 
 

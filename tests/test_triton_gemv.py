@@ -79,6 +79,6 @@ def test_gemv_tail_blocks_and_rows() -> None:
     g = torch.Generator().manual_seed(6)
     w = pack_planes(random_raw("Q6_K", 13, 768, g), "Q6_K", 768)  # 3 blocks, step of 2
     x = torch.randn(2, 768, generator=g)
-    y = quant_gemv(x, w, config=(8, 2, 4))
+    y = quant_gemv(x, w, config=(8, 2, 4, 1))
     ref = quant_gemv_reference(x, w)
     assert (y - ref).norm() / ref.norm() < 2e-6

@@ -4,13 +4,17 @@ Nothing here imports `gguf` (the GPU machine does not have it) and nothing is im
 package import: each op module pulls in triton itself, so `import tallow.kernels.triton` stays
 free on machines without triton.
 
-  planes.py           repack of raw GGUF blocks into separate byte planes (+ a self-contained
-                      torch dequantization of those planes, the device-side reference)
-  gemv_q4_k.py ...    decode matrix-vector products, one per quant type, dequant fused
-  quant_gemv.py       `quant_gemv(x, weight)`: picks the per-type kernel, plus its reference
-  dequant.py          planes -> fp16/bf16 dense weight (scratch for the prefill GEMM)
-  gemm_q4_k.py ...    prefill matrix products with the dequantization inside the tensor-core loop
-  decode_attention.py split-K flash-decoding attention for one query token (GQA, sliding window)
+  planes.py            repack of raw GGUF blocks into separate byte planes (+ a self-contained
+                       torch dequantization of those planes, the device-side reference)
+  quant_gemv.py        decode matrix-vector products (M <= 8), dequant fused, per quant type
+  dequant.py           planes -> fp16/bf16 dense weight (scratch for the prefill GEMM)
+  quant_gemm.py        prefill matrix products with the dequantization inside the tensor-core loop
+  decode_attention.py  split-K flash-decoding attention for one query token (GQA, sliding window)
+  interpreter_compat.py  a shim so TRITON_INTERPRET=1 works under NumPy >= 2.4
+
+Each op module exposes a plain function (`quant_gemv`, `quant_gemm`, `dequantize_to`,
+`decode_attention`) and a torch reference (`quant_gemv_reference`, `dequantize_planes`,
+`decode_attention_reference`); the dispatcher owns the TALLOW_TRITON_* switches.
 """
 
 import os as _os

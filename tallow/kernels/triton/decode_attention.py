@@ -104,12 +104,14 @@ def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_oh,
 
 
 def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_t: int = 64) -> int:
-    """A power of two giving ~4 programs per SM, never more splits than BLOCK_T tiles in n_ctx."""
+    """A power of two giving ~4 programs per SM, at most 128 (on the H200, 256 and 512 splits were
+    slower at every depth: the merge kernel's (n_splits x head_dim) tile spills), never more
+    splits than BLOCK_T tiles in n_ctx."""
     if n_sms is None:
         n_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     want = max(1, math.ceil(4 * n_sms / n_kv_heads))
     cap = max(1, math.ceil(n_ctx / block_t))
-    return 1 << (min(want, cap, 256) - 1).bit_length()
+    return 1 << (min(want, cap, 128) - 1).bit_length()
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor,

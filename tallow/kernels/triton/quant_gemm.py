@@ -166,13 +166,13 @@ def _q8_0_gemm_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, M, N, K, stride_xm, stride_ym
 
 def gemm_config(qtype: str, m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, step, num_warps, num_stages); step = CH chunks (Q4_K), HG half-blocks
-    (Q6_K) or B blocks (Q8_0)."""
-    block_m = 64 if m <= 64 else 128
+    (Q6_K) or B blocks (Q8_0). The best of the H200 sweep (docs/performance.md, 2026-11-30);
+    note that on that sweep dequant-to-scratch + cuBLAS was 3-4x faster from M = 512 up."""
     if qtype == "Q4_K":
-        return block_m, 128, 2, 8, 3
-    if qtype == "Q6_K":
-        return block_m, 128, 2, 8, 3
-    return block_m, 128, 4, 8, 3
+        return (64, 128, 4, 4, 3) if m <= 64 else (128, 128, 2, 8, 3)
+    if qtype == "Q6_K":  # HG=2 with 3 stages and 128-wide tiles needs > 228 KB of shared memory
+        return (64, 64, 1, 4, 3) if m <= 64 else (128, 64, 1, 4, 3)
+    return (64, 128, 4, 4, 3) if m <= 64 else (128, 128, 4, 8, 3)
 
 
 def quant_gemm(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,

@@ -50,7 +50,7 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 @triton.jit
 def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
     rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,7 +62,7 @@ def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, 
     j = tl.arange(0, 32)
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((BLOCK_N, G, 32), dtype=tl.float32)
-    for kb in range(0, nb, BLOCKS):
+    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         chunk = kb * 4 + g  # (G,) chunk index within the row
         ok = chunk < nb * 4
         chunk = tl.where(ok, chunk, 0)
@@ -112,7 +112,7 @@ def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, 
 
 @triton.jit
 def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
     rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,7 +124,7 @@ def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stri
     jj = tl.arange(0, 16)
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((BLOCK_N, H, 16), dtype=tl.float32)
-    for kb in range(0, nb, BLOCKS):
+    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         h = kb * 4 + hidx
         ok = h < nb * 4
         h = tl.where(ok, h, 0)
@@ -166,7 +166,7 @@ def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stri
 
 @triton.jit
 def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
     rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -177,7 +177,7 @@ def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym
     j = tl.arange(0, 32)
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCKS, 32), dtype=tl.float32)
-    for kb in range(0, nb, BLOCKS):
+    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         blk = kb + bi
         ok = blk < nb
         blk = tl.where(ok, blk, 0)
@@ -198,7 +198,7 @@ def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym
 
 @triton.jit
 def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+                      VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
     pid = tl.program_id(0)
     m = pid % M
@@ -210,7 +210,7 @@ def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, 
     jj = tl.arange(0, 16)
     x_row = x_ptr + m * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCKS, 16), dtype=tl.float32)
-    for kb in range(0, nb, BLOCKS):
+    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         blk = kb + bi
         ok = blk < nb
         blk = tl.where(ok, blk, 0)
@@ -240,17 +240,24 @@ def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, 
 
 # ------------------------------------------------------------------------------------------
 
-def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCKS per K step, num_warps) for a shape. Tuned on the H200 (see
-    docs/performance.md); the aim is a grid of several programs per SM with 16-32 KB of
-    weight loads in flight per SM."""
+def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages) for a shape, from the H200 sweep in
+    docs/performance.md (2026-11-30). num_stages > 1 lets Triton's pipeliner prefetch the next
+    steps' bytes with cp.async, which pays where the grid is small (few rows, long K): then
+    each program must keep more bytes in flight. Many rows (lm head) want wide row tiles."""
     if qtype in ("Q4_K", "Q6_K"):
-        return (8, 2, 4) if n >= 4096 else (4, 2, 4)
-    return (8, 8, 4) if n >= 4096 else (4, 8, 4)
+        if n >= 32768:
+            return (16, 2, 8, 1)
+        if n >= 4096 and k <= 4096:
+            return (8, 2, 4, 1)
+        return (2, 4, 4, 3)
+    if k >= 4096:
+        return (8, 16, 4, 3)
+    return (8, 8, 4, 1)
 
 
 def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
-               config: tuple[int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """y = x @ W^T. x float32/float16/bfloat16 (M, K) or (K,) with M <= 8 -> float32 (M, N).
 
     `out` (float32 (M, N), contiguous) lets a CUDA-graph caller keep a static output buffer."""
@@ -265,10 +272,10 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     m_rows = x2.shape[0]
     if out is None:
         out = torch.empty((m_rows, w.n), dtype=torch.float32, device=x2.device)
-    block_n, blocks, warps = config or gemv_config(w.qtype, w.n, w.k)
+    block_n, blocks, warps, stages = config or gemv_config(w.qtype, w.n, w.k)
     grid = (triton.cdiv(w.n, block_n) * m_rows,)
     p = w.planes
-    common = dict(BLOCK_N=block_n, BLOCKS=blocks, num_warps=warps)
+    common = dict(BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, num_warps=warps)
     args = (w.n, w.k, m_rows, x2.stride(0), out.stride(0))
     if w.qtype == "Q4_K":
         _q4_k_gemv_kernel[grid](x2, p["qs"], p["scales"], p["dm"], out, *args, **common)
