@@ -231,3 +231,53 @@ def test_queue_full_is_503_with_retry_after(live):
         assert results["waiting"] == 200
     finally:
         live.worker.max_queue = 4
+
+
+def test_disconnect_while_waiting_for_a_non_streaming_answer(live):
+    before = live.worker.metrics.requests_cancelled
+    body = {"messages": [{"role": "user", "content": "Write a long essay about mountains."}], "max_tokens": 300, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
+    _wait(lambda: live.worker.running is None)
+    assert live.worker.metrics.requests_cancelled == before + 1
+    assert len(live.worker.llm.last_tokens) < 300
+
+
+def test_completion_from_token_ids_and_content_parts(live, client):
+    ids = live.worker.llm.tokenize("The capital of France is")
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)
+    by_text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.object == "text_completion"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello."}]}]
+    assert client.chat.completions.create(model=MODEL, messages=parts, max_tokens=2, temperature=0).choices[0].message.content
+
+
+def test_terminal_client_talks_to_the_server(live):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tallow.cli", "chat", "--url", live.url, "-n", "4", "--temp", "0"],
+        input="Say hello.\n/clear\n/exit\n", capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.replace("> ", "").strip()  # the streamed answer
+    assert "tok/s" in proc.stderr and "conversation cleared" in proc.stderr
+
+
+def test_terminal_client_reports_an_unreachable_server():
+    import subprocess
+    import sys
+
+    from server_utils import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "tallow.cli", "chat", "--url", f"http://127.0.0.1:{free_port()}"], input="", capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "cannot reach a tallow server" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_with_a_missing_model_is_one_sentence(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tallow.cli", "serve", "-m", str(tmp_path / "nope.gguf"), "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("tallow: error:") and "Traceback" not in proc.stderr

@@ -12,6 +12,7 @@ Every error is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -93,14 +94,16 @@ def create_app(state: ServerState) -> FastAPI:
         log.exception("unexpected error on %s", request.url.path)
         return JSONResponse({"error": {"message": f"The server failed ({type(exc).__name__}).", "type": "server_error", "param": None, "code": "internal_error"}}, status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if state.api_key and request.url.path.startswith("/v1/"):
+    # A dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,
+    # and then `request.is_disconnected()` never sees the client leave.
+    async def require_key(request: Request) -> None:
+        if state.api_key:
             header = request.headers.get("authorization", "")
             token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-            if token != state.api_key:
-                return _error_response(APIError(401, "The API key is missing or wrong: send it as 'Authorization: Bearer KEY'.", "invalid_request_error", None, "invalid_api_key"))
-        return await call_next(request)
+            if not hmac.compare_digest(token.encode(), state.api_key.encode()):
+                raise APIError(401, "The API key is missing or wrong: send it as 'Authorization: Bearer KEY'.", "invalid_request_error", None, "invalid_api_key")
+
+    v1 = [Depends(require_key)]
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -110,11 +113,11 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
         return JSONResponse({"status": "ok", "model": state.model_id})
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}]}
 
-    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name}", dependencies=v1)
     async def model(name: str) -> dict[str, Any]:
         state.check_model(name)
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
@@ -127,13 +130,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def index() -> HTMLResponse:
         return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request) -> Response:
         req = parse_chat_request(parse_json_body(await request.body()))
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
         req = parse_completion_request(parse_json_body(await request.body()))
         state.check_model(req.model)
