@@ -1,0 +1,121 @@
+"""Quantized linear layers on an NVIDIA GPU: GGUF blocks kept as byte planes in GPU memory.
+
+Decode (at most 8 rows) runs the dequant-fused Triton GEMV, which reads every weight byte
+once. Prefill dequantizes the weight into one scratch buffer shared by all layers and calls
+cuBLAS (measured 3-5x faster than the fused tensor-core kernel on the H200, see
+docs/performance.md). Types without a Triton kernel are dequantized once at load to fp16.
+
+Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from ...gguf_file import TensorInfo
+from ...quant.reference import dequantize
+from ..triton.dequant import dequantize_to
+from ..triton.planes import QTYPES, PlaneWeight, pack_planes
+from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
+from ..triton.quant_gemv import quant_gemv
+
+GEMV_MAX_ROWS = 8
+
+
+def _switch_on(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
+
+
+class Scratch:
+    """One flat fp16 buffer per device for dequantized weights, sized at load for the largest
+    weight, so prefill never allocates per layer."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buffer = torch.empty(0, dtype=torch.float16, device=device)
+
+    def reserve(self, numel: int) -> None:
+        if numel > self.buffer.numel():
+            self.buffer = torch.empty(numel, dtype=torch.float16, device=self.device)
+
+    def view(self, n: int, k: int) -> torch.Tensor:
+        return self.buffer[: n * k].view(n, k)
+
+
+class GPULinear:
+    """y = x @ W^T (+ b) for x float32 (..., K) on the GPU -> float32 (..., N)."""
+
+    def __init__(self, tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None, device: torch.device, scratch: Scratch):
+        self.name = tensor.name
+        self.in_features = tensor.n_cols
+        self.out_features = tensor.n_rows
+        self.scratch = scratch
+        self.planes: PlaneWeight | None = None
+        self.dense: torch.Tensor | None = None
+        raw = torch.from_numpy(np.array(tensor.data))  # a writable copy of the mapped bytes
+        if int(tensor.qtype) in QTYPES and QTYPES[int(tensor.qtype)][0] in GEMV_TYPES:
+            self.planes = pack_planes(raw.to(device), tensor.qtype, tensor.n_cols)
+            self.kind = f"triton_{self.planes.qtype.lower()}"
+            scratch.reserve(self.out_features * self.in_features)
+        else:
+            # F32/F16/BF16 and the quant types without a kernel: dense fp16 (fp32 for F32).
+            w = dequantize(tensor.data, tensor.qtype, tensor.n_cols)
+            self.dense = w.to(device, torch.float32 if tensor.qtype == 0 else torch.float16)
+            self.kind = "dense"
+        self.bias = None
+        if bias is not None:
+            self.bias = torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(device)
+        self.use_gemv = _switch_on("TALLOW_TRITON_GEMV")
+
+    @property
+    def nbytes(self) -> int:
+        total = self.planes.nbytes if self.planes is not None else self.dense.numel() * self.dense.element_size()
+        return total + (self.bias.numel() * 4 if self.bias is not None else 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.dense is not None:
+            y = torch.matmul(x2.to(self.dense.dtype), self.dense.T).float()
+        elif x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
+            y = quant_gemv(x2, self.planes)
+        else:
+            w = dequantize_to(self.planes, torch.float16, out=self.scratch.view(self.out_features, self.in_features))
+            y = torch.matmul(x2.half(), w.T).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+
+class GPUEmbedding:
+    """Token embedding from GGUF blocks on the GPU: the ids' rows are gathered from the byte
+    planes and dequantized there, so a CUDA graph can look up a token the GPU just sampled."""
+
+    def __init__(self, tensor: TensorInfo, device: torch.device):
+        self.num_embeddings = tensor.n_rows
+        self.embedding_dim = tensor.n_cols
+        raw = torch.from_numpy(np.array(tensor.data))  # a writable copy of the mapped bytes.to(device)
+        self.planes: PlaneWeight | None = None
+        self.dense: torch.Tensor | None = None
+        if int(tensor.qtype) in QTYPES:
+            self.planes = pack_planes(raw, tensor.qtype, tensor.n_cols)
+        else:
+            self.dense = dequantize(tensor.data, tensor.qtype, tensor.n_cols).to(device)
+
+    @property
+    def nbytes(self) -> int:
+        if self.planes is not None:
+            return self.planes.nbytes
+        return self.dense.numel() * self.dense.element_size()
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(self.planes.device if self.planes is not None else self.dense.device)
+        if self.dense is not None:
+            return self.dense[ids]
+        rows = PlaneWeight(self.planes.qtype, ids.numel(), self.planes.k, {k: v[ids] for k, v in self.planes.planes.items()})
+        from ..triton.planes import dequantize_planes
+
+        return dequantize_planes(rows)  # (n, dim) float32
