@@ -157,9 +157,10 @@ class Worker:
             self.llm = self.loader()
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits with it
             self.load_error = exc
-            log.error("tallow: error: %s", exc)
             if self.on_load_error is not None:
                 self.on_load_error(exc)
+            else:
+                log.error("tallow: error: %s", exc)
             return
         self.ready.set()
         while True:
