@@ -20,6 +20,7 @@ from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
 from .gguf_file import GGUFFile
+from .memory.budget import default_budget, plan_memory
 from .models import build_model
 from .registry import resolve_model
 from .sampling import Sampler, SamplingParams
@@ -56,11 +57,23 @@ class Stats:
 class LLM:
     """One loaded model with its tokenizer, chat template and engine."""
 
-    def __init__(self, path: str | Path, ctx: int | None = None, linear_mode: str | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        ctx: int | None = None,
+        linear_mode: str | None = None,
+        mem_budget: str | int | None = None,
+        reserve: str | int | None = None,
+    ):
+        """mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
+        of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
+        (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
         t0 = time.perf_counter()
         self.path = str(path)
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
+        self.memory = plan_memory(self.gguf, ctx if isinstance(ctx, int) and ctx >= 16 else None,  # type: ignore[arg-type]
+                                  default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf)
         self.gguf.drop_vocabulary()
@@ -69,6 +82,7 @@ class LLM:
         n_ctx = ctx or min(self.spec.context_length, DEFAULT_CTX)
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
+        self.memory.check()  # refuse before loading weights, never mid-answer
         self.model = build_model(self.gguf, self.spec, linear_mode)
         self.gguf.release_pages()
         _return_freed_heap()
@@ -188,7 +202,14 @@ def _return_freed_heap() -> None:
         pass  # not glibc: nothing to trim
 
 
-def load(model: str | Path | None = None, ctx: int | None = None, progress: bool = True, linear_mode: str | None = None) -> LLM:
+def load(
+    model: str | Path | None = None,
+    ctx: int | None = None,
+    progress: bool = True,
+    linear_mode: str | None = None,
+    mem_budget: str | int | None = None,
+    reserve: str | int | None = None,
+) -> LLM:
     """Load a model by registry name (pulled on first use), alias, or GGUF path; None = the default."""
     path = resolve_model(None if model is None else str(model), pull_missing=True, progress=progress)
-    return LLM(path, ctx=ctx, linear_mode=linear_mode)
+    return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve)

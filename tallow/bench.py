@@ -59,7 +59,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.repetitions < 1:
         raise UsageError("-r takes a positive number of repetitions.")
     need = max(prompts + gens + [1])
-    llm = load(args.model, ctx=max(need, 16))
+    llm = load(args.model, ctx=max(need, 16), mem_budget=getattr(args, "mem_budget", None), reserve=getattr(args, "reserve", None))
     generator = torch.Generator().manual_seed(0)
     rows = []
     tests = [("pp", n, bench_prefill) for n in prompts] + [("tg", n, bench_decode) for n in gens]

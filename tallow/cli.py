@@ -35,6 +35,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
 
 
+def _add_memory_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mem-budget", default=None, help="memory tallow may hold: 3GiB, 800MB or 80%% of available (default: all available; env TALLOW_MEM_BUDGET)")
+    p.add_argument("--reserve", default=None, help="memory to keep free for other programs, e.g. 1GiB (subtracted from the budget)")
+
+
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         temperature=args.temp,
@@ -51,7 +56,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 def _load(args: argparse.Namespace):
     from .api import load
 
-    llm = load(args.model, ctx=getattr(args, "ctx", None))
+    llm = load(args.model, ctx=getattr(args, "ctx", None), mem_budget=getattr(args, "mem_budget", None), reserve=getattr(args, "reserve", None))
     return llm
 
 
@@ -162,6 +167,22 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The memory account from the header alone (no weights loaded); exit 3 if it does not fit."""
+    from .memory.budget import default_budget, plan_memory
+    from .registry import resolve_model
+
+    path = resolve_model(args.model_pos or args.model, pull_missing=False)
+    plan = plan_memory(path, args.ctx, args.mem_budget if args.mem_budget is not None else default_budget(), args.reserve)
+    if args.ctx is not None and not 16 <= args.ctx <= plan.spec.context_length:
+        raise UsageError(f"--ctx must be between 16 and the model's {plan.spec.context_length} tokens, not {args.ctx}.")
+    print(plan.describe())
+    if not plan.fits:
+        _err(f"tallow: {plan.refusal()}")
+        return 3
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
@@ -178,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
     p.add_argument("--system", default=None, help="system message (chat mode)")
     _add_sampling_args(p)
+    _add_memory_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive multi-turn chat")
@@ -186,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="talk to a running `tallow serve` at this URL instead of loading a model")
     p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="API key for --url (default: $TALLOW_API_KEY)")
     _add_sampling_args(p)
+    _add_memory_args(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a web chat page")
@@ -224,7 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-gen", default="64", help="generation lengths, comma-separated")
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    _add_memory_args(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("plan", help="the memory account for a model and context, without loading weights")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL")
+    _add_model_arg(p)
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
+    _add_memory_args(p)
+    p.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -1,0 +1,554 @@
+"""The memory account: every byte tallow will hold, counted from the GGUF header before loading.
+
+Why before: a model that does not fit must be refused with a clear sentence and exit code 3,
+not killed by the OOM killer halfway through an answer. So the account is computed from the
+header and the spec alone — no weight is read — and must answer in well under a second even
+for a 1.5B model with a 150k-token vocabulary (the header's string tables are skipped, not
+decoded; see `scan_header`).
+
+The parts, each derived from what the code allocates:
+
+* weights:  every 2-D weight as the CPU kernels hold it after repacking (the rules of
+  `kernels/cpu/linear.make_linear` and `quant/pack.py`); norms and biases as fp32; the token
+  embedding stays in the file map and costs nothing (unless tied to the output projection,
+  which is then repacked like any linear).
+* kv:       the KV pool, f16 K and V for every layer and every position of the context.
+* scratch:  the transient activations of one prefill chunk at the deepest position (`scratch_bytes`).
+* prefix cache: the in-memory prefix cache *is* the KV pool (0 extra); the persistent store
+  stages one layer of K/V at a time, plus the token list.
+* runtime:  tokenizer tables, parsed metadata and tallow's own modules (beyond torch), measured.
+* reserve:  what the user keeps free for co-tenants.
+
+The torch runtime of the process itself (~220 MiB, loaded before any model) is not part of
+the account: the budget is for what tallow adds.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT, GGUFValueType
+
+from ..errors import MemoryBudgetError, ModelFileError, UsageError
+from ..spec import ModelSpec, spec_from_gguf
+
+if TYPE_CHECKING:
+    from ..gguf_file import GGUFFile
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# Kept equal to quant/pack.py and kernels/cpu/linear.py (a test checks it); repeated here so
+# that `tallow plan` never imports torch (~1-3 s).
+INT4_TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q4_K})
+INT8_TYPES: frozenset[QT] = frozenset({QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q5_K, QT.Q6_K})
+INT4X2_TYPES: frozenset[QT] = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K, QT.Q8_0})
+FLOAT_TYPES: frozenset[QT] = frozenset({QT.F32, QT.F16, QT.BF16})
+INT4_GROUP = 32
+INT4_ROW_ALIGN = 16
+
+# Runtime: measured on the three reference models (VmRSS after load and malloc_trim, minus
+# VmRSS after `import torch`, minus weights and KV): 34 MiB (smollm2, 49k tokens + 49k merges),
+# 75 MiB (gemma3, 262k tokens with scores), 66 MiB (qwen2.5, 152k tokens + 151k merges). The
+# three unknowns solve to ~19 MiB of modules plus ~222 B per vocabulary entry (the metadata
+# string, its decoded copy and the tokenizer's dict entries) plus ~104 B per BPE merge.
+RUNTIME_BASE = 19 * MiB
+RUNTIME_PER_TOKEN = 222
+RUNTIME_PER_MERGE = 104
+
+DEFAULT_PREFILL_CHUNK = 512
+
+
+# ------------------------------------------------------------------------------ header scan
+
+
+@dataclass(frozen=True)
+class _TensorEntry:
+    """What the planner needs of one tensor: ggml shape (shape[0] = row length) and type."""
+
+    name: str
+    qtype: QT
+    shape: tuple[int, ...]
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_rows(self) -> int:
+        n = 1
+        for d in self.shape[1:]:
+            n *= d
+        return n
+
+
+class _SkippedStrings:
+    """A string array whose items were skipped: only its length and total bytes are known."""
+
+    def __init__(self, count: int, n_bytes: int):
+        self.count = count
+        self.n_bytes = n_bytes
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class HeaderSummary:
+    """The GGUF header without decoding string arrays: duck-types the parts of `GGUFFile`
+    that `spec_from_gguf` reads (path, get, arch_get, architecture, tensors)."""
+
+    def __init__(self, path: str, metadata: dict[str, Any], tensors: dict[str, _TensorEntry], file_size: int):
+        self.path = path
+        self.metadata = metadata
+        self.tensors = tensors
+        self.file_size = file_size
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelFileError(f"{self.path}: the file has no general.architecture key.")
+        return arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def arch_get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+_SCALARS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+def _scan(buf: bytes | mmap.mmap, path: str, size: int) -> HeaderSummary:
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        value = struct.unpack_from(fmt, buf, pos)[0]
+        pos += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal pos
+        n = take("<Q")
+        raw = bytes(buf[pos : pos + n])
+        pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(vtype: int) -> Any:
+        nonlocal pos
+        vtype = GGUFValueType(vtype)
+        if vtype == GGUFValueType.STRING:
+            return string()
+        if vtype == GGUFValueType.ARRAY:
+            item = GGUFValueType(take("<I"))
+            count = take("<Q")
+            if item == GGUFValueType.STRING:
+                start = pos
+                for _ in range(count):  # skip: 8-byte length, then the bytes
+                    pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+                return _SkippedStrings(count, pos - start - 8 * count)
+            if item in _SCALARS:
+                width = struct.calcsize(_SCALARS[item])
+                if count <= 1024:  # small per-layer arrays (head counts): keep the values
+                    values = list(struct.unpack_from(f"<{count}{_SCALARS[item][1]}", buf, pos))
+                    pos += width * count
+                    return _array(values)
+                pos += width * count
+                return _SkippedStrings(count, width * count)
+            return [value(item) for _ in range(count)]
+        return take(_SCALARS[vtype])
+
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError("bad magic")
+    pos = 4
+    version = take("<I")
+    if version not in (2, 3):
+        raise ValueError("bad version")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = string()
+        metadata[key] = value(take("<I"))
+    tensors: dict[str, _TensorEntry] = {}
+    for _ in range(n_tensors):
+        name = string()
+        n_dims = take("<I")
+        shape = tuple(take("<Q") for _ in range(n_dims))
+        qtype = QT(take("<I"))
+        take("<Q")  # offset
+        tensors[name] = _TensorEntry(name, qtype, shape)
+    return HeaderSummary(path, metadata, tensors, size)
+
+
+def _array(values: list) -> Any:
+    import numpy as np  # spec_from_gguf treats per-layer values as numpy arrays
+
+    return np.array(values)
+
+
+def scan_header(path: str | os.PathLike) -> HeaderSummary:
+    """Read the metadata and tensor table of a GGUF file, skipping the contents of large arrays.
+
+    Decoding a 262k-entry vocabulary takes ~0.6 s; skipping it takes ~0.05 s. A file this scan
+    cannot read is handed to `GGUFFile`, whose errors say precisely what is wrong with it.
+    """
+    path = str(path)
+    try:
+        with open(path, "rb") as fd:
+            size = os.fstat(fd.fileno()).st_size
+            with mmap.mmap(fd.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _scan(mm, path, size)
+    except (OSError, ValueError, struct.error, IndexError):
+        from ..gguf_file import GGUFFile
+
+        GGUFFile(path).close()  # raises the precise ModelFileError
+        raise ModelFileError(f"{path}: the GGUF header could not be read.") from None
+
+
+# ------------------------------------------------------------------------------ the parts
+
+
+def _env_off(var: str) -> bool:
+    return os.environ.get(var, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _env_on(var: str) -> bool:
+    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _kernel_ops() -> tuple[bool, bool]:
+    """Whether the int4/int8 aten ops exist. Only asked of torch when it is already imported:
+    torch 2.11-2.14, the versions tallow supports, all have them."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return True, True
+    aten = torch.ops.aten
+    return (hasattr(aten, "_convert_weight_to_int4pack_for_cpu") and hasattr(aten, "_weight_int4pack_mm_for_cpu"),
+            hasattr(aten, "_weight_int8pack_mm"))
+
+
+def linear_kind(qtype: QT, mode: str | None = None) -> str:
+    """The representation `make_linear` picks for a weight of this type: int4, int4x2, int8,
+    dense_bf16, dense_f32 or reference — the same decision, made without torch."""
+    mode = mode or "auto"
+    has_int4, has_int8 = _kernel_ops()
+    if mode == "reference" or (mode == "auto" and _env_on("TALLOW_REFERENCE")):
+        return "reference"
+    if qtype in FLOAT_TYPES:
+        return "dense_bf16" if qtype == QT.BF16 else "dense_f32"
+    if mode == "dense":
+        return "dense_bf16"
+    if qtype in INT4_TYPES and has_int4 and mode in ("auto", "int4", "int4x2") and (mode != "auto" or not _env_off("TALLOW_INT4")):
+        return "int4"
+    if qtype in INT4X2_TYPES and has_int4 and (mode == "int4x2" or (mode == "auto" and _env_on("TALLOW_INT4X2"))):
+        return "int4x2"
+    if has_int8 and (mode == "int8" or (mode == "auto" and qtype in INT8_TYPES and not _env_off("TALLOW_INT8"))):
+        return "int8"
+    return "dense_bf16"
+
+
+def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
+    """Resident bytes of an (n_rows, n_cols) weight held as `kind` (see pack_int4/pack_int8).
+
+    int4: rows padded to 16; K/2 bytes of codes and K/32 bf16 (scale, zero) pairs per row.
+    int4x2 doubles K. int8: K bytes and one bf16 scale per row.
+    """
+    if kind in ("int4", "int4x2"):
+        k = n_cols * (2 if kind == "int4x2" else 1)
+        n_pad = -(-n_rows // INT4_ROW_ALIGN) * INT4_ROW_ALIGN
+        return n_pad * (k // 2) + (k // INT4_GROUP) * n_pad * 2 * 2
+    if kind == "int8":
+        return n_rows * n_cols + n_rows * 2
+    if kind == "dense_bf16":
+        return n_rows * n_cols * 2
+    return n_rows * n_cols * 4  # dense_f32, reference
+
+
+def weights_bytes(header: HeaderSummary, linear_mode: str | None = None) -> int:
+    """Bytes of every weight as resident after loading (embedding in the map: 0)."""
+    tied = "output.weight" not in header.tensors
+    total = 0
+    for t in header.tensors.values():
+        if t.name == "token_embd.weight" and not tied:
+            continue  # only its rows, read from the map on lookup
+        if len(t.shape) >= 2 and t.n_rows > 1:
+            total += linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+        else:
+            total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32
+    return total
+
+
+def kv_bytes(spec: ModelSpec, n_ctx: int, dtype_bytes: int = 2) -> int:
+    """The KV pool: K and V of every layer for every position (as `KVPool` allocates it)."""
+    return n_ctx * sum(layer.n_kv_heads * (spec.head_dim + spec.v_head_dim) for layer in spec.layers) * dtype_bytes
+
+
+def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
+    """Peak transient activations of one prefill chunk of C tokens whose keys reach position N.
+
+    Blocks run one after another and free their temporaries, so the peak is the residual
+    stream plus the larger of one block's attention and MLP phases (all fp32 unless noted):
+      residual: x, the normed h and the new x:                    3 · C · dim · 4
+      attention: q, k, v and their rotated copies                  2 · C · (H + 2·H_kv) · hd · 4
+                 the pool's K/V up to N as fp32 (KVPool.view)      2 · H_kv · N · hd · 4
+                 the mask: int64 distances, bool, float for SDPA   C · N · (8 + 1 + 4)
+                 the output and its bf16 copy for attn_output      C · H · hd · (4 + 2)
+      MLP:       gate, up, act(gate), the product (fp32) and the
+                 bf16 kernel outputs / input copies                C · ffn · (4·4 + 2)
+      logits:    the last position only, plus the sampler's sort   vocab · 4 · 4
+    Logits for every position (`forward(all_logits=True)`, used only by conformance tests)
+    would add C · vocab · 4 and are not part of the engine's account.
+
+    Known gap (measured 2026-11-29, smollm2 ctx 2048, a 2040-token prompt): the process peak
+    rises ~75 MiB over the resident account against ~26 MiB derived here, because glibc's
+    dynamic mmap threshold keeps freed prefill temporaries in the heap (and the per-thread
+    arenas of the intra-op threads). Bounding that needs pre-allocated activation buffers in
+    the model files, not a bigger estimate.
+    """
+    c = min(prefill_chunk, n_ctx)
+    n = n_ctx
+    h, hkv, hd = spec.n_heads, spec.n_kv_heads, max(spec.head_dim, spec.v_head_dim)
+    residual = 3 * c * spec.dim * 4
+    attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
+    mlp = c * spec.ffn_dim * (4 * 4 + 2)
+    logits = spec.vocab_size * 4 * 4
+    return residual + max(attention, mlp) + logits
+
+
+def prefix_cache_bytes(spec: ModelSpec, n_ctx: int) -> int:
+    """Extra bytes of the prefix caches. In memory: none — the KV pool's resident tokens are
+    the cache. On disk (kv_store): saving and hydrating stage one layer's K and V of the used
+    positions at a time, plus the token ids (a Python int and a list slot each)."""
+    per_layer = max(layer.n_kv_heads for layer in spec.layers) * (spec.head_dim + spec.v_head_dim) * 2
+    return n_ctx * per_layer + n_ctx * 36
+
+
+def runtime_bytes(header: HeaderSummary) -> int:
+    """Tokenizer tables, parsed metadata and tallow's modules (see RUNTIME_* above)."""
+    tokens = header.get("tokenizer.ggml.tokens")
+    merges = header.get("tokenizer.ggml.merges")
+    return RUNTIME_BASE + RUNTIME_PER_TOKEN * (len(tokens) if tokens is not None else 0) + RUNTIME_PER_MERGE * (
+        len(merges) if merges is not None else 0
+    )
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class MemoryPlan:
+    """The account for one model at one context. `total` is what tallow will hold; `limit`
+    is the budget minus the reserve (None: no budget was set)."""
+
+    model: str
+    n_ctx: int
+    weights: int
+    kv: int
+    scratch: int
+    prefix_cache: int
+    runtime: int
+    reserve: int = 0
+    budget: int | None = None
+    budget_text: str = ""
+    kv_bytes_per_token: int = 0
+    spec: ModelSpec | None = field(default=None, repr=False)
+    header: HeaderSummary | None = field(default=None, repr=False)
+    linear_mode: str | None = None
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    @property
+    def resident(self) -> int:
+        """What stays resident after loading, before the first token (weights, KV, runtime)."""
+        return self.weights + self.kv + self.runtime
+
+    @property
+    def total(self) -> int:
+        """Everything tallow will hold at its peak: resident plus scratch and the prefix cache."""
+        return self.resident + self.scratch + self.prefix_cache
+
+    @property
+    def limit(self) -> int | None:
+        return None if self.budget is None else self.budget - self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.total <= self.limit
+
+    def parts(self) -> list[tuple[str, int]]:
+        return [
+            ("weights", self.weights),
+            (f"KV for {self.n_ctx} tokens", self.kv),
+            ("scratch", self.scratch),
+            ("prefix cache", self.prefix_cache),
+            ("runtime", self.runtime),
+        ]
+
+    def with_ctx(self, n_ctx: int) -> "MemoryPlan":
+        """The same plan at another context (only KV, scratch and prefix cache change)."""
+        if self.spec is None:
+            raise ValueError("this plan has no spec to re-plan from")
+        return MemoryPlan(
+            self.model, n_ctx, self.weights, kv_bytes(self.spec, n_ctx), scratch_bytes(self.spec, n_ctx, self.prefill_chunk),
+            prefix_cache_bytes(self.spec, n_ctx), self.runtime, self.reserve, self.budget, self.budget_text,
+            self.kv_bytes_per_token, self.spec, self.header, self.linear_mode, self.prefill_chunk,
+        )
+
+    def largest_fitting_ctx(self) -> int:
+        """The largest context (≥ 16, ≤ the model's) that fits the limit, or 0 if none does."""
+        if self.limit is None or self.spec is None:
+            return self.spec.context_length if self.spec else self.n_ctx
+        lo, hi = 0, self.spec.context_length
+        if self.with_ctx(16).total > self.limit:
+            return 0
+        lo = 16
+        while lo < hi:  # total grows with ctx: bisect for the last ctx that fits
+            mid = (lo + hi + 1) // 2
+            if self.with_ctx(mid).total <= self.limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def refusal(self) -> str:
+        """One sentence: what is needed, part by part, what the budget leaves, what would fit."""
+        parts = " + ".join(f"{name} {fmt_bytes(n)}" for name, n in self.parts())
+        room = f"the budget of {fmt_bytes(self.budget or 0)}"
+        if self.budget_text:
+            room += f" ({self.budget_text})"
+        if self.reserve:
+            room += f" minus the reserve of {fmt_bytes(self.reserve)} leaves {fmt_bytes(self.limit or 0)}"
+        best = self.largest_fitting_ctx()
+        if best:
+            advice = f"the largest context that would fit is {best} tokens (--ctx {best})"
+        else:
+            advice = "no context fits: even 16 tokens would need " + fmt_bytes(self.with_ctx(16).total)
+        return f"{self.model} needs {fmt_bytes(self.total)} ({parts}) but {room}; {advice}."
+
+    def check(self) -> None:
+        """Raise MemoryBudgetError (exit code 3) when the plan does not fit its budget."""
+        if not self.fits:
+            raise MemoryBudgetError(self.refusal())
+
+    def describe(self) -> str:
+        """The account as a small table, for `tallow plan`."""
+        rows = [(name, n) for name, n in self.parts()]
+        if self.reserve:
+            rows.append(("reserve", self.reserve))
+        width = max(len(name) for name, _ in rows)
+        lines = [f"memory plan for {self.model} at ctx {self.n_ctx} (KV f16, {self.kv_bytes_per_token} bytes/token):"]
+        lines += [f"  {name:<{width}}  {fmt_bytes(n):>10}" for name, n in rows]
+        lines.append(f"  {'total':<{width}}  {fmt_bytes(self.total + self.reserve):>10}")
+        if self.budget is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            text = f" ({self.budget_text})" if self.budget_text else ""
+            lines.append(f"  budget {fmt_bytes(self.budget)}{text}: {verdict}; largest context that fits: {self.largest_fitting_ctx()}")
+        return "\n".join(lines)
+
+
+def fmt_bytes(n: int) -> str:
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB"
+
+
+# ------------------------------------------------------------------------------ budgets
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": MiB,
+          "g": 1000**3, "gb": 1000**3, "gib": GiB, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+          "ki": 1 << 10, "mi": MiB, "gi": GiB, "ti": 1 << 40}
+
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo (what the kernel can give without swapping), else physical RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def parse_size(text: str | int | float | None, what: str = "--mem-budget") -> tuple[int | None, str]:
+    """'3GiB', '1.5G', '800MB', '80%' (of MemAvailable now) or a byte count -> (bytes, description).
+
+    Decimal units (GB) are powers of 1000 and binary ones (GiB) powers of 1024, as `free` does.
+    """
+    if text is None:
+        return None, ""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise UsageError(f"{what} must not be negative, not {text!r}.")
+        return int(text), ""
+    s = str(text).strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(%|[kmgt]?i?b?)", s)
+    if not m or m.group(2) not in _UNITS and m.group(2) != "%":
+        raise UsageError(f"{what} takes a size like 3GiB, 800MB or 80% (of available memory), not {text!r}.")
+    number = float(m.group(1))
+    if m.group(2) == "%":
+        if not 0 < number <= 100:
+            raise UsageError(f"{what} as a fraction must be between 0% and 100%, not {text!r}.")
+        avail = mem_available()
+        return int(avail * number / 100), f"{number:g}% of {fmt_bytes(avail)} available"
+    return int(number * _UNITS[m.group(2)]), ""
+
+
+def plan_memory(
+    source: "str | os.PathLike | HeaderSummary | GGUFFile",
+    n_ctx: int | None = None,
+    mem_budget: str | int | None = None,
+    reserve: str | int | None = None,
+    linear_mode: str | None = None,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    spec: ModelSpec | None = None,
+    default_ctx: int = 4096,
+) -> MemoryPlan:
+    """The account for a GGUF file (path or scanned header) at a context, against a budget.
+
+    mem_budget None means no limit (the plan is only described); the API applies
+    `default_budget()` when the user gave none.
+    """
+    header = scan_header(source) if isinstance(source, (str, os.PathLike)) else source  # or an open GGUFFile
+    spec = spec or spec_from_gguf(header)  # type: ignore[arg-type]  # duck-typed header
+    ctx = n_ctx or min(spec.context_length, default_ctx)
+    budget, budget_text = parse_size(mem_budget, "--mem-budget")
+    reserve_bytes, _ = parse_size(reserve, "--reserve")
+    return MemoryPlan(
+        model=os.path.basename(header.path),
+        n_ctx=ctx,
+        weights=weights_bytes(header, linear_mode),
+        kv=kv_bytes(spec, ctx),
+        scratch=scratch_bytes(spec, ctx, prefill_chunk),
+        prefix_cache=prefix_cache_bytes(spec, ctx),
+        runtime=runtime_bytes(header),
+        reserve=reserve_bytes or 0,
+        budget=budget,
+        budget_text=budget_text,
+        kv_bytes_per_token=kv_bytes(spec, 1),
+        spec=spec,
+        header=header,
+        linear_mode=linear_mode,
+        prefill_chunk=prefill_chunk,
+    )
+
+
+def default_budget() -> str | None:
+    """The budget when the user gives none: $TALLOW_MEM_BUDGET, else all of MemAvailable —
+    so a model that cannot fit at all is refused up front rather than killed mid-answer.
+    TALLOW_MEM_BUDGET=off disables the guard."""
+    value = os.environ.get("TALLOW_MEM_BUDGET", "100%").strip()
+    return None if value.lower() in ("off", "none", "0", "") else value
