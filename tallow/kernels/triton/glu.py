@@ -1,0 +1,89 @@
+"""Gated activations of the feed-forward block, one launch: SwiGLU silu(gate) * up and GeGLU
+with ggml's GELU (tanh approximation evaluated at the fp16-rounded gate, result rounded to
+fp16, as tallow/layers.py geglu; the tanh here is exp-based, so a value can land one fp16 ulp
+from torch's at a rounding boundary).
+
+gate and up may be views into one (M, 2F) output of a concatenated gate/up GEMV (any row
+stride, last dim contiguous). With `prep` (a gemv.GemvInput for K = F) the kernel also writes
+the result in the down projection's code order and its per-16 sums, so the down GEMV needs no
+prep launch. Graph-safe with `out` given.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["glu", "swiglu", "geglu", "glu_reference"]
+
+
+@triton.jit
+def _act(g, u, KIND: tl.constexpr):
+    if KIND == 0:
+        return g / (1.0 + tl.exp(-g)) * u
+    else:
+        h = g.to(tl.float16).to(tl.float32)
+        z = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        # 0.5 * (1 + tanh(z)) = sigmoid(2z): no cancellation for negative h
+        return (h / (1.0 + tl.exp(-2.0 * z))).to(tl.float16).to(tl.float32) * u
+
+
+@triton.jit
+def _glu_kernel(g_ptr, u_ptr, y_ptr, perm_ptr, xp_ptr, sx_ptr, F, P, sgm, sum_, sym, spm, ssxm,
+                KIND: tl.constexpr, PREP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    off = tl.program_id(1) * BLOCK
+    e = off + tl.arange(0, BLOCK)
+    msk = e < F
+    g = tl.load(g_ptr + row * sgm + e, mask=msk, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * sum_ + e, mask=msk, other=0.0).to(tl.float32)
+    y = _act(g, u, KIND)
+    tl.store(y_ptr + row * sym + e, y, mask=msk)
+    if PREP:
+        R: tl.constexpr = BLOCK // 16
+        r = off // 16 + tl.arange(0, R)
+        tl.store(sx_ptr + row * ssxm + r, tl.sum(tl.reshape(y, (R, 16)), axis=1), mask=r < F // 16)
+        pm = e < P
+        src = tl.load(perm_ptr + e, mask=pm, other=0)
+        g2 = tl.load(g_ptr + row * sgm + src, mask=pm, other=0.0).to(tl.float32)
+        u2 = tl.load(u_ptr + row * sum_ + src, mask=pm, other=0.0).to(tl.float32)
+        tl.store(xp_ptr + row * spm + e, _act(g2, u2, KIND), mask=pm)
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu", out: torch.Tensor | None = None,
+        prep=None) -> torch.Tensor:
+    """kind 'swiglu' or 'geglu'; gate, up (M, F) or (F,) -> float32 of the same shape."""
+    squeeze = gate.ndim == 1
+    g2 = gate.reshape(1, -1) if squeeze else gate
+    u2 = up.reshape(1, -1) if squeeze else up
+    m, f = g2.shape
+    if g2.stride(1) != 1 or u2.stride(1) != 1:
+        raise ValueError("glu: the last dim of gate and up must be contiguous.")
+    if out is None:
+        out = torch.empty((m, f), dtype=torch.float32, device=gate.device)
+    o2 = out.reshape(m, f)
+    p = prep.perm.numel() if prep is not None else 0
+    block = 1024
+    grid = (m, triton.cdiv(max(f, p), block))
+    _glu_kernel[grid](g2, u2, o2, prep.perm if prep is not None else o2, prep.xp if prep is not None else o2,
+                      prep.sx if prep is not None else o2, f, p, g2.stride(0), u2.stride(0), o2.stride(0),
+                      prep.xp.stride(0) if prep is not None else 0, prep.sx.stride(0) if prep is not None else 0,
+                      KIND={"swiglu": 0, "geglu": 1}[kind], PREP=prep is not None, BLOCK=block, num_warps=4)
+    return out
+
+
+def swiglu(gate, up, out=None, prep=None):
+    return glu(gate, up, "swiglu", out, prep)
+
+
+def geglu(gate, up, out=None, prep=None):
+    return glu(gate, up, "geglu", out, prep)
+
+
+def glu_reference(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:
+    g, u = gate.float(), up.float()
+    if kind == "swiglu":
+        return torch.nn.functional.silu(g) * u
+    h = torch.nn.functional.gelu(g.half().float(), approximate="tanh").half().float()
+    return h * u

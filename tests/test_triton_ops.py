@@ -1,0 +1,101 @@
+"""Small fused decode kernels (rmsnorm.py, rope.py, glu.py, argmax.py) through Triton's
+interpreter against torch references.
+
+Tolerances: rmsnorm, RoPE and SwiGLU are a few fp32 operations per element in the reference's
+order (1e-6 relative; a wrong index or a missed residual gives > 1e-2); GeGLU rounds to fp16
+twice as ggml does, and our exp-based tanh may cross an fp16 rounding boundary where torch's
+does not, so we allow one fp16 ulp (1e-3 relative) per element; argmax must be exact.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import tallow.kernels.triton  # noqa: E402,F401
+from tallow.kernels.triton.argmax import argmax, argmax_reference  # noqa: E402
+from tallow.kernels.triton.gemv import GemvInput, gemv, gemv_reference  # noqa: E402
+from tallow.kernels.triton.glu import glu, glu_reference  # noqa: E402
+from tallow.kernels.triton.planes import pack_planes, random_raw  # noqa: E402
+from tallow.kernels.triton.rmsnorm import rmsnorm, rmsnorm_reference  # noqa: E402
+from tallow.kernels.triton.rope import rope, rope_reference  # noqa: E402
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("m,d,res", [(1, 576, False), (2, 1536, True)])
+def test_rmsnorm_with_residual_and_gemv_prep(m: int, d: int, res: bool) -> None:
+    g = torch.Generator().manual_seed(d)
+    x, r, w = torch.randn(m, d, generator=g), torch.randn(m, d, generator=g), torch.randn(d, generator=g)
+    prep = GemvInput(m, d, ("Q4_1", "Q8_0"), "cpu")
+    s_out = torch.full((m, d), float("nan"))
+    y = rmsnorm(x, w, 1e-6, residual=r if res else None, sum_out=s_out if res else None, prep=prep)
+    y_ref, s_ref = rmsnorm_reference(x, w, 1e-6, r if res else None)
+    assert _rel(y, y_ref) < 1e-6
+    if res:
+        assert _rel(s_out, s_ref) < 1e-7
+    # the prep it wrote drives the GEMVs like gemv_prep would
+    for qt in ("Q4_1", "Q8_0"):
+        wt = pack_planes(random_raw(qt, 8, d, g), qt, d)
+        assert _rel(gemv(None, wt, prep=prep), gemv_reference(y_ref, wt)) < 4e-6
+
+
+@pytest.mark.parametrize("style", ["neox", "norm"])
+@pytest.mark.parametrize("rot,norm", [(None, False), (32, True)])
+def test_rope_at_device_position_into_cache(style: str, rot, norm: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    nq, nk, d, n_ctx = 4, 2, 64, 16
+    r = d if rot is None else rot
+    q, k, v = torch.randn(nq, d, generator=g), torch.randn(nk, d, generator=g), torch.randn(nk, d, generator=g)
+    ang = torch.rand(n_ctx, r // 2, generator=g) * 6
+    cos, sin = ang.cos(), ang.sin()
+    qn, kn = (torch.randn(d, generator=g), torch.randn(d, generator=g)) if norm else (None, None)
+    k_cache = torch.zeros(nk, n_ctx, d, dtype=torch.float16)
+    v_cache = torch.zeros(nk, n_ctx, d, dtype=torch.float16)
+    pos = torch.tensor([5], dtype=torch.int32)
+    qo, _ = rope(q, k, cos, sin, pos, style, rot_dim=rot, k_cache=k_cache, v=v, v_cache=v_cache, q_norm=qn,
+                 k_norm=kn, eps=1e-6)
+    assert _rel(qo, rope_reference(q, cos[5], sin[5], style, rot, qn)) < 1e-6
+    assert _rel(k_cache[:, 5], rope_reference(k, cos[5], sin[5], style, rot, kn)) < 1e-3  # fp16 cache
+    assert torch.equal(v_cache[:, 5], v.half())
+    assert k_cache[:, 4].abs().sum() == 0 and k_cache[:, 6].abs().sum() == 0
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "geglu"])
+def test_glu_from_concatenated_gate_up_with_prep(kind: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    m, f = 2, 1536
+    gu = torch.randn(m, 2 * f, generator=g) * 3
+    prep = GemvInput(m, f, ("Q6_K",), "cpu")
+    y = glu(gu[:, :f], gu[:, f:], kind, prep=prep)
+    ref = glu_reference(gu[:, :f], gu[:, f:], kind)
+    if kind == "swiglu":
+        assert _rel(y, ref) < 1e-6
+    else:
+        assert ((y - ref).abs() <= 1e-3 * ref.abs() + 1e-6).all()
+        if kind == "geglu":
+            from tallow.layers import geglu as layers_geglu
+            assert ((y - layers_geglu(gu[:, :f], gu[:, f:])).abs() <= 1e-3 * ref.abs() + 1e-6).all()
+    wt = pack_planes(random_raw("Q6_K", 8, f, g), "Q6_K", f)
+    assert _rel(gemv(None, wt, prep=prep), gemv_reference(ref, wt)) < 2e-5
+
+
+def test_argmax_two_stage_ties_and_rows() -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 151936, generator=g)
+    x[0, 100_000] = 50.0
+    x[0, 7] = 50.0  # a tie: the lower index wins
+    x[1, 151935] = 60.0  # the very last element
+    x[1, 3] = float("nan")
+    out = argmax(x, parts=64)
+    assert out.tolist() == [7, 151935] == argmax_reference(x).tolist()
+    y = torch.randn(1000, generator=g)
+    assert argmax(y, parts=8).item() == int(argmax_reference(y)[0])
