@@ -149,7 +149,11 @@ class LLM:
         template_kwargs: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> Completion | Iterator[str]:
-        """Answer a conversation (OpenAI-style messages) through the model's chat template."""
+        """Answer a conversation (OpenAI-style messages) through the model's chat template.
+
+        `conversation_id="..."` (a sampling-style keyword) keeps the conversation's KV on disk
+        under $TALLOW_HOME/kv: the next turn, even after a restart, prefills only what is new.
+        """
         ids = self.chat_prompt(messages, tools, **(template_kwargs or {}))
         return self._run(ids, max_tokens, stream, stop, should_stop, sampling)
 
@@ -160,17 +164,18 @@ class LLM:
             raise UsageError("the prompt is empty: there is nothing to continue from.")
         if len(ids) >= self.n_ctx:
             raise UsageError(f"the prompt has {len(ids)} tokens, but the context holds {self.n_ctx}.")
+        conversation_id = sampling.pop("conversation_id", None)
         sampling.setdefault("temperature", 0.0)
         params = SamplingParams(**sampling)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        deltas = self._stream(ids, max_tokens, params, stops, should_stop)
+        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id)
         if stream:
             return deltas
         text = "".join(deltas)
         last = self.stats.last
         return Completion(text, self._last_tokens, last.finish_reason, last)
 
-    def _stream(self, ids, max_tokens, params, stops, should_stop) -> Iterator[str]:
+    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None) -> Iterator[str]:
         stats = GenerationStats()
         self.stats.last = stats
         self.stats.history.append(stats)
@@ -179,7 +184,7 @@ class LLM:
         decoder = StreamDecoder(self.tokenizer, skip_special=True)  # like llama.cpp's completion text
         matcher = StopMatcher(stops)
         stopped = False
-        for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop):
+        for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop, conversation_id):
             self._last_tokens.append(token)
             emit, stopped = matcher.push(decoder.push(token))
             if emit:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from ..memory.kv_pool import KVPool
+from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
 
@@ -23,9 +25,11 @@ from ..sampling import Sampler
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose K/V came from the cache
-    prefill_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose K/V came from the cache (memory or disk)
+    reused_from_disk: int = 0  # of those, tokens hydrated from the conversation's KV file
+    prefill_tokens: int = 0  # prompt tokens run through the model
     prefill_s: float = 0.0
+    saved_s: float = 0.0  # estimated prefill time the reuse saved (reused tokens / measured prefill rate)
     decode_tokens: int = 0
     decode_s: float = 0.0
     ttft_s: float = 0.0
@@ -50,14 +54,56 @@ def prefix_reuse_enabled() -> bool:
     return os.environ.get("TALLOW_PREFIX_CACHE", "1") != "0"
 
 
+def _shared(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Engine:
     """Owns the model's KV pool and runs prefill and decode for one request at a time."""
 
-    def __init__(self, model: DecoderModel, n_ctx: int, prefill_chunk: int = 512):
+    def __init__(self, model: DecoderModel, n_ctx: int, prefill_chunk: int = 512, kv_store_dir: str | None = None):
         self.model = model
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         self.kv = KVPool(model.spec, n_ctx)
+        self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
+        self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
+        self._kv_store: KVStore | None = None
+
+    @property
+    def kv_store(self) -> KVStore:
+        """The persistent store, created on first use (hashing the GGUF header costs a few ms)."""
+        if self._kv_store is None:
+            self._kv_store = KVStore(self.model.spec, model_fingerprint(self.model.gf.header_bytes()), self.kv_store_dir)
+        return self._kv_store
+
+    def hydrate(self, conversation_id: str, tokens: list[int]) -> int:
+        """Load a conversation's saved KV when it shares more of `tokens` than the resident
+        pool does; returns how many prompt tokens the loaded file covers (0: not loaded)."""
+        if not persist_enabled() or not prefix_reuse_enabled():
+            return 0
+        resident = _shared(self.kv.tokens, tokens)
+        saved = self.kv_store.peek_tokens(conversation_id)
+        on_disk = _shared(saved, tokens)
+        if on_disk <= resident or on_disk < 2:
+            return 0
+        loaded = self.kv_store.load(conversation_id, self.kv)
+        return min(_shared(self.kv.tokens, tokens), loaded)
+
+    def persist(self, conversation_id: str) -> None:
+        """Save the pool for the conversation; a full disk warns rather than failing the answer."""
+        if not persist_enabled():
+            return
+        try:
+            self.kv_store.save(conversation_id, self.kv)
+        except OSError as exc:
+            warnings.warn(f"could not save the KV cache of conversation {conversation_id!r}: {exc}", KVStoreWarning, stacklevel=2)
 
     def reset(self) -> None:
         self.kv.truncate(0)
@@ -90,6 +136,12 @@ class Engine:
         stats.reused_tokens = reuse
         stats.prefill_tokens = len(tokens) - reuse
         stats.prefill_s = time.perf_counter() - t0
+        # Price the reuse at the rate of the last real prefill; a short one is dominated by
+        # per-call overhead, so only prefills of >= 64 tokens set the rate.
+        rate = self.prefill_rate or (stats.prefill_tokens / stats.prefill_s if stats.prefill_tokens >= 16 else 0.0)
+        stats.saved_s = reuse / rate if rate > 0 else 0.0
+        if stats.prefill_tokens >= 64:
+            self.prefill_rate = stats.prefill_tokens / stats.prefill_s
         return logits[-1]
 
     def generate(
@@ -100,11 +152,18 @@ class Engine:
         stop_tokens: set[int],
         stats: GenerationStats,
         should_stop: Callable[[], bool] = lambda: False,
+        conversation_id: str | None = None,
     ) -> Iterator[int]:
         """Yield generated token ids. Stops on an end-of-generation token (not yielded),
-        max_tokens, a full context, or when should_stop() turns true between tokens."""
+        max_tokens, a full context, or when should_stop() turns true between tokens.
+
+        With a conversation id the pool is hydrated from the conversation's saved KV first
+        (when that covers more of the prompt than what is resident) and saved at the end.
+        """
         t_start = time.perf_counter()
+        from_disk = self.hydrate(conversation_id, prompt) if conversation_id else 0
         logits = self.prefill(prompt, stats)
+        stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
@@ -132,3 +191,5 @@ class Engine:
         finally:
             # Also runs when the consumer stops early (a stop string): the counters stay true.
             stats.decode_s = time.perf_counter() - t_decode
+            if conversation_id:
+                self.persist(conversation_id)

@@ -1,0 +1,47 @@
+"""In-memory prefix cache: reuse gives the same tokens as no reuse, and the counters add up."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from model_paths import model_path
+
+
+def _require(name: str) -> Path:
+    path = model_path(name)
+    if path is None:
+        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
+            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
+        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
+    return path
+
+
+SYSTEM = ("You are a careful assistant for a smart home. You control lights, blinds and the thermostat. "
+          "Answer in one short sentence and never invent devices. ") * 4
+QUESTIONS = ["Dim the kitchen lights.", "What is the capital of France?", "Close the blinds in the bedroom."]
+
+
+def test_prefix_reuse_gives_identical_output_and_counts(monkeypatch):
+    import tallow
+
+    llm = tallow.LLM(_require("smollm2-135m"), ctx=512)
+    warm = []
+    for q in QUESTIONS:
+        out = llm.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], max_tokens=10)
+        s = out.stats
+        assert s.prompt_tokens == s.reused_tokens + s.prefill_tokens
+        assert s.reused_from_disk == 0
+        warm.append((out.tokens, s))
+    shared = warm[1][1].reused_tokens
+    assert shared > 50  # the system prompt was reused by the second and third requests
+    assert warm[2][1].reused_tokens == shared and warm[1][1].saved_s > 0
+    assert warm[0][1].saved_s == 0.0
+
+    monkeypatch.setenv("TALLOW_PREFIX_CACHE", "0")
+    for q, (tokens, _) in zip(QUESTIONS, warm):
+        out = llm.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], max_tokens=10)
+        assert out.stats.reused_tokens == 0 and out.stats.saved_s == 0.0
+        assert out.tokens == tokens
