@@ -34,8 +34,13 @@ from tallow.kernels.triton.dequant import dequantize_to  # noqa: E402
 from tallow.kernels.triton.planes import dequantize_planes, pack_planes, random_raw  # noqa: E402
 from tallow.kernels.triton.quant_gemm import gemm_config, quant_gemm  # noqa: E402
 from tallow.kernels.triton.quant_gemv import gemv_config, quant_gemv  # noqa: E402
+from tallow.kernels.triton import gemv as G2  # noqa: E402
+from tallow.kernels.triton.argmax import argmax, make_argmax_scratch  # noqa: E402
+from tallow.kernels.triton.glu import glu  # noqa: E402
+from tallow.kernels.triton.rmsnorm import rmsnorm  # noqa: E402
+from tallow.kernels.triton.rope import rope  # noqa: E402
 
-RESULTS: dict = {"gemv": [], "gemv_m": [], "gemm": [], "attention": [], "baseline": []}
+RESULTS: dict = {"gemv": [], "gemv_m": [], "gemm": [], "attention": [], "baseline": [], "v2": [], "ops": [], "layer": []}
 L2_ROTATE_BYTES = 320e6
 
 
@@ -271,6 +276,166 @@ def bench_attention(n_heads: int, n_kv: int, d: int, depths: tuple[int, ...], la
     print(f"{label}: one CUDA graph replayed at lengths 1..4096, worst rel err {worst:.1e}", flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# second-generation GEMV (gemv.py) vs quant_gemv.py, fused launches, small decode ops, per layer
+# ---------------------------------------------------------------------------------------------
+
+V2_SWEEP = {"K": [(16, 1, 4, 1), (32, 1, 4, 1), (32, 2, 4, 1), (16, 2, 4, 3), (8, 1, 4, 3), (64, 1, 8, 1)],
+            "x": [(16, 8, 4, 1), (32, 8, 4, 1), (32, 16, 8, 1), (8, 16, 4, 3), (4, 8, 4, 3), (16, 4, 4, 1)]}
+BEST: dict = {}
+DEADLINE = [0.0]
+
+
+def bench_v2(qtype: str, n: int, k: int, label: str, bw: float, sweep: bool, old: bool = True) -> float:
+    w = make_weight(qtype, n, k, seed=n * 13 + k)
+    x = torch.randn(1, k, device="cuda")
+    ref = x @ dequantize_planes(w).T
+    ws = copies_of(w)
+    outs = [torch.empty(1, n, device="cuda") for _ in ws]
+    prep = G2.gemv_prep(x, G2.GemvInput(1, k, (qtype,), "cuda"))
+    t_old = None
+    if old:
+        t_old = graph_time_us([(lambda wi=wi, oi=oi: quant_gemv(x, wi, out=oi)) for wi, oi in zip(ws, outs)])
+    default = G2.gemv_config(qtype, n, k)
+    cfgs = [default]
+    if sweep and time.time() < DEADLINE[0]:
+        cfgs += [c for c in V2_SWEEP["K" if qtype in ("Q4_K", "Q6_K") else "x"] if c != default]
+    rows = []
+    for cfg in cfgs:
+        try:
+            y = torch.full((1, n), float("nan"), device="cuda")
+            G2.gemv(None, w, out=y, prep=prep, config=cfg)
+            err = rel_err(y, ref)
+            t = graph_time_us([(lambda wi=wi, oi=oi: G2.gemv(None, wi, out=oi, prep=prep, config=cfg))
+                               for wi, oi in zip(ws, outs)])
+        except Exception as e:  # noqa: BLE001
+            print(f"  v2 {qtype} {n}x{k} cfg {cfg} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        if not err < 2e-5:
+            print(f"  !! v2 {qtype} {n}x{k} cfg {cfg}: rel err {err:.2e}", flush=True)
+            continue
+        rows.append((t, cfg, err))
+        RESULTS["v2"].append(dict(qtype=qtype, n=n, k=k, label=label, config=cfg, us=t, gbs=w.nbytes / t / 1e3,
+                                  rel_err=err, default=cfg == default, old_us=t_old, bytes=w.nbytes))
+    t_best, c_best, e_best = min(rows)
+    t_def = [t for t, c, _ in rows if c == default]
+    BEST[(qtype, n, k)] = (t_best, c_best)
+    old_s = f"old {t_old:7.2f} us {w.nbytes / t_old / 1e3:5.0f} GB/s | " if t_old else ""
+    print(f"{label:30s} {qtype} {n:6d}x{k:<5d} {w.nbytes / 1e6:7.2f} MB  {old_s}new default "
+          f"{t_def[0] if t_def else float('nan'):7.2f} us, best {c_best} {t_best:7.2f} us {w.nbytes / t_best / 1e3:5.0f} GB/s "
+          f"({w.nbytes / t_best / 1e3 / 4300 * 100:3.0f}% of 4.3 TB/s)  err {e_best:.1e}", flush=True)
+    del ws, outs
+    return t_best
+
+
+def time_op(name: str, fn, n_calls: int = 20) -> float:
+    t = graph_time_us([fn] * n_calls)
+    RESULTS["ops"].append(dict(op=name, us=t))
+    print(f"  {name:52s} {t:7.2f} us", flush=True)
+    return t
+
+
+def bench_ops() -> dict:
+    """Small decode kernels inside a graph (back to back, same buffers: L2-resident, as in a step)."""
+    t = {}
+    dev = "cuda"
+    for d, types, tag in ((2560, ("Q4_K", "Q6_K"), "qwen3"), (576, ("Q4_1",), "smollm2")):
+        x, r, w = torch.randn(1, d, device=dev), torch.randn(1, d, device=dev), torch.randn(d, device=dev)
+        prep = G2.GemvInput(1, d, types, dev)
+        y, s_out = torch.empty(1, d, device=dev), torch.empty(1, d, device=dev)
+        t[f"rmsnorm_res_prep_{tag}"] = time_op(f"rmsnorm+residual+prep D={d} {types}",
+                                               lambda: rmsnorm(x, w, 1e-6, out=y, residual=r, sum_out=s_out, prep=prep))
+        t[f"prep_{tag}"] = time_op(f"gemv_prep alone D={d}", lambda: G2.gemv_prep(x, prep))
+    for f, tag, qt in ((9728, "qwen3", "Q6_K"), (1536, "smollm2", "Q4_1")):
+        gu = torch.randn(1, 2 * f, device=dev)
+        out = torch.empty(1, f, device=dev)
+        prep = G2.GemvInput(1, f, (qt,), dev)
+        t[f"glu_prep_{tag}"] = time_op(f"swiglu+prep F={f}", lambda: glu(gu[:, :f], gu[:, f:], "swiglu", out=out, prep=prep))
+        t[f"geglu_{tag}"] = time_op(f"geglu F={f}", lambda: glu(gu[:, :f], gu[:, f:], "geglu", out=out))
+    for nq, nk, d, tag, style in ((32, 8, 128, "qwen3", "neox"), (9, 3, 64, "smollm2", "norm")):
+        q, k, v = (torch.randn(nq, d, device=dev), torch.randn(nk, d, device=dev), torch.randn(nk, d, device=dev))
+        ang = torch.rand(4096, d // 2, device=dev)
+        cos, sin = ang.cos(), ang.sin()
+        kc = torch.zeros(nk, 4096, d, dtype=torch.float16, device=dev)
+        vc = torch.zeros_like(kc)
+        pos = torch.tensor([17], dtype=torch.int32, device=dev)
+        qo = torch.empty(nq, d, device=dev)
+        qn = torch.randn(d, device=dev) if tag == "qwen3" else None
+        t[f"rope_{tag}"] = time_op(f"rope {style} {nq}+{nk} heads d{d} (+qk norm, kv write)",
+                                   lambda: rope(q, k, cos, sin, pos, style, q_out=qo, k_cache=kc, v=v, v_cache=vc,
+                                                q_norm=qn, k_norm=qn))
+        seq = torch.tensor([1], dtype=torch.int32, device=dev)
+        ns = 64 if tag == "qwen3" else 32
+        scr = make_scratch(nq, ns, d, dev)
+        ao = torch.empty(nq, d, device=dev)
+        t[f"attn_{tag}"] = time_op(f"decode_attention depth 0 {nq}/{nk} heads splits {ns}",
+                                   lambda: decode_attention(qo, kc, vc, seq, d ** -0.5, n_splits=ns, out=ao, scratch=scr))
+    for v, tag in ((151936, "qwen3"), (49152, "smollm2")):
+        logits = torch.randn(1, v, device=dev)
+        out = torch.empty(1, dtype=torch.int64, device=dev)
+        scr = make_argmax_scratch(1, 256, dev)
+        argmax(logits, out=out, scratch=scr)
+        assert int(out.item()) == int(torch.argmax(logits))
+        t[f"argmax_{tag}"] = time_op(f"argmax V={v}", lambda: argmax(logits, out=out, scratch=scr))
+    return t
+
+
+def run_v2(bw: float, sweep: bool) -> None:
+    print("\n== GEMV v2 (gemv.py) vs v1 (quant_gemv.py), M=1, CUDA graph over rotating weight copies ==", flush=True)
+    DEADLINE[0] = time.time() + 170
+    shapes = [
+        ("qwen3-4b ffn_gate/up", "Q4_K", 9728, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728),
+        ("qwen3-4b ffn_down", "Q4_K", 2560, 9728), ("qwen3-4b attn_q", "Q4_K", 4096, 2560),
+        ("qwen3-4b attn_o", "Q4_K", 2560, 4096), ("qwen3-4b attn_k/v", "Q4_K", 1024, 2560),
+        ("qwen3-4b attn_v", "Q6_K", 1024, 2560), ("qwen3-4b output (tied)", "Q6_K", 151936, 2560),
+        ("qwen2.5 ffn_gate/up", "Q4_K", 8960, 1536), ("qwen2.5 ffn_down", "Q4_K", 1536, 8960),
+        ("qwen2.5 ffn_down", "Q6_K", 1536, 8960), ("qwen2.5 output", "Q6_K", 151936, 1536),
+        ("smollm2 qkv concat", "Q4_1", 960, 576), ("smollm2 attn_o", "Q4_1", 576, 576),
+        ("smollm2 gate+up concat", "Q4_1", 3072, 576), ("smollm2 ffn_down", "Q4_1", 576, 1536),
+        ("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 Q8_0", "Q8_0", 8960, 1536),
+        ("8960x1536 Q5_0", "Q5_0", 8960, 1536), ("8960x1536 Q4_0", "Q4_0", 8960, 1536),
+        ("qwen3-4b q+k concat", "Q4_K", 5120, 2560), ("qwen3-4b gate+up concat", "Q4_K", 19456, 2560),
+    ]
+    tb = {}
+    for label, qt, n, k in shapes:
+        try:
+            tb[(qt, n, k)] = bench_v2(qt, n, k, label, bw, sweep, old="concat" not in label)
+        except Exception:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+        save(OUT_PATH[0])
+    print("\n== small decode ops (graph of 20 back-to-back calls) ==", flush=True)
+    ops = bench_ops()
+    save(OUT_PATH[0])
+    g = lambda *key: tb.get(key, float("nan"))  # noqa: E731
+    q_layer = {
+        "rmsnorm+res+prep": ops["rmsnorm_res_prep_qwen3"], "q+k gemv (Q4_K 5120x2560)": g("Q4_K", 5120, 2560),
+        "v gemv (Q6_K 1024x2560)": g("Q6_K", 1024, 2560), "rope+qk-norm+kv write": ops["rope_qwen3"],
+        "attention depth 0 (2 launches)": ops["attn_qwen3"], "prep for attn_o": ops["prep_qwen3"],
+        "attn_o gemv (Q4_K 2560x4096)": g("Q4_K", 2560, 4096), "rmsnorm+res+prep (ffn)": ops["rmsnorm_res_prep_qwen3"],
+        "gate+up gemv (Q4_K 19456x2560)": g("Q4_K", 19456, 2560), "swiglu+prep": ops["glu_prep_qwen3"],
+        "down gemv (Q6_K 2560x9728)": g("Q6_K", 2560, 9728)}
+    s_layer = {
+        "rmsnorm+res+prep": ops["rmsnorm_res_prep_smollm2"], "qkv gemv (Q4_1 960x576)": g("Q4_1", 960, 576),
+        "rope+kv write": ops["rope_smollm2"], "attention depth 0 (2 launches)": ops["attn_smollm2"],
+        "prep for attn_o": ops["prep_smollm2"], "attn_o gemv (Q4_1 576x576)": g("Q4_1", 576, 576),
+        "rmsnorm+res+prep (ffn)": ops["rmsnorm_res_prep_smollm2"], "gate+up gemv (Q4_1 3072x576)": g("Q4_1", 3072, 576),
+        "swiglu+prep": ops["glu_prep_smollm2"], "down gemv (Q4_1 576x1536)": g("Q4_1", 576, 1536)}
+    for name, layer, n_layers, head in (
+            ("qwen3-4b", q_layer, 36, ops["rmsnorm_res_prep_qwen3"] + g("Q6_K", 151936, 2560) + ops["argmax_qwen3"]),
+            ("smollm2-135m", s_layer, 30, ops["rmsnorm_res_prep_smollm2"] + g("Q8_0", 49152, 576) + ops["argmax_smollm2"])):
+        per = sum(layer.values())
+        step = per * n_layers + head
+        RESULTS["layer"].append(dict(model=name, per_layer=layer, per_layer_us=per, head_us=head, step_us=step))
+        print(f"\n{name}: per layer {per:.1f} us ({len(layer)} kernels: " + ", ".join(f"{k} {v:.1f}" for k, v in layer.items())
+              + f"); x{n_layers} + head {head:.1f} us = {step:.0f} us/token = {1e6 / step:.0f} tok/s (sum of kernels)",
+              flush=True)
+    save(OUT_PATH[0])
+
+
+OUT_PATH = [""]
+
+
 def guard(fn, *args) -> None:
     """Run one benchmark; a failure is printed and recorded, and the rest still runs."""
     try:
@@ -289,6 +454,7 @@ def main() -> None:
     ap.add_argument("--only", default="gemv,gemv_m,baseline,attention,gemm")
     args = ap.parse_args()
     only = set(args.only.split(","))
+    OUT_PATH[0] = args.out
     sweep = not args.quick
     props = torch.cuda.get_device_properties(0)
     import triton
@@ -300,6 +466,9 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}; "
           f"device-to-device copy {bw:.0f} GB/s (read+write)", flush=True)
 
+    if "v2" in only:
+        guard(run_v2, bw, sweep)
+        save(args.out)
     if "gemv" in only:
         print("\n== decode GEMV, M=1, fp32 x, CUDA graph over rotating weight copies ==")
         shapes = [

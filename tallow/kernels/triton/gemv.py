@@ -438,19 +438,25 @@ def _q4_x_kernel(xp_ptr, sx_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, NB, M, XS4, s
 # ------------------------------------------------------------------------------------------
 
 def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BN rows, BLOCKS per step, num_warps, num_stages). Placeholder heuristic until the H200
-    sweep (scripts/gpu_bench_kernels.py) sets it: enough programs for the 132 SMs first."""
+    """(BN rows, BLOCKS per step, num_warps, num_stages): the best of the H200 sweep of
+    2026-12-01 (docs/performance.md). ncu on Q4_K 9728x2560: these kernels are latency-bound
+    (25% achieved occupancy, DRAM 13% busy, grid under one wave): the next sweep should try
+    small BN with long K steps (more programs in flight) and split-K for N <= 2560."""
     if qtype in ("Q4_K", "Q6_K"):
         if n >= 32768:
+            return (32, 2, 4, 1)
+        if n >= 16384:
+            return (32, 1, 4, 1)
+        if k <= 1536:
             return (16, 1, 4, 1)
-        if n >= 4096:
-            return (8, 1, 4, 2)
-        return (4, 1, 4, 3)
+        return (16, 2, 4, 3)
     if n >= 32768:
-        return (16, 8, 4, 1)
+        return (16, 4, 4, 1)
     if n >= 4096:
-        return (8, 8, 4, 2)
-    return (4, 8, 4, 3)
+        return (16, 8, 4, 1)
+    if n >= 2048:
+        return (16, 4, 4, 1)
+    return (8, 16, 4, 3)
 
 
 def _use_asm() -> bool:
