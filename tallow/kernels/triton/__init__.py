@@ -6,7 +6,15 @@ free on machines without triton.
 
   planes.py            repack of raw GGUF blocks into separate byte planes (+ a self-contained
                        torch dequantization of those planes, the device-side reference)
-  quant_gemv.py        decode matrix-vector products (M <= 8), dequant fused, per quant type
+  quant_gemv.py        decode matrix-vector products (M <= 8), dequant fused, per quant type (v1: the
+                       default; fastest on mid-size shapes on the H200, see docs/performance.md)
+  gemv.py              GEMV v2: word loads, codes as mantissa bits, per-sub-block scales, x gathered
+                       once per call (gemv_prep / GemvInput), concat_weights for one launch per group;
+                       faster for vocab projections, Q5_0 and small (smollm2) shapes
+  rmsnorm.py           RMSNorm (+ residual add, + the GEMV v2 prep of its output)
+  rope.py              RoPE norm/neox at a device position (+ q/k head norm, K/V cache write)
+  glu.py               SwiGLU / GeGLU (ggml fp16 GELU) (+ the GEMV v2 prep of the output)
+  argmax.py            two-stage greedy argmax over the vocabulary
   dequant.py           planes -> fp16/bf16 dense weight (scratch for the prefill GEMM)
   quant_gemm.py        prefill matrix products with the dequantization inside the tensor-core loop
   decode_attention.py  split-K flash-decoding attention for one query token (GQA, sliding window)

@@ -34,6 +34,10 @@ Numerics: f*x is exact up to one fp32 rounding, but f carries an offset of 1 so 
 sum cancels against sx by a factor of ~2-3: the result differs from fp32 `x @ W.T` by a few
 fp32 ulps times sqrt(K) -- the tests hold it to 4e-6 relative.
 
+Measured on the H200 (docs/performance.md, 2026-12-01): the instruction cut did not pay on
+mid-size shapes -- both this and quant_gemv.py are latency-bound (under one wave of programs,
+14-30% occupancy); this one wins where the grid is large (vocab projections) and on tiny shapes.
+
 M > 1: one program per (row tile, m), m fastest, as in quant_gemv.py.
 Graph safety: no host syncs; `gemv` allocates only when `out`/`prep` are not given.
 """
