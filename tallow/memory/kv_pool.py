@@ -13,11 +13,12 @@ from ..spec import ModelSpec
 
 
 class KVPool:
-    def __init__(self, spec: ModelSpec, n_ctx: int, dtype: torch.dtype = torch.float16):
+    def __init__(self, spec: ModelSpec, n_ctx: int, dtype: torch.dtype = torch.float16, device: torch.device | str = "cpu"):
         self.n_ctx = n_ctx
         self.dtype = dtype
-        self.k = [torch.zeros(layer.n_kv_heads, n_ctx, spec.head_dim, dtype=dtype) for layer in spec.layers]
-        self.v = [torch.zeros(layer.n_kv_heads, n_ctx, spec.v_head_dim, dtype=dtype) for layer in spec.layers]
+        self.device = torch.device(device)
+        self.k = [torch.zeros(layer.n_kv_heads, n_ctx, spec.head_dim, dtype=dtype, device=device) for layer in spec.layers]
+        self.v = [torch.zeros(layer.n_kv_heads, n_ctx, spec.v_head_dim, dtype=dtype, device=device) for layer in spec.layers]
         self.tokens: list[int] = []  # ids whose K/V occupy positions 0..len(tokens)-1
 
     @property
@@ -29,6 +30,12 @@ class KVPool:
         n = k.shape[0]
         self.k[layer][:, start : start + n] = k.transpose(0, 1)
         self.v[layer][:, start : start + n] = v.transpose(0, 1)
+
+    def store_at(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Like `store`, at positions given as a device tensor (n_tokens,): nothing is read back
+        to the host, so a CUDA graph can capture it and replay it at any position."""
+        self.k[layer].index_copy_(1, positions, k.transpose(0, 1).to(self.dtype))
+        self.v[layer].index_copy_(1, positions, v.transpose(0, 1).to(self.dtype))
 
     def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions 0..end-1 as float32: (n_kv_heads, end, head_dim)."""
