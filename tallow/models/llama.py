@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import attention, attention_mask, rms_norm, swiglu
+from ..layers import rms_norm, swiglu
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 
@@ -18,39 +18,39 @@ class LlamaModel(DecoderModel):
 
     def load_layer(self, i: int) -> LayerWeights:
         p = f"blk.{i}."
+        layer = self.spec.layers[i]
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         t = {
             "attn_norm": self.norm_weight(p + "attn_norm.weight"),
-            "attn_q": self.linear(p + "attn_q.weight", p + "attn_q.bias" if self.qkv_bias else None),
-            "attn_k": self.linear(p + "attn_k.weight", p + "attn_k.bias" if self.qkv_bias else None),
-            "attn_v": self.linear(p + "attn_v.weight", p + "attn_v.bias" if self.qkv_bias else None),
+            # Q, K, V side by side (one product where their storage allows): (n, (nh+nkv)*hd + nkv*vhd)
+            "attn_qkv": self.linear_group(qkv, [n.replace(".weight", ".bias") for n in qkv] if self.qkv_bias else None),
             "attn_output": self.linear(p + "attn_output.weight"),
             "ffn_norm": self.norm_weight(p + "ffn_norm.weight"),
-            "ffn_gate": self.linear(p + "ffn_gate.weight"),
-            "ffn_up": self.linear(p + "ffn_up.weight"),
+            "ffn_gate_up": self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"]),  # (n, 2*ffn)
             "ffn_down": self.linear(p + "ffn_down.weight"),
         }
         if self.qk_norm:
-            t["attn_q_norm"] = self.norm_weight(p + "attn_q_norm.weight")
-            t["attn_k_norm"] = self.norm_weight(p + "attn_k_norm.weight")
+            # One norm over the Q and K heads side by side: each head keeps its own weight row.
+            q_norm = self.norm_weight(p + "attn_q_norm.weight")
+            k_norm = self.norm_weight(p + "attn_k_norm.weight")
+            t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
         return LayerWeights(i, t)
 
     def block(self, w: LayerWeights, x: torch.Tensor, positions: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
         spec, layer = self.spec, self.spec.layers[w.index]
         n = x.shape[0]
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
         h = rms_norm(x, w.attn_norm, spec.norm_eps)
-        q = w.attn_q(h).view(n, layer.n_heads, spec.head_dim)
-        k = w.attn_k(h).view(n, layer.n_kv_heads, spec.head_dim)
-        v = w.attn_v(h).view(n, layer.n_kv_heads, spec.v_head_dim)
+        qkv = w.attn_qkv(h)  # (n, (nh + nkv) * hd + nkv * v_head_dim)
+        qk = qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
+        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, spec.v_head_dim)
         if self.qk_norm:
-            q = rms_norm(q, w.attn_q_norm, spec.norm_eps)
-            k = rms_norm(k, w.attn_k_norm, spec.norm_eps)
-        rope = self.rope[layer.rope_base]
-        q = rope.apply(q, positions)
-        k = rope.apply(k, positions)
+            qk = rms_norm(qk, w.attn_qk_norm, spec.norm_eps)
+        qk = self.rope[layer.rope_base].apply_at(qk, start)
+        q, k = qk[:, :nh], qk[:, nh:]
         kv.store(w.index, start, k, v)
-        keys, values = kv.view(w.index, start + n)
-        mask = attention_mask(positions, start + n, layer.sliding_window) if n > 1 or layer.sliding_window else None
-        a = attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
-        x = x + w.attn_output(a)
+        x = x + w.attn_output(self.attend(w.index, q, kv, start))
         h = rms_norm(x, w.ffn_norm, spec.norm_eps)
-        return x + w.ffn_down(swiglu(w.ffn_gate(h), w.ffn_up(h)))
+        gate_up = w.ffn_gate_up(h)  # (n, 2 * ffn)
+        f = gate_up.shape[1] // 2
+        return x + w.ffn_down(swiglu(gate_up[:, :f], gate_up[:, f:]))

@@ -34,17 +34,18 @@ from gguf import GGMLQuantizationType as QT
 
 from ...errors import ModelFileError
 from ...gguf_file import TensorInfo
-from ...quant.pack import (HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES, INT8_TYPES, pack_int4,
-                           pack_int8)
+from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
+                           INT8_TYPES, Int4Pack, _row_chunks, pack_int4, pack_int8)
 from ...quant.reference import SUPPORTED_TYPES, _as_uint8_tensor, dequantize
+from . import dequant_matmul
 
 __all__ = [
-    "Linear", "Int4Linear", "Int8Linear", "DenseLinear", "ReferenceLinear",
+    "Linear", "Int4Linear", "Int8Linear", "GroupInt8Linear", "DenseLinear", "ReferenceLinear",
     "Embedding", "make_linear", "make_embedding", "MODES",
 ]
 
 FLOAT_TYPES: frozenset[QT] = frozenset({QT.F32, QT.F16, QT.BF16})
-MODES = ("auto", "reference", "int4", "int4x2", "int8", "dense")
+MODES = ("auto", "reference", "int4", "int4x2", "int8", "int8g", "dense")
 
 
 def _bias_tensor(bias: np.ndarray | torch.Tensor | None, n: int, name: str) -> torch.Tensor | None:
@@ -82,11 +83,21 @@ class Linear:
     def _tensors(self) -> list[torch.Tensor]:
         return [self.bias] if self.bias is not None else []
 
-    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 float32 (M, K) contiguous -> float32 (M, N), without bias."""
+    # The activation dtype the kernel consumes (bf16 for the quantized kernels) and produces.
+    compute_dtype: torch.dtype = torch.float32
+
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        """xc (M, K) contiguous in `compute_dtype` -> (M, N) in the kernel's output dtype, no bias."""
         raise NotImplementedError
 
+    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 float32 (M, K) contiguous -> float32 (M, N), without bias."""
+        return self._mm_native(x2.to(self.compute_dtype).contiguous()).float()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the hot path: (M, K) in, (M, N) out, no reshapes
+            y = self._mm(x)
+            return y + self.bias if self.bias is not None else y
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         y = self._mm(x2)  # (M, N) float32
@@ -110,6 +121,9 @@ class ReferenceLinear(Linear):
     def _tensors(self) -> list[torch.Tensor]:
         return [self.weight, *super()._tensors()]
 
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        return F.linear(xc, self.weight)
+
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
         return F.linear(x2.float(), self.weight)
 
@@ -130,10 +144,14 @@ class DenseLinear(Linear):
                 w[r0:r0 + step] = dequantize(tensor.data[r0:r0 + step], tensor.qtype, tensor.n_cols)
         self.weight = w.contiguous()  # (N, K)
         self.dtype = dtype
+        self.compute_dtype = dtype
         self.kind = "dense_bf16" if dtype == torch.bfloat16 else "dense_f32"
 
     def _tensors(self) -> list[torch.Tensor]:
         return [self.weight, *super()._tensors()]
+
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        return F.linear(xc, self.weight)
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
         return F.linear(x2.to(self.dtype), self.weight).float()
@@ -158,13 +176,78 @@ class Int4Linear(Linear):
     def _tensors(self) -> list[torch.Tensor]:
         return [self.packed, self.scales_and_zeros, *super()._tensors()]
 
-    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        xb = x2.to(torch.bfloat16)
-        xb = torch.cat([xb, xb], dim=1) if self.k_parts == 2 else xb.contiguous()  # (M, K*parts)
+    compute_dtype = torch.bfloat16
+
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        if (xc.shape[0] >= dequant_matmul.MIN_ROWS and self.packed.shape[0] % 64 == 0
+                and dequant_matmul.enabled()):  # prefill: dense bf16 GEMM on a dequantized tile
+            return dequant_matmul.int4_dequant_mm(xc, self.packed, self.scales_and_zeros, self.out_features,
+                                                  self.k_parts)
+        xb = torch.cat([xc, xc], dim=1) if self.k_parts == 2 else xc  # (M, K*parts)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, 32, self.scales_and_zeros)  # (M, N_pad) bf16
-        if self._padded:
-            y = y[:, : self.out_features]
-        return y.float()
+        return y[:, : self.out_features] if self._padded else y
+
+
+def group_int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Requantize a float32 weight (n, K) to int8 with one bf16 scale per 32 K-elements, in
+    tinygemm's int4x2 form: codes uint8 (n, 2K) (low nibbles, then high nibbles + 8), and
+    float32 scale/zero (n, 2K/32), such that `(q - 8) * scale + zero` summed over the two
+    halves is s * round(w / s) with s = bf16(amax_group / 127). The scale is rounded to bf16
+    before the codes are fitted, and 8s and 16s are exact in bf16, so the kernel adds no
+    rounding of its own: the only error is the int8 rounding, at most s/2 per element.
+    """
+    n, k = w.shape
+    groups = k // GROUP_SIZE
+    wg = w.reshape(n, groups, GROUP_SIZE)
+    scale = (wg.abs().amax(dim=2) / 127).to(torch.bfloat16).float()  # (n, groups)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(wg / safe[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    lo, hi = q & 15, q >> 4  # 0..15, -8..7: q = 16 hi + lo
+    codes = torch.cat([lo, hi + 8], dim=1).to(torch.uint8)
+    scales = torch.cat([scale, 16 * scale], dim=1)
+    zeros = torch.cat([8 * scale, torch.zeros_like(scale)], dim=1)
+    return codes, scales, zeros
+
+
+def pack_group_int8(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> Int4Pack:
+    """Any supported type (uint8 (N, row_bytes)) -> group-32 int8 packed for the int4 kernel over
+    a doubled K (see group_int8_codes); rows padded to a multiple of 16 like pack_int4."""
+    if n_cols % GROUP_SIZE:
+        raise ModelFileError(f"a row of {n_cols} elements is not a whole number of {GROUP_SIZE}-element groups")
+    n = int(raw.shape[0])
+    n_pad = -(-n // _N_ALIGN) * _N_ALIGN
+    kk = 2 * n_cols
+    packed = torch.empty(n_pad, kk // 2, dtype=torch.uint8)
+    sz = torch.zeros(kk // GROUP_SIZE, n_pad, 2, dtype=torch.bfloat16)
+    for r0, r1 in _row_chunks(n, kk, align=_PACK_ROWS):
+        q, scale, zero = group_int8_codes(dequantize(raw[r0:r1], qtype, n_cols))
+        r1p = min(r1 + (n_pad - n if r1 == n else 0), n_pad)
+        q32 = torch.full((r1p - r0, kk), 8, dtype=torch.int32)
+        q32[: r1 - r0] = q
+        packed[r0:r1p] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q32, 1)
+        sz[:, r0:r1, 0] = scale.T.to(torch.bfloat16)
+        sz[:, r0:r1, 1] = zero.T.to(torch.bfloat16)
+    return Int4Pack(packed, sz, n, n_cols, 2)
+
+
+class GroupInt8Linear(Int4Linear):
+    """int8 codes with a bf16 scale per 32 K-elements (kind "int8g"), run by the int4 kernel as
+    two 4-bit planes over a doubled K (like int4x2). For types with no exact int4 form (Q6_K,
+    Q3_K, Q2_K): ~1 byte/weight like per-row int8, but the scale follows each group rather than
+    the whole row, so the requantization error is several times smaller, and for tall
+    matrices (the output projection) the int4 kernel streams faster than _weight_int8pack_mm
+    (measured in docs/performance.md). Slower than int8 for multi-token prefill, so make_linear
+    uses it where that does not matter: mode="int8g" (the model asks for it on the output
+    matrix, whose prefill product is one row)."""
+
+    def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None):
+        Linear.__init__(self, tensor.name, tensor.n_cols, tensor.n_rows, bias)
+        p = pack_group_int8(tensor.data, tensor.qtype, tensor.n_cols)
+        self.packed = p.packed
+        self.scales_and_zeros = p.scales_and_zeros
+        self.k_parts = 2
+        self.kind = "int8g"
+        self._padded = p.packed.shape[0] != self.out_features
 
 
 class Int8Linear(Linear):
@@ -179,8 +262,12 @@ class Int8Linear(Linear):
     def _tensors(self) -> list[torch.Tensor]:
         return [self.weight, self.scales, *super()._tensors()]
 
-    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.weight, self.scales).float()
+    compute_dtype = torch.bfloat16
+
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        if xc.shape[0] >= dequant_matmul.MIN_ROWS and dequant_matmul.enabled():
+            return dequant_matmul.int8_dequant_mm(xc, self.weight, self.scales)
+        return torch.ops.aten._weight_int8pack_mm(xc, self.weight, self.scales)
 
 
 def _env_off(var: str) -> bool:
@@ -195,7 +282,8 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     """Build the linear layer for a 2-D GGUF weight (ggml shape (K, N): rows of length K).
 
     mode: None/"auto" picks by type and the TALLOW_* switches; "reference" forces ReferenceLinear;
-    "int4"/"int4x2"/"int8"/"dense" force a kind where the type allows it (else dense bf16).
+    "int4"/"int4x2"/"int8"/"dense" force a kind where the type allows it (else dense bf16);
+    "int8g" is "auto" with group-32 forms (int4x2, else GroupInt8Linear) instead of per-row int8.
     """
     _check_2d(tensor)
     b = _bias_tensor(bias, tensor.n_rows, tensor.name)
@@ -203,6 +291,13 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     if mode not in MODES:
         raise ValueError(f"unknown linear mode {mode!r}; expected one of {MODES}")
     qt = tensor.qtype
+    if mode == "int8g":
+        # "auto", except that the types auto sends to per-row int8 get a group-32 form instead:
+        # exact int4x2 where the codes allow it (Q8_0, Q5_x), group int8 otherwise (Q6_K, Q3_K, ...).
+        if (qt in INT8_TYPES and HAS_INT4_OPS and not _env_on("TALLOW_REFERENCE") and not _env_off("TALLOW_INT8")
+                and tensor.n_cols % GROUP_SIZE == 0):
+            return Int4Linear(tensor, b) if qt in INT4X2_TYPES else GroupInt8Linear(tensor, b)
+        mode = "auto"
     if mode == "reference" or (mode == "auto" and _env_on("TALLOW_REFERENCE")):
         return ReferenceLinear(tensor, b)
     if qt in FLOAT_TYPES:

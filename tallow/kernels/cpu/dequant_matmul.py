@@ -1,0 +1,126 @@
+"""Multi-token products through a dequantized bf16 weight: the prefill path for packed weights.
+
+On this CPU the low-bit aten kernels are slow for many rows: `_weight_int4pack_mm_for_cpu`
+and `_weight_int8pack_mm` reach ~180 GFLOP/s per core at M=512, a dense bf16 GEMM (oneDNN,
+AVX-512 BF16) ~480. Dequantizing a weight costs a few passes over it; from a few dozen rows
+on, the dense GEMM's saving pays for that (docs/performance.md, 2026-11-29 CPU fast paths).
+
+So for M >= MIN_ROWS a packed layer writes its weight, transposed, into one shared bf16
+scratch buffer (N tiled so that the buffer never exceeds SCRATCH_ELEMENTS, whatever the
+matrix) and runs torch.mm; nothing but the packed weight stays resident.
+
+Numerics: int8 codes are exact in bf16, so the int8 path keeps its weights exactly (and
+applies the row scale to the output as the kernel does). int4 weights `(q - 8) * s + z`
+are computed in fp32 and rounded once to bf16 (one multiply-add), a 2^-9 relative rounding
+per weight the int4 kernel does not have: the same rounding the dense bf16 fallback has.
+
+The tinygemm CPU layout (checked in tests/test_cpu_fastpaths.py): `packed` (N, K/2) uint8
+viewed as (N/64, K, 32); byte [b, k, d] holds row 64b+d in its low nibble and row 64b+32+d
+in its high nibble, both at column k. Scales and zeros (K/32, N, 2) bf16.
+
+TALLOW_PREFILL_DEQUANT=0 (read at call time) keeps every product in the low-bit kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["MIN_ROWS", "SCRATCH_ELEMENTS", "enabled", "int4_weight_t", "int4_dequant_mm", "int8_dequant_mm",
+           "scratch_bytes"]
+
+MIN_ROWS = 64                  # fewer rows: the low-bit kernel is faster (measured crossover ~32-64)
+SCRATCH_ELEMENTS = 1 << 25     # 32 M bf16 = 64 MiB at most, shared by all layers
+_BLOCK_N = 64
+
+_scratch = torch.empty(0, dtype=torch.bfloat16)
+_nibbles = torch.empty(0, dtype=torch.uint8)
+
+
+def enabled() -> bool:
+    return os.environ.get("TALLOW_PREFILL_DEQUANT", "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def scratch_bytes() -> int:
+    """Bytes the shared scratch buffers hold now (they grow to the largest tile used)."""
+    return _scratch.numel() * 2 + _nibbles.numel()
+
+
+def _buffers(n_weight: int, n_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    global _scratch, _nibbles
+    if _scratch.numel() < n_weight:
+        _scratch = torch.empty(n_weight, dtype=torch.bfloat16)
+    if _nibbles.numel() < n_bytes:
+        _nibbles = torch.empty(n_bytes, dtype=torch.uint8)
+    return _scratch[:n_weight], _nibbles[:n_bytes]
+
+
+def _tile_rows(n: int, k: int) -> int:
+    return max(_BLOCK_N, (SCRATCH_ELEMENTS // max(k, 1)) // _BLOCK_N * _BLOCK_N) if n > 0 else n
+
+
+def int4_weight_t(packed: torch.Tensor, scales_and_zeros: torch.Tensor, k_parts: int = 1,
+                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The weight rows [r0, r1) of a tinygemm-packed int4 matrix as bf16, transposed: (K, r1 - r0),
+    a view of the shared scratch buffer (valid until the next call). With k_parts == 2 (int4x2,
+    K doubled) the two halves are added, giving the (K/2, rows) weight the layer computes with.
+    r0 and r1 - r0 must be multiples of 64 (the packer's row block)."""
+    n_pad, half_k = packed.shape
+    kk = 2 * half_k
+    r0, r1 = rows if rows is not None else (0, n_pad)
+    nb, n = (r1 - r0) // _BLOCK_N, r1 - r0
+    wt, nib = _buffers(kk * n, nb * kk * 32)
+    blocks = packed[r0:r1].view(nb, kk, 32)  # (row blocks, K, 32)
+    nib = nib.view(nb, kk, 32)
+    out = wt.view(kk, nb, 2, 32)  # column 64b + 32h + d of W^T
+    torch.bitwise_and(blocks, 15, out=nib)
+    out[:, :, 0].copy_(nib.transpose(0, 1))
+    torch.bitwise_right_shift(blocks, 4, out=nib)
+    out[:, :, 1].copy_(nib.transpose(0, 1))
+    groups = kk // 32
+    w = wt.view(groups, 32, n)
+    # Contiguous copies (1/32 of the tile): broadcasting the interleaved (scale, zero) pairs
+    # directly makes addcmul take a strided path ~6x slower.
+    s = scales_and_zeros[:, r0:r1, 0].unsqueeze(1).contiguous()  # (groups, 1, n)
+    z = scales_and_zeros[:, r0:r1, 1].unsqueeze(1).contiguous()
+    w.sub_(8)  # exact: small integers
+    torch.addcmul(z, w, s, out=w)  # (q - 8) * s + z in fp32, rounded once to bf16
+    wt = wt.view(kk, n)
+    if k_parts == 2:
+        k = kk // 2
+        wt[:k].add_(wt[k:])
+        wt = wt[:k]
+    return wt
+
+
+def int4_dequant_mm(xb: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, n_out: int,
+                    k_parts: int = 1) -> torch.Tensor:
+    """xb bf16 (M, K) contiguous -> bf16 (M, n_out): x @ W^T through dequantized tiles of W."""
+    n_pad, half_k = packed.shape
+    tile = _tile_rows(n_pad, 2 * half_k)
+    if tile >= n_pad:
+        y = torch.mm(xb, int4_weight_t(packed, scales_and_zeros, k_parts))
+        return y[:, :n_out] if n_pad != n_out else y
+    y = torch.empty(xb.shape[0], n_pad, dtype=torch.bfloat16)
+    for r0 in range(0, n_pad, tile):
+        r1 = min(n_pad, r0 + tile)
+        y[:, r0:r1] = torch.mm(xb, int4_weight_t(packed, scales_and_zeros, k_parts, (r0, r1)))
+    return y[:, :n_out] if n_pad != n_out else y
+
+
+def int8_dequant_mm(xb: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """xb bf16 (M, K) -> bf16 (M, N) = x @ (W8 * scales)^T, W8 int8 (N, K), scales bf16 (N,).
+    Each weight is rounded once to bf16 (code times row scale), as in the int4 path."""
+    n, k = weight.shape
+    tile = _tile_rows(n, k)
+    y = torch.empty(xb.shape[0], n, dtype=torch.bfloat16)
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        wb, _ = _buffers((r1 - r0) * k, 0)
+        wb = wb.view(r1 - r0, k)
+        torch.mul(weight[r0:r1], scales[r0:r1, None], out=wb)
+        if tile >= n:
+            return torch.mm(xb, wb.t())
+        y[:, r0:r1] = torch.mm(xb, wb.t())
+    return y
