@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -64,8 +65,10 @@ class LLM:
         linear_mode: str | None = None,
         mem_budget: str | int | None = None,
         reserve: str | int | None = None,
+        device: str | None = None,
     ):
-        """mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
+        """device: "cpu", "cuda" or "cuda:N"; default $TALLOW_DEVICE, else cuda when a GPU is present.
+        mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
         (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
         t0 = time.perf_counter()
@@ -83,7 +86,8 @@ class LLM:
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.memory.check()  # refuse before loading weights, never mid-answer
-        self.model = build_model(self.gguf, self.spec, linear_mode)
+        self.device = resolve_device(device)
+        self.model = build_model(self.gguf, self.spec, linear_mode, self.device)
         self.gguf.release_pages()
         _return_freed_heap()
         self.engine = Engine(self.model, n_ctx)
@@ -199,6 +203,23 @@ class LLM:
                 yield tail
 
 
+def resolve_device(device: str | None) -> str:
+    """The device to run on: the argument, else $TALLOW_DEVICE, else cuda when a GPU is present."""
+    import torch
+
+    device = device or os.environ.get("TALLOW_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N.")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {device!r} was asked for, but this torch build sees no CUDA GPU.")
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise UsageError("the GPU path needs Triton: pip install 'tallow[gpu]'.") from None
+    return device
+
+
 def _return_freed_heap() -> None:
     """Hand the repacking temporaries' freed heap back to the OS (glibc keeps it otherwise)."""
     try:
@@ -214,7 +235,8 @@ def load(
     linear_mode: str | None = None,
     mem_budget: str | int | None = None,
     reserve: str | int | None = None,
+    device: str | None = None,
 ) -> LLM:
     """Load a model by registry name (pulled on first use), alias, or GGUF path; None = the default."""
     path = resolve_model(None if model is None else str(model), pull_missing=True, progress=progress)
-    return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve)
+    return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve, device=device)

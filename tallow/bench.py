@@ -30,24 +30,38 @@ def _lengths(text: str, flag: str) -> list[int]:
     return [v for v in values if v > 0]
 
 
-def bench_prefill(llm, n: int, generator: torch.Generator) -> float:
-    tokens = torch.randint(0, llm.spec.vocab_size, (n,), generator=generator).tolist()
+def _sync(llm) -> None:
+    if llm.model.device.type == "cuda":
+        torch.cuda.synchronize(llm.model.device)
+
+
+def _prefill(llm, tokens: list[int]) -> None:
     engine = llm.engine
     engine.reset()
-    t0 = time.perf_counter()
-    for start in range(0, n, engine.prefill_chunk):
+    for start in range(0, len(tokens), engine.prefill_chunk):
         engine.model.forward(tokens[start : start + engine.prefill_chunk], start, engine.kv)
+
+
+def bench_prefill(llm, n: int, depth: int, generator: torch.Generator) -> float:
+    tokens = torch.randint(0, llm.spec.vocab_size, (n,), generator=generator).tolist()
+    _sync(llm)
+    t0 = time.perf_counter()
+    _prefill(llm, tokens)
+    _sync(llm)
     return n / (time.perf_counter() - t0)
 
 
-def bench_decode(llm, n: int, generator: torch.Generator) -> float:
+def bench_decode(llm, n: int, depth: int, generator: torch.Generator) -> float:
+    """n tokens one at a time after `depth` tokens of context (prefilled, untimed), each
+    step's argmax fed back as the next token — the decode loop's real path (a CUDA graph
+    on the GPU)."""
     engine = llm.engine
-    engine.reset()
+    _prefill(llm, torch.randint(0, llm.spec.vocab_size, (depth,), generator=generator).tolist()) if depth else engine.reset()
     token = int(torch.randint(0, llm.spec.vocab_size, (1,), generator=generator))
+    _sync(llm)
     t0 = time.perf_counter()
-    for pos in range(n):
-        logits = engine.model.forward([token], pos, engine.kv)
-        token = int(logits[-1].argmax())
+    for _ in range(n):
+        token = int(engine.decode_step(token).argmax())
     return n / (time.perf_counter() - t0)
 
 
@@ -58,19 +72,24 @@ def run_bench(args: argparse.Namespace) -> int:
     gens = _lengths(args.n_gen, "-n")
     if args.repetitions < 1:
         raise UsageError("-r takes a positive number of repetitions.")
-    need = max(prompts + gens + [1])
-    llm = load(args.model, ctx=max(need, 16), mem_budget=getattr(args, "mem_budget", None), reserve=getattr(args, "reserve", None))
+    depths = [int(d) for d in args.depth.split(",")] if args.depth else [0]
+    if any(d < 0 for d in depths):
+        raise UsageError("-d takes non-negative depths.")
+    need = max(prompts + [g + d for g in gens for d in depths] + [1])
+    llm = load(args.model, ctx=max(need, 16), mem_budget=getattr(args, "mem_budget", None),
+               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None))
     generator = torch.Generator().manual_seed(0)
     rows = []
-    tests = [("pp", n, bench_prefill) for n in prompts] + [("tg", n, bench_decode) for n in gens]
-    for kind, n, fn in tests:
-        fn(llm, n, generator)  # warm-up
-        speeds = [fn(llm, n, generator) for _ in range(args.repetitions)]
+    tests = [("pp", n, 0, bench_prefill) for n in prompts] + [("tg", n, d, bench_decode) for n in gens for d in depths]
+    for kind, n, depth, fn in tests:
+        fn(llm, n, depth, generator)  # warm-up (and, on the GPU, graph capture)
+        speeds = [fn(llm, n, depth, generator) for _ in range(args.repetitions)]
         rows.append(
             {
                 "model": llm.spec.name,
                 "file": llm.path,
-                "test": f"{kind}{n}",
+                "test": f"{kind}{n}" + (f" @ d{depth}" if depth else ""),
+                "depth": depth,
                 "n": n,
                 "repetitions": args.repetitions,
                 "tok_s_mean": statistics.mean(speeds),
@@ -78,12 +97,12 @@ def run_bench(args: argparse.Namespace) -> int:
                 "tok_s_median": statistics.median(speeds),
                 "samples": speeds,
                 "threads": torch.get_num_threads(),
-                "device": "cpu",
+                "device": str(llm.model.device),
                 "machine": platform.processor() or platform.machine(),
             }
         )
         if not args.json:
-            print(f"  {kind}{n}: {rows[-1]['tok_s_mean']:.1f} ± {rows[-1]['tok_s_std']:.1f} tok/s", file=sys.stderr)
+            print(f"  {rows[-1]['test']}: {rows[-1]['tok_s_mean']:.1f} ± {rows[-1]['tok_s_std']:.1f} tok/s", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

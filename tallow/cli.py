@@ -21,6 +21,10 @@ def _add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="registry name or path to a GGUF file (default: qwen2.5-coder-1.5b-instruct)")
 
 
+def _add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $TALLOW_DEVICE, else cuda when a GPU is present)")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
@@ -56,7 +60,8 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 def _load(args: argparse.Namespace):
     from .api import load
 
-    llm = load(args.model, ctx=getattr(args, "ctx", None), mem_budget=getattr(args, "mem_budget", None), reserve=getattr(args, "reserve", None))
+    llm = load(args.model, ctx=getattr(args, "ctx", None), mem_budget=getattr(args, "mem_budget", None),
+               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None))
     return llm
 
 
@@ -200,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message (chat mode)")
     _add_sampling_args(p)
     _add_memory_args(p)
+    _add_device_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive multi-turn chat")
@@ -209,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="API key for --url (default: $TALLOW_API_KEY)")
     _add_sampling_args(p)
     _add_memory_args(p)
+    _add_device_arg(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a web chat page")
@@ -246,8 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--n-prompt", default="33,512", help="prompt lengths, comma-separated")
     p.add_argument("-n", "--n-gen", default="64", help="generation lengths, comma-separated")
     p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-d", "--depth", default="0", help="KV depths for the tg tests, comma-separated (like llama-bench -d)")
     p.add_argument("--json", action="store_true")
     _add_memory_args(p)
+    _add_device_arg(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("plan", help="the memory account for a model and context, without loading weights")

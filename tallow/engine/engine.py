@@ -71,7 +71,8 @@ class Engine:
         self.model = model
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
-        self.kv = KVPool(model.spec, n_ctx)
+        self.kv = KVPool(model.spec, n_ctx, device=model.device)
+        self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
@@ -107,6 +108,20 @@ class Engine:
 
     def reset(self) -> None:
         self.kv.truncate(0)
+
+    def decode_step(self, token: int) -> torch.Tensor:
+        """Run one token at the next position; logits (vocab,). On the GPU through a replayed
+        CUDA graph, elsewhere the eager forward pass."""
+        position = len(self.kv.tokens)
+        if self.model.device.type != "cuda":
+            return self.model.forward([token], position, self.kv)[-1]
+        if self._graph is None:
+            from .graphs import GraphDecoder
+
+            self._graph = GraphDecoder(self.model, self.kv, self.model.device)
+        logits = self._graph.step(token, position)
+        self.kv.tokens.append(token)
+        return logits
 
     def _common_prefix(self, tokens: list[int]) -> int:
         if not prefix_reuse_enabled():
@@ -186,7 +201,7 @@ class Engine:
                 if len(self.kv.tokens) >= self.n_ctx:
                     stats.finish_reason = "length"
                     break
-                logits = self.model.forward([token], len(self.kv.tokens), self.kv)[-1]
+                logits = self.decode_step(token)
                 stats.decode_tokens += 1
         finally:
             # Also runs when the consumer stops early (a stop string): the counters stay true.

@@ -17,5 +17,5 @@ FAMILIES: dict[str, type[DecoderModel]] = {
 }
 
 
-def build_model(gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None) -> DecoderModel:
-    return FAMILIES[spec.architecture](gf, spec, linear_mode)
+def build_model(gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str = "cpu") -> DecoderModel:
+    return FAMILIES[spec.architecture](gf, spec, linear_mode, device)

@@ -14,8 +14,7 @@ import torch
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
-from ..kernels.cpu.fused_linear import FusedLinear
-from ..kernels.cpu.linear import make_embedding, make_linear
+from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, attention, attention_mask, decode_attention, fast_paths_enabled, rms_norm, softcap_logits
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
@@ -42,18 +41,25 @@ class LayerWeights:
 class DecoderModel:
     """Weights and forward pass of one decoder-only model."""
 
-    def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None):
+    def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str | torch.device = "cpu"):
         self.gf = gf
         self.spec = spec
         self.linear_mode = linear_mode
-        self.embedding = make_embedding(self._tensor("token_embd.weight"))
+        self.place = Placement(device, linear_mode)
+        self.device = self.place.device
+        self.embedding = self.place.embedding(self._tensor("token_embd.weight"))
         self.output_norm = self.norm_weight("output_norm.weight")
         output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
-        self.output = make_linear(output, mode=linear_mode)
+        self.output = self.place.linear(output)
         self.rope = {}
         for layer in spec.layers:
             if layer.rope_base not in self.rope:
                 self.rope[layer.rope_base] = RotaryTables(spec.rope_dim, layer.rope_base, spec.rope_style, spec.rope_scale)
+        if self.place.on_gpu:
+            # Tables for the whole trained context, built once and kept on the device.
+            for table in self.rope.values():
+                table.ensure(spec.context_length)
+                table.to(self.device)
         self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
 
     # -- loading helpers -------------------------------------------------------------------
@@ -65,19 +71,19 @@ class DecoderModel:
 
     def norm_weight(self, name: str) -> torch.Tensor:
         t = self._tensor(name)
-        return dequantize(t.data, t.qtype, t.n_cols).reshape(-1).clone()
+        return dequantize(t.data, t.qtype, t.n_cols).reshape(-1).clone().to(self.device)
 
     def linear(self, name: str, bias: str | None = None):
         bias_array: np.ndarray | None = None
         if bias is not None and bias in self.gf.tensors:
             b = self.gf.tensors[bias]
             bias_array = dequantize(b.data, b.qtype, b.n_cols).reshape(-1).numpy()
-        return make_linear(self._tensor(name), bias_array, mode=self.linear_mode)
+        return self.place.linear(self._tensor(name), bias_array)
 
-    def linear_group(self, names: list[str], biases: list[str | None] | None = None) -> FusedLinear:
-        """The linears `names` (same input) as one FusedLinear: their outputs side by side."""
+    def linear_group(self, names: list[str], biases: list[str | None] | None = None):
+        """The linears `names` (same input) as one layer: their outputs side by side."""
         biases = biases or [None] * len(names)
-        return FusedLinear([self.linear(n, b) for n, b in zip(names, biases)])
+        return self.place.linear_group([self.linear(n, b) for n, b in zip(names, biases)])
 
     def load_layer(self, i: int) -> LayerWeights:
         raise NotImplementedError
@@ -91,7 +97,7 @@ class DecoderModel:
         if n == 1 and fast_paths_enabled():
             return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
                                     layer.sliding_window, spec.attn_logit_softcap)
-        positions = torch.arange(start, end)
+        positions = torch.arange(start, end, device=q.device)
         keys, values = kv.view(index, end)
         mask = attention_mask(positions, end, layer.sliding_window) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
@@ -118,8 +124,8 @@ class DecoderModel:
         n = len(tokens)
         if start + n > kv.n_ctx:
             raise ValueError(f"{start + n} tokens exceed the context of {kv.n_ctx}")
-        ids = torch.tensor(tokens, dtype=torch.long)
-        positions = torch.arange(start, start + n)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + n, device=self.device)
         for table in self.rope.values():
             table.ensure(start + n)
         x = self.embedding(ids)  # (n, dim)
@@ -134,3 +140,21 @@ class DecoderModel:
         del kv.tokens[start:]
         kv.tokens.extend(tokens)
         return softcap_logits(logits, self.spec.final_logit_softcap)
+
+    # -- one decode step with its position on the device (for CUDA graphs) -------------------
+    @torch.inference_mode()
+    def forward_step(self, token: torch.Tensor, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool) -> torch.Tensor:
+        """One token (1,) at `position` (1,) with `seq_len` (1,) int32 = position + 1, all on the
+        device; returns logits (1, vocab). Runs the family's own `block` with RoPE, the K/V
+        store and attention bound to those device tensors, so nothing depends on a Python int
+        and a captured graph replays at any position. The caller keeps `kv.tokens`."""
+        from .step import bind_step
+
+        step, bound_kv = bind_step(self, position, seq_len, kv)
+        x = self.embedding(token)  # (1, dim)
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        for layer in self.layers:
+            x = step.block(layer, x, position, bound_kv, 0)
+        x = rms_norm(x, self.output_norm, self.spec.norm_eps)
+        return softcap_logits(self.output(x), self.spec.final_logit_softcap)

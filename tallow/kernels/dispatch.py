@@ -1,0 +1,77 @@
+"""Chooses how each layer runs: by device (CPU torch kernels or GPU Triton kernels) and type.
+
+Model files ask this module for their linears and embedding and never see a device; the
+per-path switches (TALLOW_INT4, TALLOW_TRITON_GEMV, ...) live with the kernels they turn off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..gguf_file import TensorInfo
+
+
+class LinearGroup:
+    """Several linears over one input, outputs side by side (the GPU's Q/K/V and gate/up).
+
+    On the GPU each part keeps its own launch (parts may differ in quant type); on the CPU
+    `FusedLinear` stacks compatible weights into one product instead."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.kind = "+".join(p.kind for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+class Placement:
+    """Where a model's weights live and which kernels run them."""
+
+    def __init__(self, device: torch.device | str = "cpu", linear_mode: str | None = None):
+        self.device = torch.device(device)
+        self.linear_mode = linear_mode
+        self._scratch = None
+        if self.device.type == "cuda":
+            from .gpu.linear import Scratch
+
+            self._scratch = Scratch(self.device)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None):
+        if self.on_gpu:
+            from .gpu.linear import GPULinear
+
+            return GPULinear(tensor, bias, self.device, self._scratch)
+        from .cpu.linear import make_linear
+
+        return make_linear(tensor, bias, mode=self.linear_mode)
+
+    def linear_group(self, parts: list):
+        if self.on_gpu:
+            return LinearGroup(parts)
+        from .cpu.fused_linear import FusedLinear
+
+        return FusedLinear(parts)
+
+    def embedding(self, tensor: TensorInfo):
+        if self.on_gpu:
+            from .gpu.linear import GPUEmbedding
+
+            return GPUEmbedding(tensor, self.device)
+        from .cpu.linear import make_embedding
+
+        return make_embedding(tensor)
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device)
