@@ -97,7 +97,7 @@ class GPUEmbedding:
     def __init__(self, tensor: TensorInfo, device: torch.device):
         self.num_embeddings = tensor.n_rows
         self.embedding_dim = tensor.n_cols
-        raw = torch.from_numpy(np.array(tensor.data))  # a writable copy of the mapped bytes.to(device)
+        raw = torch.from_numpy(np.array(tensor.data)).to(device)  # a writable copy of the mapped bytes
         self.planes: PlaneWeight | None = None
         self.dense: torch.Tensor | None = None
         if int(tensor.qtype) in QTYPES:
