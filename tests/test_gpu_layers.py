@@ -45,3 +45,15 @@ def test_gpu_embedding_matches_cpu(tiny):
     t = tiny.tensors["token_embd.weight"]
     ids = torch.tensor([0, 5, 257, 3])
     assert torch.equal(GPUEmbedding(t, torch.device("cpu"))(ids), make_embedding(t)(ids))
+
+
+def test_stacked_gpu_linear_equals_its_parts(tiny):
+    from tallow.kernels.dispatch import Placement
+
+    place = Placement("cpu")
+    place._scratch = Scratch(torch.device("cpu"))
+    names = ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"]
+    parts = [GPULinear(tiny.tensors[n], None, torch.device("cpu"), place._scratch) for n in names]
+    stacked = GPULinear.stacked(parts)
+    x = torch.randn(2, parts[0].in_features, generator=torch.Generator().manual_seed(7))
+    assert torch.allclose(stacked(x), torch.cat([p(x) for p in parts], dim=-1), rtol=0, atol=1e-6)

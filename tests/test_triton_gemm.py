@@ -59,7 +59,7 @@ def test_fused_gemm_q8_0_k_tail() -> None:
     assert (y - ref).norm() / ref.norm() < 1e-3
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_dequantize_to_is_the_rounded_reference(name: str, dtype: torch.dtype) -> None:
     w, _ = _weight(name, 20, 512, f"dq{name}")

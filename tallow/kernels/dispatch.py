@@ -13,10 +13,9 @@ from ..gguf_file import TensorInfo
 
 
 class LinearGroup:
-    """Several linears over one input, outputs side by side (the GPU's Q/K/V and gate/up).
-
-    On the GPU each part keeps its own launch (parts may differ in quant type); on the CPU
-    `FusedLinear` stacks compatible weights into one product instead."""
+    """Several linears over one input, outputs side by side: on the GPU, the runs of Q/K/V or
+    gate/up that could not be stacked into one weight (different quant types, as in Q4_K_M
+    files). On the CPU `FusedLinear` plays this part."""
 
     def __init__(self, parts: list):
         self.parts = parts
@@ -59,7 +58,17 @@ class Placement:
 
     def linear_group(self, parts: list):
         if self.on_gpu:
-            return LinearGroup(parts)
+            from .gpu.linear import GPULinear
+
+            # Consecutive parts of one quant type become one stacked weight (one launch).
+            runs: list[list] = [[parts[0]]]
+            for part in parts[1:]:
+                if runs[-1][-1].can_stack(part):
+                    runs[-1].append(part)
+                else:
+                    runs.append([part])
+            merged = [GPULinear.stacked(run) if len(run) > 1 else run[0] for run in runs]
+            return merged[0] if len(merged) == 1 else LinearGroup(merged)
         from .cpu.fused_linear import FusedLinear
 
         return FusedLinear(parts)

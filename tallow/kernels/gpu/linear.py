@@ -70,6 +70,32 @@ class GPULinear:
             self.bias = torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(device)
         self.use_gemv = _switch_on("TALLOW_TRITON_GEMV")
 
+    @classmethod
+    def stacked(cls, parts: list["GPULinear"]) -> "GPULinear":
+        """One layer whose weight is `parts` stacked along N (same quant type and K): Q/K/V or
+        gate/up in one GEMV launch. Rows are independent, so each output equals its part's."""
+        first = parts[0]
+        layer = cls.__new__(cls)
+        layer.name = "+".join(p.name for p in parts)
+        layer.in_features = first.in_features
+        layer.out_features = sum(p.out_features for p in parts)
+        layer.scratch = first.scratch
+        layer.dense = None
+        layer.planes = PlaneWeight(first.planes.qtype, layer.out_features, first.planes.k,
+                                   {f: torch.cat([p.planes.planes[f] for p in parts]) for f in first.planes.planes})
+        layer.kind = first.kind
+        layer.use_gemv = first.use_gemv
+        layer.bias = None
+        if any(p.bias is not None for p in parts):
+            layer.bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features, device=first.planes.device)
+                                    for p in parts])
+        layer.scratch.reserve(layer.out_features * layer.in_features)
+        return layer
+
+    def can_stack(self, other: "GPULinear") -> bool:
+        return (self.planes is not None and other.planes is not None and self.planes.qtype == other.planes.qtype
+                and self.in_features == other.in_features)
+
     @property
     def nbytes(self) -> int:
         total = self.planes.nbytes if self.planes is not None else self.dense.numel() * self.dense.element_size()

@@ -7,8 +7,9 @@ the quantized read, which a long enough prompt amortizes; scripts/gpu_bench_kern
 where it wins.
 
 Each program dequantizes a (BLOCK_N rows x one step) tile exactly as the reference does
-(fp32 value, rounded once to the output dtype) and stores it in element order. Q4_K, Q6_K and
-Q8_0 have Triton kernels; other types fall back to the torch plane dequantization.
+(fp32 value, rounded once to the output dtype) and stores it in element order. Q4_K, Q6_K,
+Q8_0, Q4_0, Q4_1 and Q5_0 have Triton kernels; other types fall back to the torch plane
+dequantization.
 """
 
 from __future__ import annotations
@@ -103,6 +104,42 @@ def _q8_0_dequant_kernel(qs_ptr, d_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, B: t
              mask=row_ok[:, None, None] & ok[None, :, None])
 
 
+@triton.jit
+def _q4_x_dequant_kernel(qs_ptr, d_ptr, aux_ptr, w_ptr, N, K, VARIANT: tl.constexpr, BLOCK_N: tl.constexpr,
+                         B: tl.constexpr):
+    """Q4_0 (VARIANT 0: d*(q-8)), Q4_1 (1: d*q + m, aux = m) and Q5_0 (2: d*((q | hi<<4) - 16),
+    aux = qh bits). Byte j of a block holds element j (low nibble) and j+16 (high nibble)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)
+    nb = K // 32
+    blk = tl.program_id(1) * B + tl.arange(0, B)
+    ok = blk < nb
+    blk = tl.where(ok, blk, 0)
+    j = tl.arange(0, 16)
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + j[None, None, :]).to(tl.int32)
+    lo = q & 15
+    hi = q >> 4
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
+    if VARIANT == 0:
+        v_lo = d * (lo - 8).to(tl.float32)
+        v_hi = d * (hi - 8).to(tl.float32)
+    elif VARIANT == 1:
+        m = tl.load(aux_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
+        v_lo = d * lo.to(tl.float32) + m
+        v_hi = d * hi.to(tl.float32) + m
+    else:
+        qh = tl.load(aux_ptr + rows[:, None] * nb + blk[None, :])[:, :, None]
+        lo = lo | (((qh >> j[None, None, :]) & 1) << 4)
+        hi = hi | (((qh >> (j[None, None, :] + 16)) & 1) << 4)
+        v_lo = d * (lo - 16).to(tl.float32)
+        v_hi = d * (hi - 16).to(tl.float32)
+    out = w_ptr + rows[:, None, None] * K + blk[None, :, None] * 32 + j[None, None, :]
+    mask = row_ok[:, None, None] & ok[None, :, None]
+    tl.store(out, v_lo.to(w_ptr.dtype.element_ty), mask=mask)
+    tl.store(out + 16, v_hi.to(w_ptr.dtype.element_ty), mask=mask)
+
+
 def dequantize_to(w: PlaneWeight, dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
                   block_n: int = 16) -> torch.Tensor:
     """Dense (N, K) weight in `dtype` (into `out`, e.g. a shared scratch buffer, if given)."""
@@ -121,6 +158,12 @@ def dequantize_to(w: PlaneWeight, dtype: torch.dtype = torch.float16, out: torch
         blocks = 8
         _q8_0_dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k // 32, blocks))](
             p["qs"], p["d"], out, w.n, w.k, BLOCK_N=block_n, B=blocks, num_warps=4)
+    elif w.qtype in ("Q4_0", "Q4_1", "Q5_0"):
+        variant = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2}[w.qtype]
+        aux = p["d"] if variant == 0 else (p["m"] if variant == 1 else p["qh"])
+        blocks = 8
+        _q4_x_dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k // 32, blocks))](
+            p["qs"], p["d"], aux, out, w.n, w.k, VARIANT=variant, BLOCK_N=block_n, B=blocks, num_warps=4)
     else:
         out.copy_(dequantize_planes(w))
     return out
