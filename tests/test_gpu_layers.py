@@ -57,3 +57,19 @@ def test_stacked_gpu_linear_equals_its_parts(tiny):
     stacked = GPULinear.stacked(parts)
     x = torch.randn(2, parts[0].in_features, generator=torch.Generator().manual_seed(7))
     assert torch.allclose(stacked(x), torch.cat([p(x) for p in parts], dim=-1), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["token_embd.weight", "output.weight"])  # Q4_K and Q6_K rows
+def test_gpu_embedding_k_quants_match_cpu(name):
+    from model_paths import model_path
+
+    path = model_path("qwen2.5-coder-1.5b-instruct")
+    if path is None:
+        pytest.skip("qwen2.5-coder-1.5b-instruct not found")
+    t = GGUFFile(path).tensors[name]
+    rows = t.data[:64]  # a slice of the table is enough, and keeps the test fast
+    from dataclasses import replace
+
+    small = replace(t, shape=(t.shape[0], 64), n_bytes=rows.nbytes, data=rows)
+    ids = torch.tensor([0, 17, 63])
+    assert torch.equal(GPUEmbedding(small, torch.device("cpu"))(ids), make_embedding(small)(ids))

@@ -142,6 +142,5 @@ class GPUEmbedding:
         if self.dense is not None:
             return self.dense[ids]
         rows = PlaneWeight(self.planes.qtype, ids.numel(), self.planes.k, {k: v[ids] for k, v in self.planes.planes.items()})
-        from ..triton.planes import dequantize_planes
-
-        return dequantize_planes(rows)  # (n, dim) float32
+        # The Triton dequantization (fp32 out): no host tensors, so a CUDA graph can capture it.
+        return dequantize_to(rows, torch.float32)  # (n, dim)
