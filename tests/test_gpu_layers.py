@@ -35,9 +35,9 @@ def test_gpu_linear_matches_reference(tiny, rows):
     ref = ReferenceLinear(t, torch.from_numpy(bias))
     x = torch.randn(rows, t.n_cols, generator=torch.Generator().manual_seed(rows))
     y, y_ref = gpu(x), ref(x)
-    # GEMV (rows <= 8): fp32 throughout, only summation order differs. Prefill: fp16 weights
-    # and activations into a fp32-accumulating matmul.
-    tol = 1e-5 if rows <= 8 else 2e-3
+    # GEMV (rows <= 8): fp32 throughout, only summation order differs. Prefill: bf16 weights
+    # and activations (8 significant bits each, ~3e-3 norm-relative) into an fp32 accumulator.
+    tol = 1e-5 if rows <= 8 else 1e-2
     assert (y - y_ref).norm() / y_ref.norm() < tol
 
 

@@ -1,7 +1,7 @@
 """Quantized linear layers on an NVIDIA GPU: GGUF blocks kept as byte planes in GPU memory.
 
 Decode (at most 8 rows) runs the dequant-fused Triton GEMV, which reads every weight byte
-once. Prefill dequantizes the weight into one scratch buffer shared by all layers and calls
+once. Prefill dequantizes the weight to bf16 in one scratch buffer shared by all layers and calls
 cuBLAS (measured 3-5x faster than the fused tensor-core kernel on the H200, see
 docs/performance.md). Types without a Triton kernel are dequantized once at load to fp16.
 
@@ -30,16 +30,17 @@ def _switch_on(name: str) -> bool:
 
 
 class Scratch:
-    """One flat fp16 buffer per device for dequantized weights, sized at load for the largest
-    weight, so prefill never allocates per layer."""
+    """One flat bf16 buffer per device for dequantized weights, sized at load for the largest
+    weight, so prefill never allocates per layer. bf16, not fp16: activations of some models
+    (qwen's first position) exceed fp16's range."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.buffer = torch.empty(0, dtype=torch.float16, device=device)
+        self.buffer = torch.empty(0, dtype=torch.bfloat16, device=device)
 
     def reserve(self, numel: int) -> None:
         if numel > self.buffer.numel():
-            self.buffer = torch.empty(numel, dtype=torch.float16, device=self.device)
+            self.buffer = torch.empty(numel, dtype=torch.bfloat16, device=self.device)
 
     def view(self, n: int, k: int) -> torch.Tensor:
         return self.buffer[: n * k].view(n, k)
@@ -61,9 +62,10 @@ class GPULinear:
             self.kind = f"triton_{self.planes.qtype.lower()}"
             scratch.reserve(self.out_features * self.in_features)
         else:
-            # F32/F16/BF16 and the quant types without a kernel: dense fp16 (fp32 for F32).
+            # F32/F16/BF16 and the quant types without a kernel: dense.
             w = dequantize(tensor.data, tensor.qtype, tensor.n_cols)
-            self.dense = w.to(device, torch.float32 if tensor.qtype == 0 else torch.float16)
+            # F32/F16 stay exact in fp32; the rest in bf16 (fp16 could overflow the activations).
+            self.dense = w.to(device, torch.float32 if int(tensor.qtype) in (0, 1) else torch.bfloat16)
             self.kind = "dense"
         self.bias = None
         if bias is not None:
@@ -109,8 +111,8 @@ class GPULinear:
         elif x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
             y = quant_gemv(x2, self.planes)
         else:
-            w = dequantize_to(self.planes, torch.float16, out=self.scratch.view(self.out_features, self.in_features))
-            y = torch.matmul(x2.half(), w.T).float()
+            w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
+            y = torch.matmul(x2.bfloat16(), w.T).float()
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
