@@ -129,7 +129,7 @@ def test_teacher_forced_logits_match_llama_cpp(name):
     llm.engine.reset()
     ids = fixture["ids"]
     kv = llm.engine.kv
-    ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)])
+    ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)]).cpu()
     # Position 0 is left out: without a BOS (qwen) the first token carries activations in
     # the thousands, where llama.cpp's 8-bit activation blocks are coarse (|Δlogit| ~12 there
     # for our exact-weight fp32 reference too). Its logits only ever predict prompt token 1.
