@@ -99,7 +99,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return run_remote_repl(args)
     from .repl import run_repl
 
-    return run_repl(args)
+    return run_repl(_load(args), args, _sampling(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from .cli import _err, _load, _sampling
+from typing import Any
 
 try:  # line editing and history when the platform has it
     import readline  # noqa: F401
@@ -21,8 +21,12 @@ except ImportError:  # pragma: no cover
 HELP = "commands: /clear (forget the conversation), /exit (leave); Ctrl-C stops an answer"
 
 
-def run_repl(args: argparse.Namespace) -> int:
-    llm = _load(args)
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_repl(llm, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
+    """Chat with a loaded model; `args` carries system, max_tokens and stop, `sampling` the sampler's settings."""
     _err(f"[tallow] {llm.spec.name} ({llm.spec.architecture}), context {llm.n_ctx}. {HELP}")
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
@@ -63,7 +67,7 @@ def run_repl(args: argparse.Namespace) -> int:
                 stream=True,
                 stop=args.stop,
                 should_stop=lambda: interrupted["flag"],
-                **_sampling(args),
+                **sampling,
             ):
                 answer.append(delta)
                 sys.stdout.write(delta)
