@@ -281,3 +281,16 @@ def test_serve_with_a_missing_model_is_one_sentence(tmp_path):
 
     proc = subprocess.run([sys.executable, "-m", "tallow.cli", "serve", "-m", str(tmp_path / "nope.gguf"), "--port", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("tallow: error:") and "Traceback" not in proc.stderr
+
+
+def test_conversation_id_reloads_the_conversation_kv_from_disk(client, monkeypatch, tmp_path):
+    monkeypatch.setenv("TALLOW_HOME", str(tmp_path))  # the KV store is created on first use
+    first = [{"role": "user", "content": "My name is Ada and I live in a lighthouse. Please remember it."}]
+    r1 = client.chat.completions.create(model=MODEL, messages=first, max_tokens=8, temperature=0, extra_body={"conversation_id": "ada"})
+    # An unrelated request takes over the resident KV; it shares only the template's preamble.
+    other = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Unrelated: 2+2?"}], max_tokens=4, temperature=0)
+    shared_preamble = other.usage.prompt_tokens_details.cached_tokens
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "Where do I live?"}]
+    r2 = client.chat.completions.create(model=MODEL, messages=second, max_tokens=8, temperature=0, extra_body={"conversation_id": "ada"})
+    assert r2.usage.prompt_tokens_details.cached_tokens > shared_preamble + 15
+    assert list((tmp_path / "kv").iterdir())

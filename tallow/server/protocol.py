@@ -57,6 +57,7 @@ class Common:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
+    conversation_id: str | None = None  # selects the persistent KV cache (from conversation_id or user)
 
 
 @dataclass
@@ -222,6 +223,7 @@ def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
         value = body.get(key)
         if value is not None and not isinstance(value, str):
             raise bad(f"'{key}' must be a string, not {_type_name(value)}.", key, "invalid_type")
+    req.conversation_id = body.get("conversation_id") or body.get("user") or None
 
 
 # --------------------------------------------------------------------------- chat

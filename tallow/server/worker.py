@@ -242,7 +242,8 @@ class Worker:
                 "max_tokens",
                 "context_length_exceeded",
             )
-        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set, **_server_sampling(req.sampling))
+        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
+                              conversation_id=req.conversation_id, **_server_sampling(req.sampling))
         job.post("start", {"prompt_tokens": n_prompt})
         for text in deltas:
             delta = parser.push(text) if parser else ParsedDelta(content=text)
