@@ -49,8 +49,11 @@ class Placement:
 
     def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None):
         if self.on_gpu:
+            from .gpu import int4_linear
             from .gpu.linear import GPULinear
 
+            if int4_linear.tinygemm_enabled() and int4_linear.can_use(tensor):
+                return int4_linear.GPUInt4Linear(tensor, bias, self.device)
             return GPULinear(tensor, bias, self.device, self._scratch)
         from .cpu.linear import make_linear
 
@@ -58,8 +61,6 @@ class Placement:
 
     def linear_group(self, parts: list):
         if self.on_gpu:
-            from .gpu.linear import GPULinear
-
             # Consecutive parts of one quant type become one stacked weight (one launch).
             runs: list[list] = [[parts[0]]]
             for part in parts[1:]:
@@ -67,7 +68,7 @@ class Placement:
                     runs[-1].append(part)
                 else:
                     runs.append([part])
-            merged = [GPULinear.stacked(run) if len(run) > 1 else run[0] for run in runs]
+            merged = [type(run[0]).stacked(run) if len(run) > 1 else run[0] for run in runs]
             return merged[0] if len(merged) == 1 else LinearGroup(merged)
         from .cpu.fused_linear import FusedLinear
 

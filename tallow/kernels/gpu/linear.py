@@ -94,9 +94,9 @@ class GPULinear:
         layer.scratch.reserve(layer.out_features * layer.in_features)
         return layer
 
-    def can_stack(self, other: "GPULinear") -> bool:
-        return (self.planes is not None and other.planes is not None and self.planes.qtype == other.planes.qtype
-                and self.in_features == other.in_features)
+    def can_stack(self, other) -> bool:
+        return (isinstance(other, GPULinear) and self.planes is not None and other.planes is not None
+                and self.planes.qtype == other.planes.qtype and self.in_features == other.in_features)
 
     @property
     def nbytes(self) -> int:
