@@ -49,11 +49,8 @@ class Placement:
 
     def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None):
         if self.on_gpu:
-            from .gpu import int4_linear
             from .gpu.linear import GPULinear
 
-            if int4_linear.tinygemm_enabled() and int4_linear.can_use(tensor):
-                return int4_linear.GPUInt4Linear(tensor, bias, self.device)
             return GPULinear(tensor, bias, self.device, self._scratch)
         from .cpu.linear import make_linear
 
