@@ -186,21 +186,26 @@ def decode_attention(
     q: (1, n_heads, head_dim) float32 (any strides); k_cache/v_cache: a layer of the KV pool,
     (n_kv_heads, n_ctx, head_dim) in its storage dtype. With a sliding window only the last
     `window` keys are read, so no mask is built: the one query sits at position end-1 and sees
-    every key it is given. Grouped heads are batched per KV head (query head h uses KV head
-    h // group, as repeat_interleave in `attention`), so K/V are never repeated.
+    every key it is given. Without a softcap this is `attention`'s SDPA call on the sliced keys;
+    with one, grouped heads are batched per KV head (query head h uses KV head h // group, as
+    repeat_interleave in `attention`), so K/V are never repeated.
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()
+    if softcap is None:
+        # The same SDPA call `attention` makes for one query (no mask: every given key is
+        # visible), so decode stays bit-identical to the step-by-step path.
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=scale, enable_gqa=True
+        )[0]  # (n_heads, 1, v_head_dim)
+        return out.transpose(0, 1).reshape(1, -1)
     n_kv = k.shape[0]
     n_heads, head_dim = q.shape[1], q.shape[2]
     qg = q.reshape(n_kv, n_heads // n_kv, head_dim)  # (n_kv_heads, group, head_dim)
     scores = torch.matmul(qg, k.transpose(1, 2))  # (n_kv_heads, group, n_keys)
-    if softcap is None:
-        probs = torch.softmax(scores * scale, dim=-1)
-    else:
-        probs = torch.softmax(softcap * torch.tanh(scores * scale / softcap), dim=-1)
+    probs = torch.softmax(softcap * torch.tanh(scores * scale / softcap), dim=-1)
     return torch.matmul(probs, v).reshape(1, -1)  # (1, n_heads * v_head_dim)
 
 

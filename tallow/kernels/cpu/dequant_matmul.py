@@ -31,7 +31,7 @@ __all__ = ["MIN_ROWS", "SCRATCH_ELEMENTS", "enabled", "int4_weight_t", "int4_deq
            "scratch_bytes"]
 
 MIN_ROWS = 64                  # fewer rows: the low-bit kernel is faster (measured crossover ~32-64)
-SCRATCH_ELEMENTS = 1 << 25     # 32 M bf16 = 64 MiB at most, shared by all layers
+SCRATCH_ELEMENTS = 1 << 23     # 8 M bf16 = 16 MiB (+ 8 MiB of nibbles) at most, shared by all layers
 _BLOCK_N = 64
 
 _scratch = torch.empty(0, dtype=torch.bfloat16)
