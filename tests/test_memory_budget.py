@@ -61,6 +61,10 @@ def test_type_sets_agree_with_the_kernels():
     assert budget.INT8_TYPES == pack.INT8_TYPES
     assert budget.INT4X2_TYPES == pack.INT4X2_TYPES
     assert budget.FLOAT_TYPES == linear.FLOAT_TYPES
+    from tallow.kernels.cpu import dequant_matmul
+
+    # bf16 tile (2 bytes per element) plus its nibbles (1 byte per element) at the cap
+    assert budget.PREFILL_DEQUANT_SCRATCH == dequant_matmul.SCRATCH_ELEMENTS * 3
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

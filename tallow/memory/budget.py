@@ -176,7 +176,12 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     logits = spec.vocab_size * 4 * 4
-    return residual + max(attention, mlp) + logits
+    return residual + max(attention, mlp) + logits + PREFILL_DEQUANT_SCRATCH
+
+
+# kernels/cpu/dequant_matmul.py's shared tiles at their cap: SCRATCH_ELEMENTS bf16 weights plus
+# half as many bytes of nibbles (repeated here so planning never imports torch; a test checks it).
+PREFILL_DEQUANT_SCRATCH = (1 << 23) * 2 + (1 << 23)
 
 
 def prefix_cache_bytes(spec: ModelSpec, n_ctx: int) -> int:
