@@ -12,7 +12,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -42,12 +42,6 @@ class GenerationStats:
     @property
     def decode_tok_s(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-
-@dataclass
-class TokenEvent:
-    token: int
-    logits: torch.Tensor | None = field(default=None, repr=False)
 
 
 def prefix_reuse_enabled() -> bool:
@@ -134,8 +128,12 @@ class Engine:
         # The last prompt token is always evaluated: its logits choose the first new token.
         return min(n, len(tokens) - 1)
 
-    def prefill(self, tokens: list[int], stats: GenerationStats) -> torch.Tensor:
-        """Make the KV pool hold `tokens`, reusing the common prefix; return the last logits (vocab,)."""
+    def prefill(self, tokens: list[int], stats: GenerationStats, should_stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
+        """Make the KV pool hold `tokens`, reusing the common prefix; return the last logits (vocab,).
+
+        should_stop() is asked between prefill chunks: a client that went away during a long
+        prompt frees the engine after at most one chunk. Then None is returned, and the pool
+        holds the chunks done so far (a valid prefix the next request may reuse)."""
         if not tokens:
             raise ValueError("the prompt has no tokens")
         if len(tokens) > self.n_ctx:
@@ -145,6 +143,9 @@ class Engine:
         self.kv.truncate(reuse)
         logits = None
         for start in range(reuse, len(tokens), self.prefill_chunk):
+            if should_stop is not None and start > reuse and should_stop():
+                logits = None
+                break
             chunk = tokens[start : start + self.prefill_chunk]
             logits = self.model.forward(chunk, start, self.kv)
         stats.prompt_tokens = len(tokens)
@@ -157,7 +158,7 @@ class Engine:
         stats.saved_s = reuse / rate if rate > 0 else 0.0
         if stats.prefill_tokens >= 64:
             self.prefill_rate = stats.prefill_tokens / stats.prefill_s
-        return logits[-1]
+        return None if logits is None else logits[-1]
 
     def generate(
         self,
@@ -177,7 +178,10 @@ class Engine:
         """
         t_start = time.perf_counter()
         from_disk = self.hydrate(conversation_id, prompt) if conversation_id else 0
-        logits = self.prefill(prompt, stats)
+        logits = self.prefill(prompt, stats, should_stop)
+        if logits is None:  # cancelled during the prompt
+            stats.finish_reason = "stop"
+            return
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
