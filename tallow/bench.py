@@ -106,7 +106,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"| model | test | t/s |\n| --- | --- | ---: |")
+        print("| model | test | t/s |\n| --- | --- | ---: |")
         for r in rows:
             print(f"| {r['model']} | {r['test']} | {r['tok_s_mean']:.2f} ± {r['tok_s_std']:.2f} |")
     return 0

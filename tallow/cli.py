@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from collections import Counter
 from typing import Any
@@ -146,7 +145,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"rope          base {spec.rope_base:g} ({spec.rope_style})"
         + (f", local base {sorted({l.rope_base for l in spec.layers if l.sliding_window})}" if windows else ""),
         f"vocab         {spec.vocab_size}   context {spec.context_length}   tied embeddings: {spec.tied_embeddings}",
-        f"tensor types  " + ", ".join(f"{k}: {v}" for k, v in types.most_common()),
+        "tensor types  " + ", ".join(f"{k}: {v}" for k, v in types.most_common()),
         f"memory @ctx {ctx}: weights {tensor_bytes / 2**20:.1f} MiB + KV (f16) {kv_bytes / 2**20:.1f} MiB"
         f" = {(tensor_bytes + kv_bytes) / 2**20:.1f} MiB  ({spec.kv_bytes_per_token_f16} KV bytes/token)",
     ]

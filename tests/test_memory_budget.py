@@ -17,7 +17,7 @@ from tiny_models import write_tiny_model
 
 from tallow.errors import MemoryBudgetError, UsageError
 from tallow.memory import budget
-from tallow.memory.budget import GiB, MiB, parse_size, plan_memory, scan_header
+from tallow.memory.budget import GiB, MiB, parse_size, plan_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
