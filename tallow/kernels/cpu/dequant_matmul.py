@@ -49,10 +49,13 @@ def scratch_bytes() -> int:
 
 def _buffers(n_weight: int, n_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     global _scratch, _nibbles
-    if _scratch.numel() < n_weight:
-        _scratch = torch.empty(n_weight, dtype=torch.bfloat16)
-    if _nibbles.numel() < n_bytes:
-        _nibbles = torch.empty(n_bytes, dtype=torch.uint8)
+    # Normal tensors even when grown inside a forward pass (inference mode): an inference
+    # tensor could not be written again by a later call made outside inference mode.
+    with torch.inference_mode(False):
+        if _scratch.numel() < n_weight:
+            _scratch = torch.empty(n_weight, dtype=torch.bfloat16)
+        if _nibbles.numel() < n_bytes:
+            _nibbles = torch.empty(n_bytes, dtype=torch.uint8)
     return _scratch[:n_weight], _nibbles[:n_bytes]
 
 
