@@ -63,11 +63,21 @@ def _sse(obj: Any) -> bytes:
 
 
 async def _next_event(job: Job, request: Request, worker: Worker) -> tuple[str, Any]:
-    """The job's next event; if the client disconnects meanwhile, cancel the job and say so."""
+    """The job's next event; if the client disconnects meanwhile, cancel the job and say so.
+
+    The client is checked when no event came for DISCONNECT_POLL_S, and also every
+    DISCONNECT_POLL_S while events stream in: a fast generation never goes quiet."""
     while True:
+        now = time.monotonic()
+        if now - job.last_disconnect_check >= DISCONNECT_POLL_S:
+            job.last_disconnect_check = now
+            if await request.is_disconnected():
+                worker.cancel(job)
+                return "disconnected", None
         try:
             return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            job.last_disconnect_check = time.monotonic()
             if await request.is_disconnected():
                 worker.cancel(job)
                 return "disconnected", None

@@ -45,6 +45,7 @@ class Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
     finished: bool = False
+    last_disconnect_check: float = field(default_factory=time.monotonic)  # when the handler last asked
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the request's event loop (from the worker thread)."""
