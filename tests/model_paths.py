@@ -28,3 +28,15 @@ def model_path(name: str) -> Path | None:
         if p.is_file():
             return p
     return None
+
+
+def require_model(name: str) -> Path:
+    """The model's path; skip when missing, or fail when TALLOW_REQUIRE_MODELS=1 (CI)."""
+    import pytest
+
+    path = model_path(name)
+    if path is None:
+        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
+            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
+        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
+    return path

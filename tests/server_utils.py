@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import pytest
 
-from model_paths import model_path
-
-
-def require_model(name: str) -> Path:
-    """The model's path; skip when missing, or fail when TALLOW_REQUIRE_MODELS=1."""
-    path = model_path(name)
-    if path is None:
-        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
-            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
-        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
-    return path
+from model_paths import require_model  # noqa: F401  (re-exported for the server tests)
 
 
 def free_port() -> int:

@@ -17,14 +17,13 @@ Fixtures come from scripts/make_fixtures.py (llama-cpp-python 0.3.36). Bounds:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from model_paths import model_path
+from model_paths import require_model
 from tiny_models import ARCHITECTURES, write_tiny_model
 
 from tallow.gguf_file import GGUFFile
@@ -46,13 +45,6 @@ TEACHER_MAX_DELTA = 3.0
 TEACHER_MEAN_DELTA = 0.35
 
 
-def _require(name: str) -> Path:
-    path = model_path(name)
-    if path is None:
-        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
-            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
-        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
-    return path
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -93,13 +85,13 @@ class _Real:
             import tallow
 
             cls.cache.clear()  # one real model in memory at a time
-            cls.cache[name] = tallow.LLM(_require(name), ctx=1024)
+            cls.cache[name] = tallow.LLM(require_model(name), ctx=1024)
         return cls.cache[name]
 
 
 @pytest.mark.parametrize("name", REAL_MODELS)
 def test_greedy_continuations_match_llama_cpp(name):
-    _require(name)
+    require_model(name)
     fixture = json.loads((FIXTURES / f"conformance_{name}.json").read_text())
     llm = _Real.get(name)
     eog = llm.tokenizer.eog_ids
@@ -123,7 +115,7 @@ def test_greedy_continuations_match_llama_cpp(name):
 
 @pytest.mark.parametrize("name", REAL_MODELS)
 def test_teacher_forced_logits_match_llama_cpp(name):
-    _require(name)
+    require_model(name)
     fixture = json.loads((FIXTURES / f"conformance_{name}.json").read_text())["teacher_forced"]
     llm = _Real.get(name)
     llm.engine.reset()

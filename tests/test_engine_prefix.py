@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
-from model_paths import model_path
 
 
-def _require(name: str) -> Path:
-    path = model_path(name)
-    if path is None:
-        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
-            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
-        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
-    return path
+from model_paths import require_model
+
+
 
 
 SYSTEM = ("You are a careful assistant for a smart home. You control lights, blinds and the thermostat. "
@@ -27,7 +17,7 @@ QUESTIONS = ["Dim the kitchen lights.", "What is the capital of France?", "Close
 def test_prefix_reuse_gives_identical_output_and_counts(monkeypatch):
     import tallow
 
-    llm = tallow.LLM(_require("smollm2-135m"), ctx=512)
+    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
     warm = []
     for q in QUESTIONS:
         out = llm.chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], max_tokens=10)

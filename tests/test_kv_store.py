@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
-from model_paths import model_path
+from model_paths import require_model
 from tiny_models import write_tiny_model
 
 from tallow.gguf_file import GGUFFile
@@ -18,13 +17,6 @@ from tallow.memory.kv_store import KVStore, KVStoreWarning, model_fingerprint
 from tallow.spec import spec_from_gguf
 
 
-def _require(name: str) -> Path:
-    path = model_path(name)
-    if path is None:
-        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
-            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
-        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +132,7 @@ def test_persistent_kv_round_trip_gives_identical_output(tmp_path, monkeypatch):
     and answers exactly as a run without any cache."""
     import tallow
 
-    llm = tallow.LLM(_require("smollm2-135m"), ctx=512)
+    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
     llm.engine.kv_store_dir = str(tmp_path)
     system = {"role": "system", "content": "You are a terse assistant who answers with one short sentence."}
     turn1 = [system, {"role": "user", "content": "Name a primary color."}]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from model_paths import model_path
+from model_paths import require_model
 from tiny_models import write_tiny_model
 
 from tallow.errors import MemoryBudgetError, UsageError
@@ -23,13 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 
 
-def _require(name: str) -> Path:
-    path = model_path(name)
-    if path is None:
-        if os.environ.get("TALLOW_REQUIRE_MODELS") == "1":
-            pytest.fail(f"model {name} is required (TALLOW_REQUIRE_MODELS=1) but was not found; run `tallow pull {name}`")
-        pytest.skip(f"model {name} not found; run `tallow pull {name}`")
-    return path
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -85,7 +78,7 @@ def test_plan_weights_and_kv_equal_what_the_model_allocates(arch, tmp_path):
 
 @pytest.mark.parametrize("name", REAL_MODELS)
 def test_plan_answers_fast_without_loading(name):
-    path = _require(name)
+    path = require_model(name)
     t0 = time.perf_counter()
     plan = plan_memory(path, 4096, "100GiB")
     elapsed = time.perf_counter() - t0
@@ -94,7 +87,7 @@ def test_plan_answers_fast_without_loading(name):
 
 
 def test_refusal_names_each_part_and_the_largest_context():
-    path = _require("smollm2-135m")
+    path = require_model("smollm2-135m")
     plan = plan_memory(path, 8192, "300MiB", "50MiB")
     assert not plan.fits
     best = plan.largest_fitting_ctx()
@@ -109,7 +102,7 @@ def test_refusal_names_each_part_and_the_largest_context():
 
 
 def test_cli_refuses_before_loading_with_exit_code_3():
-    path = _require("smollm2-135m")
+    path = require_model("smollm2-135m")
     t0 = time.perf_counter()
     r = _cli("run", "-m", str(path), "-p", "hi", "--ctx", "8192", "--mem-budget", "300MiB", "--reserve", "50MiB")
     elapsed = time.perf_counter() - t0
@@ -127,7 +120,7 @@ def test_cli_refuses_before_loading_with_exit_code_3():
 
 
 def test_cli_plan_prints_the_account():
-    path = _require("smollm2-135m")
+    path = require_model("smollm2-135m")
     r = _cli("plan", "-m", str(path), "--ctx", "2048", "--mem-budget", "2GiB")
     assert r.returncode == 0, r.stderr
     for part in ("weights", "KV for 2048 tokens", "scratch", "prefix cache", "runtime", "total", "fits"):
@@ -167,7 +160,7 @@ print(json.dumps({"base": base, "loaded": loaded, "peak": peak, "resident": p.re
 
 
 def _measure(name: str, ctx: int, n_prompt: int) -> None:
-    path = _require(name)
+    path = require_model(name)
     r = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(ctx), str(n_prompt)], capture_output=True, text=True,
                        timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr
