@@ -38,6 +38,19 @@ class Completion:
     tokens: list[int]
     finish_reason: str  # "stop" (EOG token or stop string) | "length"
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the model (log-softmax of its raw logits, before
+    penalties and temperature), with the `top` most likely alternatives at that step."""
+
+    token: int
+    text: str
+    bytes: bytes
+    logprob: float
+    top: list[tuple[int, str, bytes, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,6 +149,8 @@ class LLM:
 
         Sampling keywords: temperature (0 = greedy, the default), top_k, top_p, min_p,
         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed.
+        logprobs=k (0-20) records each token's log-probability and its k best alternatives
+        (`Completion.logprobs`, or `llm.last_logprobs` while streaming).
         With stream=True returns an iterator of text deltas; `llm.stats.last` holds the
         counters once it is exhausted.
         """
@@ -169,26 +184,49 @@ class LLM:
         if len(ids) >= self.n_ctx:
             raise UsageError(f"the prompt has {len(ids)} tokens, but the context holds {self.n_ctx}.")
         conversation_id = sampling.pop("conversation_id", None)
+        logprobs = sampling.pop("logprobs", None)
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 20):
+            raise UsageError(f"logprobs must be an integer from 0 to 20 (alternatives per token), not {logprobs!r}.")
         sampling.setdefault("temperature", 0.0)
         params = SamplingParams(**sampling)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id)
+        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs)
         if stream:
             return deltas
         text = "".join(deltas)
         last = self.stats.last
-        return Completion(text, self._last_tokens, last.finish_reason, last)
+        return Completion(text, self._last_tokens, last.finish_reason, last, self.last_logprobs if logprobs is not None else None)
 
-    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None) -> Iterator[str]:
+    def _token_logprob(self, k: int, token: int, logits) -> TokenLogprob:
+        import torch
+
+        logp = torch.log_softmax(logits.float(), dim=-1)
+
+        def piece(i: int) -> tuple[str, bytes]:
+            raw = self.tokenizer.token_to_bytes(i, special=False)
+            return raw.decode("utf-8", errors="replace"), raw
+
+        top = []
+        if k:
+            values, indices = torch.topk(logp, k)
+            top = [(int(i), *piece(int(i)), float(v)) for v, i in zip(values.tolist(), indices.tolist())]
+        text, raw = piece(token)
+        return TokenLogprob(token, text, raw, float(logp[token]), top)
+
+    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None) -> Iterator[str]:
         stats = GenerationStats()
         self.stats.last = stats
         self.stats.history.append(stats)
         self._last_tokens: list[int] = []
+        self.last_logprobs: list[TokenLogprob] = []  # filled as tokens come when logprobs is set
+        observe = None
+        if logprobs is not None:
+            observe = lambda token, logits: self.last_logprobs.append(self._token_logprob(logprobs, token, logits))  # noqa: E731
         sampler = Sampler(params, self.spec.vocab_size)
         decoder = StreamDecoder(self.tokenizer, skip_special=True)  # like llama.cpp's completion text
         matcher = StopMatcher(stops)
         stopped = False
-        for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop, conversation_id):
+        for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop, conversation_id, observe):
             self._last_tokens.append(token)
             emit, stopped = matcher.push(decoder.push(token))
             if emit:

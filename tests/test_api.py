@@ -92,3 +92,22 @@ def test_prompt_longer_than_context_is_refused(llm):
 def test_load_stats(llm):
     load = llm.stats.load
     assert load.load_s > 0 and load.weights_bytes > 50e6 and load.kv_bytes > 0
+
+
+def test_logprobs_are_the_models_distribution(llm):
+    import torch
+
+    out = llm.generate("The capital of France is", max_tokens=3, logprobs=2)
+    assert len(out.logprobs) == len(out.tokens) == 3
+    first = out.logprobs[0]
+    assert first.token == out.tokens[0] and len(first.top) == 2
+    assert first.top[0][0] == first.token  # greedy: the chosen token is the most likely one
+    assert first.logprob <= 0 and first.top[0][3] >= first.top[1][3]
+    # the same number from a direct forward pass over the prompt
+    llm.engine.reset()
+    ids = llm.tokenize("The capital of France is")
+    logits = llm.model.forward(ids, 0, llm.engine.kv)[-1]
+    assert abs(torch.log_softmax(logits, -1)[first.token].item() - first.logprob) < 1e-5
+    assert llm.generate("Hi", max_tokens=2).logprobs is None
+    with pytest.raises(UsageError, match="logprobs"):
+        llm.generate("Hi", max_tokens=2, logprobs=99)

@@ -169,10 +169,12 @@ class Engine:
         stats: GenerationStats,
         should_stop: Callable[[], bool] = lambda: False,
         conversation_id: str | None = None,
+        observe: Callable[[int, torch.Tensor], None] | None = None,
     ) -> Iterator[int]:
         """Yield generated token ids. Stops on an end-of-generation token (not yielded),
         max_tokens, a full context, or when should_stop() turns true between tokens.
 
+        observe(token, logits), if given, sees each yielded token with the logits it came from.
         With a conversation id the pool is hydrated from the conversation's saved KV first
         (when that covers more of the prompt than what is resident) and saved at the end.
         """
@@ -195,6 +197,8 @@ class Engine:
                 if token in stop_tokens:
                     stats.finish_reason = "stop"
                     break
+                if observe is not None:
+                    observe(token, logits)  # e.g. logprobs, from the logits the token was drawn from
                 yield token
                 history.append(token)
                 if should_stop():
