@@ -295,3 +295,28 @@ def test_conversation_id_reloads_the_conversation_kv_from_disk(client, monkeypat
     r2 = client.chat.completions.create(model=MODEL, messages=second, max_tokens=8, temperature=0, extra_body={"conversation_id": "ada"})
     assert r2.usage.prompt_tokens_details.cached_tokens > shared_preamble + 15
     assert list((tmp_path / "kv").iterdir())
+
+
+def test_logprobs_chat_and_completions(client):
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=6, temperature=0)
+    r = client.chat.completions.create(logprobs=True, top_logprobs=2, **kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(t.token for t in content).startswith(r.choices[0].message.content)
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
+    assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the most likely
+    streamed = [c.choices[0].logprobs for c in client.chat.completions.create(logprobs=True, top_logprobs=2, stream=True, **kw)
+                if c.choices and c.choices[0].logprobs]
+    assert [t.token for lp in streamed for t in lp.content] == [t.token for t in content]
+    assert client.chat.completions.create(**kw).choices[0].logprobs is None
+    c = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=3)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 4 and len(lp.top_logprobs[0]) == 3 and lp.text_offset[0] == 0
+    assert "".join(lp.tokens).startswith(c.choices[0].text)
+
+
+def test_logprobs_bounds_are_400(live):
+    r = _post(live, "/v1/chat/completions", {"messages": HELLO, "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    r = _post(live, "/v1/completions", {"prompt": "hi", "logprobs": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"

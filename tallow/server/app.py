@@ -83,6 +83,29 @@ async def _next_event(job: Job, request: Request, worker: Worker) -> tuple[str, 
                 return "disconnected", None
 
 
+def _chat_logprobs(entries: list) -> dict[str, Any]:
+    """OpenAI chat form: per token its text, logprob, UTF-8 bytes and top alternatives."""
+    return {"content": [
+        {"token": e.text, "logprob": e.logprob, "bytes": list(e.bytes),
+         "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for _, t, b, lp in e.top]}
+        for e in entries
+    ]}
+
+
+def _completion_logprobs(entries: list, offset: int) -> dict[str, Any]:
+    """OpenAI's legacy completions form; `offset` is where the first token's text starts."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.text)
+    return {
+        "tokens": [e.text for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{t: lp for _, t, _, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
 def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application around a started (or starting) worker."""
     app = FastAPI(title="tallow", docs_url=None, redoc_url=None, openapi_url=None)
@@ -169,9 +192,12 @@ def create_app(state: ServerState) -> FastAPI:
 
     async def _collect(request: Request, job: Job, req: ChatRequest | CompletionRequest, kind: str, prompt_tokens: int) -> Response:
         total = ParsedDelta()
+        logprobs: list = []
         while True:
             event, payload = await _next_event(job, request, worker)
-            if event == "delta":
+            if event == "logprobs":
+                logprobs.extend(payload)
+            elif event == "delta":
                 total.extend(payload)
             elif event == "error":
                 return _error_response(payload)
@@ -186,10 +212,12 @@ def create_app(state: ServerState) -> FastAPI:
                 message["reasoning_content"] = total.reasoning
             if total.tool_calls:
                 message["tool_calls"] = [c.to_openai() for c in total.tool_calls]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": payload["finish_reason"]}
+            choice = {"index": 0, "message": message, "finish_reason": payload["finish_reason"],
+                      "logprobs": _chat_logprobs(logprobs) if req.logprobs is not None else None}
             body = {**base, "object": "chat.completion", "choices": [choice]}
         else:
-            choice = {"index": 0, "text": total.content, "logprobs": None, "finish_reason": payload["finish_reason"]}
+            choice = {"index": 0, "text": total.content, "finish_reason": payload["finish_reason"],
+                      "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs is not None else None}
             body = {**base, "object": "text_completion", "choices": [choice]}
         body["usage"] = payload["usage"]
         body["timings"] = payload["timings"]
@@ -212,12 +240,21 @@ def create_app(state: ServerState) -> FastAPI:
             return {**base, "choices": [choice], **extra}
 
         n_calls = 0
+        text_offset = 0
         try:
             if chat:
                 yield chunk({"role": "assistant", "content": ""})
             while True:
                 event, payload = await _next_event(job, request, worker)
-                if event == "delta":
+                if event == "logprobs":  # the tokens of the text chunks that follow
+                    obj = chunk_obj({} if chat else "")
+                    if chat:
+                        obj["choices"][0]["logprobs"] = _chat_logprobs(payload)
+                    else:
+                        obj["choices"][0]["logprobs"] = _completion_logprobs(payload, text_offset)
+                        text_offset += sum(len(e.text) for e in payload)
+                    yield _sse(obj)
+                elif event == "delta":
                     if not chat:
                         if payload.content:
                             yield chunk(payload.content)

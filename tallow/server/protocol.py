@@ -58,6 +58,7 @@ class Common:
     stop: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # selects the persistent KV cache (from conversation_id or user)
+    logprobs: int | None = None  # alternatives per token to report; None: no logprobs
 
 
 @dataclass
@@ -143,14 +144,6 @@ def _reject_unsupported(body: dict[str, Any], endpoint: str) -> None:
     n = _get_int(body, "n", lo=1)
     if n is not None and n > 1:
         raise bad("'n' greater than 1 is not supported: this server generates one choice per request.", "n", "unsupported_value")
-    if endpoint == "chat":
-        wants_logprobs = _get_bool(body, "logprobs", False)
-    else:  # /v1/completions takes the number of alternatives instead of a flag
-        wants_logprobs = body.get("logprobs") is not None
-    if wants_logprobs:
-        raise bad("'logprobs' is not supported by this server yet.", "logprobs", "unsupported_parameter")
-    if body.get("top_logprobs") is not None:
-        raise bad("'top_logprobs' is not supported by this server yet.", "top_logprobs", "unsupported_parameter")
     if body.get("logit_bias"):
         raise bad("'logit_bias' is not supported by this server.", "logit_bias", "unsupported_parameter")
     rf = body.get("response_format")
@@ -173,12 +166,31 @@ def _reject_unsupported(body: dict[str, Any], endpoint: str) -> None:
             raise bad("'best_of' greater than 1 is not supported.", "best_of", "unsupported_value")
 
 
+def _get_logprobs(body: dict[str, Any], endpoint: str) -> int | None:
+    """Chat: `logprobs: true` plus `top_logprobs` 0-20. Completions: `logprobs` 0-5 (the
+    number of alternatives, OpenAI's legacy form)."""
+    if endpoint == "chat":
+        top = _get_int(body, "top_logprobs", lo=0)
+        if top is not None and top > 20:
+            raise bad(f"'top_logprobs' must be at most 20, not {top}.", "top_logprobs", "invalid_value")
+        if not _get_bool(body, "logprobs", False):
+            if top is not None:
+                raise bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs", "invalid_value")
+            return None
+        return top or 0
+    k = _get_int(body, "logprobs", lo=0)
+    if k is not None and k > 5:
+        raise bad(f"'logprobs' must be at most 5 for completions, not {k}.", "logprobs", "invalid_value")
+    return k
+
+
 def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad(f"'model' must be a string, not {_type_name(model)}.", "model", "invalid_type")
     req.model = model
     _reject_unsupported(body, endpoint)
+    req.logprobs = _get_logprobs(body, endpoint)
     req.stream = _get_bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None:

@@ -244,14 +244,20 @@ class Worker:
                 "context_length_exceeded",
             )
         deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
-                              conversation_id=req.conversation_id, **_server_sampling(req.sampling))
+                              conversation_id=req.conversation_id, logprobs=req.logprobs, **_server_sampling(req.sampling))
         job.post("start", {"prompt_tokens": n_prompt})
+        sent_logprobs = 0
         for text in deltas:
+            if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
+                job.post("logprobs", llm.last_logprobs[sent_logprobs:])  # the tokens behind this text
+                sent_logprobs = len(llm.last_logprobs)
             delta = parser.push(text) if parser else ParsedDelta(content=text)
             if delta:
                 job.post("delta", delta)
             if job.cancelled.is_set():
                 break
+        if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
+            job.post("logprobs", llm.last_logprobs[sent_logprobs:])
         if parser:
             tail = parser.flush()
             if tail:
