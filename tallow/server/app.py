@@ -62,14 +62,15 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _next_event(job: Job, request: Request, worker: Worker) -> tuple[str, Any]:
+async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bool = False) -> tuple[str, Any]:
     """The job's next event; if the client disconnects meanwhile, cancel the job and say so.
 
-    The client is checked when no event came for DISCONNECT_POLL_S, and also every
-    DISCONNECT_POLL_S while events stream in: a fast generation never goes quiet."""
+    The client is checked when no event came for DISCONNECT_POLL_S. A non-streaming answer
+    (busy_check) is also checked every DISCONNECT_POLL_S while events pour in: a fast
+    generation never goes quiet. (A stream notices a vanished client when a send fails.)"""
     while True:
         now = time.monotonic()
-        if now - job.last_disconnect_check >= DISCONNECT_POLL_S:
+        if busy_check and now - job.last_disconnect_check >= DISCONNECT_POLL_S:
             job.last_disconnect_check = now
             if await request.is_disconnected():
                 worker.cancel(job)
@@ -194,7 +195,7 @@ def create_app(state: ServerState) -> FastAPI:
         total = ParsedDelta()
         logprobs: list = []
         while True:
-            event, payload = await _next_event(job, request, worker)
+            event, payload = await _next_event(job, request, worker, busy_check=True)
             if event == "logprobs":
                 logprobs.extend(payload)
             elif event == "delta":
