@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import UsageError
+from .repl import HELP, user_turns
 
-HELP = "commands: /clear (forget the conversation), /exit (leave); Ctrl-C stops an answer"
 DIM, RESET = "\033[2m", "\033[0m"
 
 
@@ -85,27 +85,7 @@ def run_remote_repl(args: argparse.Namespace) -> int:
     }
     sampling = {k: v for k, v in sampling.items() if v is not None}
     tty = sys.stdout.isatty()
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
-            return 0
-        except KeyboardInterrupt:
-            print()
-            continue
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return 0
-        if text == "/clear":
-            history.clear()
-            print("[tallow] conversation cleared", file=sys.stderr, flush=True)
-            continue
-        if text.startswith("/"):
-            print(f"[tallow] unknown command {text.split()[0]}; {HELP}", file=sys.stderr, flush=True)
-            continue
+    for text in user_turns(history):
         history.append({"role": "user", "content": text})
         answer: list[str] = []
         thinking = False
@@ -143,3 +123,4 @@ def run_remote_repl(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(answer)})
         if timings:
             print(f"[{timings.get('predicted_per_second', 0):.1f} tok/s, {timings.get('cache_n', 0)} prompt tokens reused, {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+    return 0

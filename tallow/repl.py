@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 
+from collections.abc import Iterator
 from typing import Any
 
 try:  # line editing and history when the platform has it
@@ -19,6 +20,33 @@ except ImportError:  # pragma: no cover
     pass
 
 HELP = "commands: /clear (forget the conversation), /exit (leave); Ctrl-C stops an answer"
+
+
+def user_turns(history: list[dict]) -> Iterator[str]:
+    """The user's messages, read at the `> ` prompt until /exit or end of input; /clear empties
+    `history`, other /commands are explained. Shared by the local and the --url chat."""
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print()
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/clear":
+            history.clear()
+            _err("[tallow] conversation cleared")
+            continue
+        if text.startswith("/"):
+            _err(f"[tallow] unknown command {text.split()[0]}; {HELP}")
+            continue
+        yield text
 
 
 def _err(msg: str) -> None:
@@ -35,27 +63,7 @@ def run_repl(llm, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
     def on_sigint(signum, frame):
         interrupted["flag"] = True
 
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            print()
-            return 0
-        except KeyboardInterrupt:
-            print()
-            continue
-        text = line.strip()
-        if not text:
-            continue
-        if text in ("/exit", "/quit"):
-            return 0
-        if text == "/clear":
-            history.clear()
-            _err("[tallow] conversation cleared")
-            continue
-        if text.startswith("/"):
-            _err(f"[tallow] unknown command {text.split()[0]}; {HELP}")
-            continue
+    for text in user_turns(history):
         history.append({"role": "user", "content": text})
         interrupted["flag"] = False
         previous = signal.signal(signal.SIGINT, on_sigint)
@@ -80,3 +88,4 @@ def run_repl(llm, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
         history.append({"role": "assistant", "content": "".join(answer)})
         s = llm.stats.last
         _err(f"[{s.decode_tok_s:.1f} tok/s, {s.prompt_tokens} prompt tokens, {s.reused_tokens} reused]")
+    return 0
