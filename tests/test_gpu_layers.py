@@ -73,3 +73,19 @@ def test_gpu_embedding_k_quants_match_cpu(name):
     small = replace(t, shape=(t.shape[0], 64), n_bytes=rows.nbytes, data=rows)
     ids = torch.tensor([0, 17, 63])
     assert torch.equal(GPUEmbedding(small, torch.device("cpu"))(ids), make_embedding(small)(ids))
+
+
+@pytest.mark.parametrize("rows", [1, 12])  # the GEMV and the dequant + matmul paths
+def test_linear_group_of_mixed_types_writes_each_part_in_place(tmp_path, rows):
+    """Q4_K_M files mix types inside Q/K/V (Q6_K V): the group's parts write their own columns
+    of one output instead of being concatenated; with a bias, as qwen2 has."""
+    from tallow.kernels.dispatch import LinearGroup
+
+    scratch = Scratch(torch.device("cpu"))
+    a = GGUFFile(write_tiny_model("llama", tmp_path / "a.gguf", qtype=QT.Q8_0)).tensors["blk.0.attn_q.weight"]
+    b = GGUFFile(write_tiny_model("llama", tmp_path / "b.gguf", qtype=QT.Q4_1)).tensors["blk.0.attn_k.weight"]
+    bias = np.arange(b.n_rows, dtype=np.float32)
+    parts = [GPULinear(a, None, torch.device("cpu"), scratch), GPULinear(b, bias, torch.device("cpu"), scratch)]
+    x = torch.randn(rows, a.n_cols, generator=torch.Generator().manual_seed(3))
+    expected = torch.cat([p(x) for p in parts], dim=-1)
+    assert torch.equal(LinearGroup(parts)(x), expected)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..gguf_file import TensorInfo
+from .block_ops import block_ops
 
 
 class LinearGroup:
@@ -28,7 +29,13 @@ class LinearGroup:
         return sum(p.nbytes for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p(x) for p in self.parts], dim=-1)
+        # Each part writes its own columns of one output: no concatenation kernel.
+        out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32, device=x.device)
+        flat, col = out.view(-1, self.out_features), 0
+        for part in self.parts:
+            part(x, out=flat[:, col : col + part.out_features])
+            col += part.out_features
+        return out
 
 
 class Placement:
@@ -38,6 +45,7 @@ class Placement:
         self.device = torch.device(device)
         self.linear_mode = linear_mode
         self._scratch = None
+        self.ops = block_ops(self.on_gpu)
         if self.device.type == "cuda":
             from .gpu.linear import Scratch
 

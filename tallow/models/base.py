@@ -15,7 +15,7 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
-from ..layers import RotaryTables, attention, attention_mask, decode_attention, fast_paths_enabled, rms_norm, softcap_logits
+from ..layers import RotaryTables, attend_keys, attention, attention_mask, decode_attention, fast_paths_enabled, rms_norm, softcap_logits
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
@@ -47,6 +47,7 @@ class DecoderModel:
         self.linear_mode = linear_mode
         self.place = Placement(device, linear_mode)
         self.device = self.place.device
+        self.ops = self.place.ops  # norms and GLU: torch, or one Triton launch each on the GPU
         self.embedding = self.place.embedding(self._tensor("token_embd.weight"))
         self.output_norm = self.norm_weight("output_norm.weight")
         output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
@@ -88,6 +89,23 @@ class DecoderModel:
     def load_layer(self, i: int) -> LayerWeights:
         raise NotImplementedError
 
+    def attention_inputs(self, w: LayerWeights, qkv: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """Q for this block's attention, from the fused Q/K/V projection's output
+        (n, (nh + nkv) * hd + nkv * v_head_dim): the Q and K heads per-head RMS-normed (where the
+        layer has `attn_qk_norm`), rotated at positions start.., K and V written to the pool.
+        Returns q (n, nh, hd). The CUDA-graph step does all of it in one launch (step.py)."""
+        spec, layer = self.spec, self.spec.layers[w.index]
+        n = qkv.shape[0]
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
+        qk = qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
+        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, spec.v_head_dim)
+        qk_norm = w.get("attn_qk_norm")
+        if qk_norm is not None:
+            qk = rms_norm(qk, qk_norm, spec.norm_eps)
+        qk = self.rope[layer.rope_base].apply_at(qk, start)
+        kv.store(w.index, start, qk[:, nh:], v)
+        return qk[:, :nh]
+
     def attend(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
         """Attention of q (n, n_heads, head_dim) at positions start.. over layer `index`'s cached
         keys 0..start+n-1 (this step's K/V already stored). Returns (n, n_heads * v_head_dim)."""
@@ -95,14 +113,24 @@ class DecoderModel:
         n = q.shape[0]
         end = start + n
         if n == 1 and fast_paths_enabled():
-            return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
-                                    layer.sliding_window, spec.attn_logit_softcap)
+            if kv.dtype in (torch.float16, torch.bfloat16, torch.float32) and not kv.is_ring(index):
+                return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
+                                        layer.sliding_window, spec.attn_logit_softcap)
+            # A ring or a quantized pool: the window's keys, in position order, as float32.
+            begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
+            keys, values = kv.view(index, begin, end)
+            return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
         positions = torch.arange(start, end, device=q.device)
-        keys, values = kv.view(index, end)
-        mask = attention_mask(positions, end, layer.sliding_window) if n > 1 or layer.sliding_window else None
+        lo = kv.window_start(index, start)  # 0, or a ring's window edge for the first query
+        keys, values = kv.view(index, lo, end)
+        mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
 
-    def block(self, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+    def block(self, layer: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over the residual stream x + delta (delta None: nothing pending). Returns
+        the stream and the block's last residual delta, left unadded so the next block's first
+        norm (or the output norm) adds it in the same kernel (`ops.add_norm`)."""
         raise NotImplementedError
 
     @property
@@ -124,6 +152,11 @@ class DecoderModel:
         n = len(tokens)
         if start + n > kv.n_ctx:
             raise ValueError(f"{start + n} tokens exceed the context of {kv.n_ctx}")
+        if n > kv.max_chunk and kv.has_rings:
+            # A ring holds the keys of at most max_chunk new tokens beyond its window: run in chunks.
+            parts = [self.forward(tokens[s : s + kv.max_chunk], start + s, kv, all_logits)
+                     for s in range(0, n, kv.max_chunk)]
+            return torch.cat(parts) if all_logits else parts[-1]
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + n, device=self.device)
         for table in self.rope.values():
@@ -131,12 +164,13 @@ class DecoderModel:
         x = self.embedding(ids)  # (n, dim)
         if self.spec.embed_scale != 1.0:
             x = x * self.spec.embed_scale
+        delta = None
         for layer in self.layers:
-            x = self.block(layer, x, positions, kv, start)
+            x, delta = self.block(layer, x, delta, positions, kv, start)
         if not all_logits:
-            x = x[-1:]
-        x = rms_norm(x, self.output_norm, self.spec.norm_eps)
-        logits = self.output(x)  # (n or 1, vocab)
+            x, delta = x[-1:], delta[-1:]
+        _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
+        logits = self.output(h)  # (n or 1, vocab)
         del kv.tokens[start:]
         kv.tokens.extend(tokens)
         return softcap_logits(logits, self.spec.final_logit_softcap)
@@ -154,7 +188,8 @@ class DecoderModel:
         x = self.embedding(token)  # (1, dim)
         if self.spec.embed_scale != 1.0:
             x = x * self.spec.embed_scale
+        delta = None
         for layer in self.layers:
-            x = step.block(layer, x, position, bound_kv, 0)
-        x = rms_norm(x, self.output_norm, self.spec.norm_eps)
-        return softcap_logits(self.output(x), self.spec.final_logit_softcap)
+            x, delta = step.block(layer, x, delta, position, bound_kv, 0)
+        _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
+        return softcap_logits(self.output(h), self.spec.final_logit_softcap)

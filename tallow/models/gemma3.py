@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import geglu, rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 
@@ -26,19 +25,11 @@ class Gemma3Model(DecoderModel):
             t[name] = self.linear(p + name + ".weight")
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, positions: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        spec, layer = self.spec, self.spec.layers[w.index]
-        n = x.shape[0]
-        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
-        h = rms_norm(x, w.attn_norm, spec.norm_eps)
-        qkv = w.attn_qkv(h)  # (n, (nh + nkv) * hd + nkv * v_head_dim)
-        qk = rms_norm(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), w.attn_qk_norm, spec.norm_eps)
-        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, spec.v_head_dim)
-        qk = self.rope[layer.rope_base].apply_at(qk, start)
-        kv.store(w.index, start, qk[:, nh:], v)
-        a = self.attend(w.index, qk[:, :nh], kv, start)
-        x = x + rms_norm(w.attn_output(a), w.post_attention_norm, spec.norm_eps)
-        h = rms_norm(x, w.ffn_norm, spec.norm_eps)
-        gate_up = w.ffn_gate_up(h)  # (n, 2 * ffn)
-        f = gate_up.shape[1] // 2
-        return x + rms_norm(w.ffn_down(geglu(gate_up[:, :f], gate_up[:, f:])), w.post_ffw_norm, spec.norm_eps)
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        eps, ops = self.spec.norm_eps, self.ops
+        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
+        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
+        x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
+        return x, ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)

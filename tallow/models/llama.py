@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import rms_norm, swiglu
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 
@@ -36,21 +35,10 @@ class LlamaModel(DecoderModel):
             t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, positions: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        spec, layer = self.spec, self.spec.layers[w.index]
-        n = x.shape[0]
-        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
-        h = rms_norm(x, w.attn_norm, spec.norm_eps)
-        qkv = w.attn_qkv(h)  # (n, (nh + nkv) * hd + nkv * v_head_dim)
-        qk = qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
-        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, spec.v_head_dim)
-        if self.qk_norm:
-            qk = rms_norm(qk, w.attn_qk_norm, spec.norm_eps)
-        qk = self.rope[layer.rope_base].apply_at(qk, start)
-        q, k = qk[:, :nh], qk[:, nh:]
-        kv.store(w.index, start, k, v)
-        x = x + w.attn_output(self.attend(w.index, q, kv, start))
-        h = rms_norm(x, w.ffn_norm, spec.norm_eps)
-        gate_up = w.ffn_gate_up(h)  # (n, 2 * ffn)
-        f = gate_up.shape[1] // 2
-        return x + w.ffn_down(swiglu(gate_up[:, :f], gate_up[:, f:]))
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        eps, ops = self.spec.norm_eps, self.ops
+        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
+        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, start)), w.ffn_norm, eps)
+        return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))  # gate/up side by side: (n, 2 * ffn)

@@ -1,12 +1,14 @@
 """A model's decode step bound to a position held on the device, for CUDA graphs.
 
-Family files write one `block` in terms of three hooks — `rope[base].apply_at(x, start)`,
-`kv.store(layer, start, k, v)` and `attend(layer, q, kv, start)` — and eager forward passes
-give them a Python `start`. A captured graph cannot depend on a Python int, so here the
-same hooks are bound to device tensors (position, seq_len) and `start` is ignored: RoPE
-gathers its table rows at the position, K/V are written with index_copy_, and attention is
-the Triton split-K decode kernel reading seq_len on the device (torch on the CPU, where the
-tables and lengths are only exercised by tests).
+Family files write one `block` in terms of hooks — `attention_inputs(w, qkv, kv, start)`
+(itself `rope[base].apply_at(x, start)` and `kv.store(layer, start, k, v)`) and
+`attend(layer, q, kv, start)` — and eager forward passes give them a Python `start`. A
+captured graph cannot depend on a Python int, so here the same hooks are bound to device
+tensors (position, seq_len) and `start` is ignored: RoPE gathers its table rows at the
+position, K/V are written with index_copy_, and attention is the Triton split-K decode kernel
+reading seq_len on the device (torch on the CPU, where the tables and lengths are only
+exercised by tests). With the model's Triton ops (`ops.fused_step`), Q/K norm + RoPE + the
+K and V writes are one launch per layer instead of about ten (kernels/triton/rope.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import copy
 
 import torch
 
-from ..layers import RotaryTables, decode_attention
+from ..layers import RotaryTables, attend_keys, decode_attention
 from ..memory.kv_pool import KVPool
 
 
@@ -37,9 +39,50 @@ class _BoundKV:
         self.kv = kv
         self.position = position
         self.k, self.v = kv.k, kv.v
+        self.k_scale, self.v_scale = kv.k_scale, kv.v_scale
+        self.caps, self.dtype, self.scaled = kv.caps, kv.dtype, kv.scaled
+        self.view = kv.view
 
     def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kv.store_at(layer, self.position, k, v)
+
+    def cache_rows(self, layer: int):
+        """(k_cache, v_cache, row) for a kernel that writes this step's K/V itself, or None when
+        the layer's storage is not a plain (n_kv_heads, n_ctx, head_dim) float cache."""
+        k, v = self.kv.k[layer], self.kv.v[layer]
+        plain = k.dtype in (torch.float16, torch.bfloat16, torch.float32) and k.shape[1] == self.kv.n_ctx
+        return (k, v, self.position) if plain and k.stride(-1) == 1 and v.stride(-1) == 1 else None
+
+
+class _FusedAttentionInputs:
+    """`attention_inputs` for one decode token in one Triton launch per layer: per-head Q/K
+    RMSNorm, RoPE at the device position, K and V written into the cache row; the model's own
+    method (bound hooks, torch) where the launch does not apply."""
+
+    def __init__(self, model, step, position: torch.Tensor):
+        self.model = model
+        self.position = position
+        self.fallback = type(model).attention_inputs.__get__(step)
+
+    def __call__(self, w, qkv: torch.Tensor, kv: _BoundKV, start: int) -> torch.Tensor:
+        spec, layer = self.model.spec, self.model.spec.layers[w.index]
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
+        rows = kv.cache_rows(w.index)
+        if rows is None or spec.v_head_dim != hd or qkv.shape[0] != 1 or qkv.stride(-1) != 1:
+            return self.fallback(w, qkv, kv, start)
+        from ..kernels.triton.rope import rope
+
+        k_cache, v_cache, slot = rows
+        table = self.model.rope[layer.rope_base]
+        flat = qkv[0]
+        q = flat[: nh * hd].view(nh, hd)
+        k = flat[nh * hd : (nh + nkv) * hd].view(nkv, hd)
+        v = flat[(nh + nkv) * hd :].view(nkv, hd)
+        norms = w.get("attn_qk_norm")
+        q_out, _ = rope(q, k, table.cos, table.sin, self.position, table.style, rot_dim=table.rope_dim,
+                        k_cache=k_cache, v=v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
+                        q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[nh])
+        return q_out.view(1, nh, hd)
 
 
 class _BoundAttention:
@@ -66,12 +109,20 @@ class _BoundAttention:
                 scratch = (splits, out, make_scratch(n_heads, splits, spec.head_dim, q.device))
                 self.model._step_scratch[index] = scratch
             splits, out, buffers = scratch
+            # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
+            # are read with their per-position scales.
             triton_decode_attention(q[0].contiguous(), k_cache, v_cache, self.seq_len, spec.attn_scale,
-                                    layer.sliding_window or 0, n_splits=splits, out=out, scratch=buffers)
+                                    layer.sliding_window or 0, n_splits=splits, out=out, scratch=buffers,
+                                    k_scale=kv.k_scale[index] if kv.scaled else None,
+                                    v_scale=kv.v_scale[index] if kv.scaled else None)
             return out.reshape(1, -1)
         # CPU (tests) or soft-capped attention: the torch kernel, at a host-known length.
         end = int(self.seq_len.item())
-        return decode_attention(q, k_cache, v_cache, end, spec.attn_scale, layer.sliding_window, spec.attn_logit_softcap)
+        if kv.dtype in (torch.float16, torch.bfloat16, torch.float32) and kv.caps[index] == kv.kv.n_ctx:
+            return decode_attention(q, k_cache, v_cache, end, spec.attn_scale, layer.sliding_window, spec.attn_logit_softcap)
+        begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
+        keys, values = kv.view(index, begin, end)
+        return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
 
 
 def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
@@ -79,4 +130,6 @@ def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
     step = copy.copy(model)
     step.rope = {base: _BoundRotary(table, position) for base, table in model.rope.items()}
     step.attend = _BoundAttention(model, seq_len)
+    if model.ops.fused_step:
+        step.attention_inputs = _FusedAttentionInputs(model, step, position)
     return step, _BoundKV(kv, position)

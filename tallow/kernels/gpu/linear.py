@@ -103,18 +103,22 @@ class GPULinear:
         total = self.planes.nbytes if self.planes is not None else self.dense.numel() * self.dense.element_size()
         return total + (self.bias.numel() * 4 if self.bias is not None else 0)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
+        output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if self.dense is not None:
-            y = torch.matmul(x2.to(self.dense.dtype), self.dense.T).float()
-        elif x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
-            y = quant_gemv(x2, self.planes)
+        if self.dense is None and x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
+            y = quant_gemv(x2, self.planes, out=out)
         else:
-            w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
-            y = torch.matmul(x2.bfloat16(), w.T).float()
+            if self.dense is not None:
+                y = torch.matmul(x2.to(self.dense.dtype), self.dense.T)
+            else:
+                w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
+                y = torch.matmul(x2.bfloat16(), w.T)
+            y = y.float() if out is None else out.copy_(y)
         if self.bias is not None:
-            y = y + self.bias
+            y.add_(self.bias)  # y is this call's own tensor (or `out`)
         return y.reshape(*lead, self.out_features)
 
 

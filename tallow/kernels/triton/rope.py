@@ -52,33 +52,34 @@ def _rope_row(src, nw, dst, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, qo_ptr, ko_ptr, vo_ptr,
+def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr, qo_ptr, ko_ptr, vo_ptr,
                  NQ, D, ROT_HALF, eps, sq, sk, sv, sqo, sko_h, sko_t, svo_h, svo_t, stab,
                  NEOX: tl.constexpr, QNORM: tl.constexpr, KNORM: tl.constexpr, COPY_V: tl.constexpr,
                  BLOCK_D: tl.constexpr):
     h = tl.program_id(0)
     pos = tl.load(pos_ptr).to(tl.int64)
+    slot = tl.load(slot_ptr).to(tl.int64)  # the cache row: pos, or pos % ring for a ring buffer
     if h < NQ:
         _rope_row(q_ptr + h * sq, qn_ptr, qo_ptr + h * sqo, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
                   NEOX, QNORM, BLOCK_D)
     else:
         kh = h - NQ
-        _rope_row(k_ptr + kh * sk, kn_ptr, ko_ptr + kh * sko_h + pos * sko_t, cos_ptr, sin_ptr, pos, D, ROT_HALF,
+        _rope_row(k_ptr + kh * sk, kn_ptr, ko_ptr + kh * sko_h + slot * sko_t, cos_ptr, sin_ptr, pos, D, ROT_HALF,
                   eps, stab, NEOX, KNORM, BLOCK_D)
         if COPY_V:
             d = tl.arange(0, BLOCK_D)
             dm = d < D
             vv = tl.load(v_ptr + kh * sv + d, mask=dm, other=0.0)
-            tl.store(vo_ptr + kh * svo_h + pos * svo_t + d, vv.to(vo_ptr.dtype.element_ty), mask=dm)
+            tl.store(vo_ptr + kh * svo_h + slot * svo_t + d, vv.to(vo_ptr.dtype.element_ty), mask=dm)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
          style: str = "neox", rot_dim: int | None = None, q_out: torch.Tensor | None = None,
          k_out: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v: torch.Tensor | None = None,
          v_cache: torch.Tensor | None = None, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-         eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (n_heads, D), k (n_kv, D) (last dims contiguous); pos int32 (1,) on the device.
-    Returns (q_out, k_out or k_cache)."""
+         eps: float = 1e-6, slot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (n_heads, D), k (n_kv, D) (last dims contiguous); pos int32 (1,) on the device; `slot`
+    (1,) the cache row to write (default: pos). Returns (q_out, k_out or k_cache)."""
     nq, d = q.shape
     nk = k.shape[0]
     rot = d if rot_dim is None else rot_dim
@@ -96,7 +97,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     copy_v = v is not None and v_cache is not None
     vo = v_cache if copy_v else q_out
     _rope_kernel[(nq + nk,)](
-        q, k, v if copy_v else q, cos, sin, pos, q_norm if q_norm is not None else q, k_norm if k_norm is not None else q,
+        q, k, v if copy_v else q, cos, sin, pos, pos if slot is None else slot, q_norm if q_norm is not None else q, k_norm if k_norm is not None else q,
         q_out, ko, vo, nq, d, rot // 2, float(eps), q.stride(0), k.stride(0), v.stride(0) if copy_v else 0,
         q_out.stride(0), sko_h, sko_t, vo.stride(0) if copy_v else 0, vo.stride(1) if copy_v else 0, cos.stride(0),
         NEOX=style == "neox", QNORM=q_norm is not None, KNORM=k_norm is not None, COPY_V=copy_v,

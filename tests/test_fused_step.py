@@ -1,0 +1,58 @@
+"""The decode step with the GPU's Triton block ops (kernels/block_ops.py: RMSNorm + residual,
+GLU; step.py: Q/K norm + RoPE + K/V write in one launch), run by Triton's interpreter on CPU
+tensors, against the eager torch forward pass — every architecture, past gemma3's window.
+
+Tolerance: the fused kernels do the same fp32 operations in a different order (a sum of
+squares in blocks, a sigmoid-form SiLU, GeGLU's exp-based tanh that may land one fp16 ulp
+away), so logits drift by float noise: 1e-3 of the logit scale over 24 steps. A wrong head,
+position, norm weight or cache row moves them by O(1).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+import tallow.kernels.triton  # noqa: E402,F401
+from tiny_models import ARCHITECTURES, tiny_prompt, write_tiny_model  # noqa: E402
+
+from tallow.gguf_file import GGUFFile  # noqa: E402
+from tallow.kernels.block_ops import TritonOps, block_ops  # noqa: E402
+from tallow.memory.kv_pool import KVPool  # noqa: E402
+from tallow.models import build_model  # noqa: E402
+from tallow.spec import spec_from_gguf  # noqa: E402
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_step_matches_eager_forward(arch, tmp_path):
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf"))
+    spec = spec_from_gguf(gf)
+    model = build_model(gf, spec)
+    ids = tiny_prompt(20)
+    eager_kv, step_kv = KVPool(spec, 64), KVPool(spec, 64)
+    eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
+    model.ops = TritonOps()  # what a GPU placement picks
+    for table in model.rope.values():
+        table.ensure(64)
+    steps = torch.cat([
+        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
+        for i, t in enumerate(ids)
+    ])
+    scale = eager.abs().max()
+    assert float((steps - eager).abs().max() / scale) < 1e-3
+    assert torch.equal(steps.argmax(-1), eager.argmax(-1))
+    for a, b in zip(step_kv.k + step_kv.v, eager_kv.k + eager_kv.v):  # every cache row written where it belongs
+        assert float((a.float() - b.float()).abs().max()) < 2e-3 * max(1.0, float(b.float().abs().max()))
+
+
+def test_triton_ops_switch(monkeypatch):
+    monkeypatch.setenv("TALLOW_TRITON_OPS", "0")
+    assert not block_ops(on_gpu=True).fused_step
+    monkeypatch.setenv("TALLOW_TRITON_OPS", "1")
+    assert block_ops(on_gpu=True).fused_step and not block_ops(on_gpu=False).fused_step
