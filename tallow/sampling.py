@@ -274,3 +274,20 @@ class Sampler:
         cand = min_p(cand, p.min_p)
         cand = temperature(cand, p.temperature)
         return draw(cand, self.generator)
+
+    def distribution(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
+        """The probabilities `sample` draws from, after its whole chain (constraint mask,
+        penalties, top-k, top-p, min-p, temperature): float64 (vocab,), zero outside the kept
+        candidates, one-hot when greedy. Draws nothing and does not advance the constraint.
+        Speculative decoding's acceptance rule is stated over it (engine/speculate.py)."""
+        p = self.params
+        x = logits.detach().to(device="cpu", dtype=torch.float32)
+        x = apply_penalties(x, history, p)
+        probs = torch.zeros(self.vocab_size, dtype=torch.float64)
+        if p.greedy:
+            probs[greedy(x)] = 1.0
+            return probs
+        cand = min_p(top_p(top_k((self._all_ids, x), p.top_k), p.top_p), p.min_p)
+        ids, scaled = temperature(cand, p.temperature)
+        probs[ids] = torch.softmax(scaled.double(), dim=0)  # as `draw` computes them
+        return probs

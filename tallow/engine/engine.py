@@ -20,6 +20,7 @@ from ..memory.kv_pool import KVPool
 from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
+from .speculate import Speculation, speculation_enabled
 
 
 @dataclass
@@ -34,6 +35,8 @@ class GenerationStats:
     decode_s: float = 0.0
     ttft_s: float = 0.0
     finish_reason: str = ""
+    draft_tokens: int = 0  # prompt-lookup drafts verified (speculative decoding)
+    accepted_tokens: int = 0  # of those, drafts that became generated tokens
 
     @property
     def prefill_tok_s(self) -> float:
@@ -42,6 +45,10 @@ class GenerationStats:
     @property
     def decode_tok_s(self) -> float:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 def prefix_reuse_enabled() -> bool:
@@ -187,6 +194,7 @@ class Engine:
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
+        speculation = Speculation(self, stats) if speculation_enabled(self.model) else None
         t_decode = time.perf_counter()
         try:
             for i in range(max_tokens):
@@ -206,13 +214,18 @@ class Engine:
                     break
                 if i + 1 == max_tokens:
                     break
-                if len(self.kv.tokens) >= self.n_ctx:
+                if len(history) - 1 >= self.n_ctx:  # the pool is full (drafts not yet accepted aside)
                     stats.finish_reason = "length"
                     break
-                logits = self.decode_step(token)
+                if speculation is None:
+                    logits = self.decode_step(token)
+                else:  # drafts only as far as the context and max_tokens can use them
+                    logits = speculation.next_logits(token, history, min(max_tokens - i - 2, self.n_ctx - len(history)))
                 stats.decode_tokens += 1
         finally:
             # Also runs when the consumer stops early (a stop string): the counters stay true.
             stats.decode_s = time.perf_counter() - t_decode
+            if speculation is not None:
+                speculation.close(len(prompt) + stats.decode_tokens)
             if conversation_id:
                 self.persist(conversation_id)

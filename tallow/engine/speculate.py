@@ -1,0 +1,201 @@
+"""Prompt-lookup speculative decoding: guess the next tokens from the context, check them in one pass.
+
+Drafting. Agents and editors copy: names and ids from a system prompt, the lines of a snippet
+they rewrite. So the last n tokens of the context (n = 3, then 2, then 1) are looked up among
+earlier positions of the same context (prompt + generated), and the tokens that followed their
+latest occurrence are the draft. No second model, and drafting costs a dict lookup per token.
+
+Verification. The last committed token and k drafts run through the model as one (k+1)-token
+forward pass; row j of its logits is what a decode step would give after draft j. The engine
+then samples from the rows in order, exactly as it samples in plain decoding — one sampler call
+per committed token, with the history holding the tokens committed so far — and a draft is
+accepted while the sampled token equals it. At the first mismatch the sampled token is kept
+(it is the correction), the remaining rows are dropped and the KV pool is truncated back, so
+the rejected drafts' positions are overwritten by later steps.
+
+Why that is the standard rejection rule. For a deterministic draft d (q = one-hot at d) the
+rule accepts d with probability min(1, p(d)/q(d)) = p(d) and on rejection draws from p with d
+removed, renormalised. Drawing x ~ p and accepting iff x == d has exactly those probabilities:
+P(accept) = p(d), and given x != d, x is distributed as p without d. Realised this way the
+random generator advances once per committed token, as in plain decoding, so with the same
+seed the text is not only equally distributed but identical — and a grammar constraint inside
+the sampler sees each committed token exactly once, in order. A draft the constraint forbids
+can never be sampled, so it is simply rejected.
+
+Exactness on the CPU. The multi-token forward (the prefill path) computes attention for all
+queries in one masked SDPA call, which rounds differently from the one-query call decode makes
+(measured: logits differ by up to 0.56, enough to flip near-ties). The linear layers are
+row-independent below the dequantized-prefill threshold (64 rows): bit-identical for 1 or k+1
+rows. So verification runs the model with attention done query by query through the model's
+own one-token `attend`, and its logits are bit-identical to k+1 decode steps (tests check it):
+greedy text with speculation is the text without it.
+
+Where that exactness does not hold, speculation is off by default: models with dense float
+matrices (F.linear rounds one row and many rows differently), and the GPU, whose decode replays
+a CUDA graph with kernels other than the eager multi-token ones. Until a graph per k exists
+there, TALLOW_SPECULATE=1 turns it on anyway (the eager forward verifies: the same text up to
+near-ties). TALLOW_SPECULATE=0 turns it off everywhere.
+
+Adapting. k grows by 2 after a fully accepted draft and shrinks by 1 after a rejection (1..K_MAX).
+Whether drafting pays is measured, not assumed: seconds per committed token in verification
+rounds against the seconds of a plain decode step (re-measured every PROBE_EVERY tokens). When
+drafting is slower, it is switched off for a while (16 tokens, doubling while it keeps losing).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections import deque
+
+import torch
+
+K_MAX = 8  # drafts per verification pass
+K_START = 4
+NGRAM_MAX, NGRAM_MIN = 3, 1
+PROBE_EVERY = 64  # committed tokens between plain steps that re-measure plain decode
+EMA = 0.25  # weight of the newest timing
+GUARD = True  # switch drafting off while it measures slower (tests that need drafts turn this off)
+
+
+# CPU kernels whose rows are computed independently: 1 row or k+1 rows give the same bits
+# (below dequant_matmul.MIN_ROWS = 64 rows, where prefill switches to dequantized tiles; checked
+# in tests/test_speculate.py). Dense float weights go through F.linear, whose one-row (GEMV)
+# and many-row (GEMM) kernels round differently.
+ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g"})
+
+
+def rows_are_exact(model) -> bool:
+    """Whether every matrix of `model` runs in a row-exact CPU kernel (see ROW_EXACT_KINDS)."""
+    if model.device.type != "cpu":
+        return False
+    linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
+    return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
+
+
+def speculation_enabled(model) -> bool:
+    """TALLOW_SPECULATE=0 off, =1 on; by default on where verification is bit-exact: the CPU
+    with row-exact kernels (see the module doc)."""
+    env = os.environ.get("TALLOW_SPECULATE", "").strip().lower()
+    if env in ("0", "false", "no", "off"):
+        return False
+    if env in ("1", "true", "yes", "on"):
+        return True
+    return rows_are_exact(model)  # a walk over ~200 layer objects: microseconds per request
+
+
+class PromptLookup:
+    """Drafts from the context: the tokens that followed the latest earlier occurrence of its
+    last n tokens, for the largest n (NGRAM_MAX..NGRAM_MIN) that occurred before.
+
+    The n-grams are indexed incrementally (each context position once), so a draft costs a
+    few dict operations however long the prompt. `context` must only grow between calls."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its latest occurrence
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def draft(self, context: list[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        end = len(context)
+        # Index the n-grams ending at positions < end - 1: the suffix itself must not match itself.
+        for e in range(max(self.indexed, 1), end):
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if e - n >= 0:
+                    self.index[tuple(context[e - n : e])] = e
+        self.indexed = max(self.indexed, end)
+        for n in range(min(NGRAM_MAX, end - 1), NGRAM_MIN - 1, -1):
+            at = self.index.get(tuple(context[end - n :]))
+            if at is not None:
+                return context[at : at + k]
+        return []
+
+
+def _exact_verifier(model):
+    """A shallow copy of `model` (weights shared) whose attention runs one query at a time through
+    the model's own one-token `attend`, so each row is computed as a decode step computes it."""
+
+    def attend(index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
+        if q.shape[0] == 1:
+            return model.attend(index, q, kv, start)
+        # The K/V of all the rows are stored already; query i at start+i sees keys 0..start+i.
+        return torch.cat([model.attend(index, q[i : i + 1], kv, start + i) for i in range(q.shape[0])])
+
+    verifier = copy.copy(model)
+    verifier.attend = attend
+    return verifier
+
+
+class Speculation:
+    """One request's drafting, verification rounds and K control. The engine asks
+    `next_logits(token, history, room)` where plain decoding would call `decode_step(token)`."""
+
+    def __init__(self, engine, stats) -> None:
+        self.engine = engine
+        self.stats = stats
+        self.lookup = PromptLookup()
+        self.verifier = _exact_verifier(engine.model)
+        self.k = K_START
+        self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
+        self.round_s = 0.0  # time of the current verification pass
+        self.round_accepted = 0
+        self.committed = 0  # tokens whose logits this object handed out
+        self.plain_s: float | None = None  # EMA seconds of a plain decode step
+        self.spec_s: float | None = None  # EMA seconds per committed token in verification rounds
+        self.last_probe = 0
+        self.off_until = 0  # no drafting before this many committed tokens
+        self.backoff = 16
+
+    def next_logits(self, token: int, history: list[int], room: int) -> torch.Tensor:
+        """Logits after `token`, the last of `history`, just committed. `room` bounds the drafts
+        (context left, tokens still wanted)."""
+        self.committed += 1
+        if self.pending:
+            draft, logits = self.pending.popleft()
+            if draft == token:
+                self.round_accepted += 1
+                self.stats.accepted_tokens += 1
+                if not self.pending:
+                    self._end_round(full=True)
+                return logits
+            self.pending.clear()
+            self.engine.kv.truncate(len(history) - 1)  # drop the rejected drafts' positions
+            self._end_round(full=False)
+        k = min(self.k, room)
+        if self.plain_s is None or self.committed - self.last_probe >= PROBE_EVERY or self.committed < self.off_until:
+            k = 0
+        draft = self.lookup.draft(history, k)
+        t0 = time.perf_counter()
+        if not draft:
+            logits = self.engine.decode_step(token)
+            self.plain_s = _ema(self.plain_s, time.perf_counter() - t0)
+            self.last_probe = self.committed
+            return logits
+        rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
+        self.round_s = time.perf_counter() - t0
+        self.round_accepted = 0
+        self.stats.draft_tokens += len(draft)
+        self.pending.extend(zip(draft, rows[1:]))
+        return rows[0]
+
+    def _end_round(self, full: bool) -> None:
+        self.k = min(K_MAX, self.k + 2) if full else max(1, self.k - 1)
+        self.spec_s = _ema(self.spec_s, self.round_s / (self.round_accepted + 1))
+        if GUARD and self.plain_s is not None and self.spec_s > self.plain_s:
+            self.off_until = self.committed + self.backoff
+            self.backoff = min(2 * self.backoff, 512)
+            self.spec_s = None  # judge the next period on its own timings
+        else:
+            self.backoff = 16
+
+    def close(self, n_fed: int) -> None:
+        """Leave the pool as plain decoding would: holding the `n_fed` tokens the loop committed
+        and fed, without drafts that were never accepted."""
+        self.pending.clear()
+        self.engine.kv.truncate(n_fed)
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new
