@@ -20,6 +20,7 @@ from typing import Any
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
+from .grammar import GrammarSpec, build_constraint
 from .gguf_file import GGUFFile
 from .memory.budget import default_budget, plan_memory
 from .models import build_model
@@ -39,6 +40,7 @@ class Completion:
     finish_reason: str  # "stop" (EOG token or stop string) | "length"
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
 
 
 @dataclass
@@ -79,8 +81,11 @@ class LLM:
         mem_budget: str | int | None = None,
         reserve: str | int | None = None,
         device: str | None = None,
+        kv_dtype: str | None = None,
     ):
         """device: "cpu", "cuda" or "cuda:N"; default $TALLOW_DEVICE, else cuda when a GPU is present.
+        kv_dtype: "f16", "bf16", "int8" or "fp8" (default: int8 for models measured to keep
+        greedy text identical to f16, else f16; see memory/budget.default_kv_dtype).
         mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
         (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
@@ -89,7 +94,8 @@ class LLM:
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
         self.memory = plan_memory(self.gguf, ctx if isinstance(ctx, int) and ctx >= 16 else None,  # type: ignore[arg-type]
-                                  default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX)
+                                  default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX,
+                                  kv_dtype=kv_dtype)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf)
         self.gguf.drop_vocabulary()
@@ -103,7 +109,7 @@ class LLM:
         self.model = build_model(self.gguf, self.spec, linear_mode, self.device)
         self.gguf.release_pages()
         _return_freed_heap()
-        self.engine = Engine(self.model, n_ctx)
+        self.engine = Engine(self.model, n_ctx, kv_dtype=self.memory.kv_dtype)
         self.n_ctx = n_ctx
         self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes))
 
@@ -143,9 +149,19 @@ class LLM:
         stream: bool = False,
         stop: list[str] | str | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        response_format: dict[str, Any] | None = None,
+        grammar: str | None = None,
+        constrain: GrammarSpec | None = None,
         **sampling: Any,
     ) -> Completion | Iterator[str]:
         """Continue `prompt` (text, tokenized with add-BOS as the model says, or token ids).
+
+        Constrained decoding (every token masked by a grammar before sampling):
+        response_format={"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"schema": {...}}} makes the output valid JSON (under the schema); grammar="..." takes
+        a Lark grammar (llguidance's dialect) or a GBNF one (`root ::= ...`). `constrain` is the
+        whole request at once (tool calls included), for callers that rendered a chat prompt
+        themselves. An unsupported schema or grammar raises GrammarError (a UsageError).
 
         Sampling keywords: temperature (0 = greedy, the default), top_k, top_p, min_p,
         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed.
@@ -155,7 +171,8 @@ class LLM:
         counters once it is exhausted.
         """
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._run(ids, max_tokens, stream, stop, should_stop, sampling)
+        spec = constrain or GrammarSpec(response_format=response_format, grammar=grammar)
+        return self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
 
     def chat(
         self,
@@ -166,17 +183,36 @@ class LLM:
         stop: list[str] | str | None = None,
         should_stop: Callable[[], bool] = lambda: False,
         template_kwargs: dict[str, Any] | None = None,
+        tool_choice: str | dict[str, Any] = "auto",
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
+        grammar: str | None = None,
         **sampling: Any,
     ) -> Completion | Iterator[str]:
         """Answer a conversation (OpenAI-style messages) through the model's chat template.
 
+        With `tools`, tool_choice is OpenAI's: "auto" (free text; once the model opens a call
+        the rest of it is grammar-constrained, unless TALLOW_GRAMMAR_AUTO=0), "none", "required"
+        or {"type": "function", "function": {"name": ...}} (the answer is a call in the model's
+        own syntax whose arguments validate against the tool's schema; several calls unless
+        parallel_tool_calls=False). A non-streamed answer carries the parsed `tool_calls`.
+        response_format and grammar work as in `generate`.
+
         `conversation_id="..."` (a sampling-style keyword) keeps the conversation's KV on disk
         under $TALLOW_HOME/kv: the next turn, even after a restart, prefills only what is new.
         """
-        ids = self.chat_prompt(messages, tools, **(template_kwargs or {}))
-        return self._run(ids, max_tokens, stream, stop, should_stop, sampling)
+        offered = tools if tool_choice != "none" else None
+        ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
+        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
+        if offered and isinstance(out, Completion):
+            from .chat.parsers import parse_chat_output
 
-    def _run(self, ids, max_tokens, stream, stop, should_stop, sampling) -> Completion | Iterator[str]:
+            parsed = parse_chat_output(out.text, [t["function"]["name"] for t in offered], parse_tools=True)
+            out.text, out.tool_calls = parsed.content, parsed.tool_calls
+        return out
+
+    def _run(self, ids, max_tokens, stream, stop, should_stop, sampling, spec: GrammarSpec | None = None) -> Completion | Iterator[str]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise UsageError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
         if not ids:
@@ -190,7 +226,9 @@ class LLM:
         sampling.setdefault("temperature", 0.0)
         params = SamplingParams(**sampling)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs)
+        # Compiled here, not in the generator: a bad schema is an error at call time.
+        constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source) if spec else None
+        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs, constraint)
         if stream:
             return deltas
         text = "".join(deltas)
@@ -213,7 +251,7 @@ class LLM:
         text, raw = piece(token)
         return TokenLogprob(token, text, raw, float(logp[token]), top)
 
-    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None) -> Iterator[str]:
+    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None, constraint=None) -> Iterator[str]:
         stats = GenerationStats()
         self.stats.last = stats
         self.stats.history.append(stats)
@@ -222,7 +260,7 @@ class LLM:
         observe = None
         if logprobs is not None:
             observe = lambda token, logits: self.last_logprobs.append(self._token_logprob(logprobs, token, logits))  # noqa: E731
-        sampler = Sampler(params, self.spec.vocab_size)
+        sampler = Sampler(params, self.spec.vocab_size, constraint)
         decoder = StreamDecoder(self.tokenizer, skip_special=True)  # like llama.cpp's completion text
         matcher = StopMatcher(stops)
         stopped = False
@@ -274,7 +312,9 @@ def load(
     mem_budget: str | int | None = None,
     reserve: str | int | None = None,
     device: str | None = None,
+    kv_dtype: str | None = None,
 ) -> LLM:
     """Load a model by registry name (pulled on first use), alias, or GGUF path; None = the default."""
     path = resolve_model(None if model is None else str(model), pull_missing=True, progress=progress)
-    return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve, device=device)
+    return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve, device=device,
+               kv_dtype=kv_dtype)

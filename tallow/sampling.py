@@ -20,12 +20,13 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from .errors import UsageError
 
-__all__ = ["Sampler", "SamplingParams"]
+__all__ = ["Constraint", "Sampler", "SamplingParams"]
 
 
 @dataclass(frozen=True)
@@ -232,10 +233,27 @@ def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits))  # torch documents first occurrence of the maximum
 
 
-class Sampler:
-    """Stateful only in its random generator: same params + seed + inputs -> same tokens."""
+class Constraint(Protocol):
+    """What may come next (a grammar): the Sampler masks before its chain, then reports its choice.
 
-    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+    `mask(logits)` sets the logit of every token the constraint forbids to -inf, in place on
+    the Sampler's own float32 copy, before penalties, top-k/top-p/min-p and greedy, so every
+    stage (and any distribution the Sampler hands out) sees only allowed tokens.
+    `advance(token)` moves the constraint past a committed token. `Sampler.sample` calls it
+    once for the token it returns; a caller that commits tokens another way (rejection
+    sampling over `Sampler`'s distribution) calls `Sampler.advance` itself, once per token.
+    """
+
+    def mask(self, logits: torch.Tensor) -> None: ...
+
+    def advance(self, token: int) -> None: ...
+
+
+class Sampler:
+    """Stateful only in its random generator (and the constraint's state, if any): same params
+    + seed + inputs -> same tokens."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int, constraint: Constraint | None = None) -> None:
         if (
             isinstance(vocab_size, bool)
             or not isinstance(vocab_size, int)
@@ -254,6 +272,21 @@ class Sampler:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(self.seed)
         self._all_ids = torch.arange(vocab_size, dtype=torch.long)
+        self.constraint = constraint
+
+    def _constrain(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits with the constraint's forbidden tokens at -inf (a copy: the caller's
+        logits stay raw, e.g. for logprobs)."""
+        if self.constraint is None:
+            return x
+        x = x.clone()
+        self.constraint.mask(x)
+        return x
+
+    def advance(self, token: int) -> None:
+        """Tell the constraint (if any) that `token` was committed."""
+        if self.constraint is not None:
+            self.constraint.advance(token)
 
     def sample(self, logits: torch.Tensor, history: list[int]) -> int:
         """Pick the next token.  `history` is the token sequence the penalties look at
@@ -263,17 +296,20 @@ class Sampler:
                 f"expected logits of shape ({self.vocab_size},), got {tuple(logits.shape)}"
             )
         p = self.params
-        x = logits.detach().to(device="cpu", dtype=torch.float32)
+        x = self._constrain(logits.detach().to(device="cpu", dtype=torch.float32))
         x = apply_penalties(x, history, p)
         if p.greedy:
             # top_k/top_p/min_p never remove the argmax, and temp<=0 keeps only it.
-            return greedy(x)
-        cand: Candidates = (self._all_ids, x)
-        cand = top_k(cand, p.top_k)
-        cand = top_p(cand, p.top_p)
-        cand = min_p(cand, p.min_p)
-        cand = temperature(cand, p.temperature)
-        return draw(cand, self.generator)
+            token = greedy(x)
+        else:
+            cand: Candidates = (self._all_ids, x)
+            cand = top_k(cand, p.top_k)
+            cand = top_p(cand, p.top_p)
+            cand = min_p(cand, p.min_p)
+            cand = temperature(cand, p.temperature)
+            token = draw(cand, self.generator)
+        self.advance(token)
+        return token
 
     def distribution(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """The probabilities `sample` draws from, after its whole chain (constraint mask,
@@ -281,7 +317,7 @@ class Sampler:
         candidates, one-hot when greedy. Draws nothing and does not advance the constraint.
         Speculative decoding's acceptance rule is stated over it (engine/speculate.py)."""
         p = self.params
-        x = logits.detach().to(device="cpu", dtype=torch.float32)
+        x = self._constrain(logits.detach().to(device="cpu", dtype=torch.float32))
         x = apply_penalties(x, history, p)
         probs = torch.zeros(self.vocab_size, dtype=torch.float64)
         if p.greedy:

@@ -4,7 +4,7 @@ Requests are validated here by hand rather than by pydantic models because the e
 be OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`) with one clear sentence
 that names the offending field, and because the rules are OpenAI's, not Python's: unknown
 fields are ignored (clients send vendor extras), while fields we know but cannot honour
-(n > 1, logit_bias, response_format json, audio…) are rejected with a 400 instead of being
+(n > 1, logit_bias, audio…) are rejected with a 400 instead of being
 silently dropped — a client that asked for them would otherwise get a wrong answer.
 """
 
@@ -59,6 +59,8 @@ class Common:
     sampling: dict[str, Any] = field(default_factory=dict)
     conversation_id: str | None = None  # selects the persistent KV cache (from conversation_id or user)
     logprobs: int | None = None  # alternatives per token to report; None: no logprobs
+    response_format: dict[str, Any] | None = None  # checked in depth when its grammar is compiled
+    grammar: str | None = None  # a raw Lark or GBNF grammar (llama.cpp's server field)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class ChatRequest(Common):
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,10 +149,6 @@ def _reject_unsupported(body: dict[str, Any], endpoint: str) -> None:
         raise bad("'n' greater than 1 is not supported: this server generates one choice per request.", "n", "unsupported_value")
     if body.get("logit_bias"):
         raise bad("'logit_bias' is not supported by this server.", "logit_bias", "unsupported_parameter")
-    rf = body.get("response_format")
-    if rf is not None:
-        if not isinstance(rf, dict) or rf.get("type") != "text":
-            raise bad("'response_format' other than {\"type\": \"text\"} is not supported: there is no constrained decoding.", "response_format", "unsupported_parameter")
     for key in ("audio", "prediction", "functions", "function_call", "web_search_options", "reasoning_effort"):
         if body.get(key) is not None:
             raise bad(f"'{key}' is not supported by this server.", key, "unsupported_parameter")
@@ -191,6 +190,14 @@ def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
     req.model = model
     _reject_unsupported(body, endpoint)
     req.logprobs = _get_logprobs(body, endpoint)
+    rf = body.get("response_format")
+    if rf is not None and (not isinstance(rf, dict) or not isinstance(rf.get("type"), str)):
+        raise bad("'response_format' must be an object with a 'type' (text, json_object or json_schema).", "response_format", "invalid_type")
+    req.response_format = rf
+    grammar = body.get("grammar")
+    if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
+        raise bad("'grammar' must be a non-empty string (Lark, or GBNF with a 'root' rule).", "grammar", "invalid_type")
+    req.grammar = grammar
     req.stream = _get_bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None:
@@ -370,6 +377,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     req.messages = _messages(body)
     req.tools = _tools(body)
     req.tool_choice = _tool_choice(body, req.tools)
+    req.parallel_tool_calls = _get_bool(body, "parallel_tool_calls", True)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict):

@@ -26,12 +26,11 @@ from typing import Any
 
 from ..chat.parsers import ChatOutputParser, ParsedDelta
 from ..errors import TallowError
+from ..grammar import GrammarError, GrammarSpec
 from ..sampling import SamplingParams
 from .protocol import APIError, ChatRequest, CompletionRequest, bad
 
 log = logging.getLogger("tallow.server")
-
-TOOL_OPEN = "<tool_call>"
 
 
 @dataclass
@@ -189,6 +188,9 @@ class Worker:
         except APIError as exc:
             m.requests_failed += 1
             job.post("error", exc)
+        except GrammarError as exc:  # a schema or grammar that cannot be enforced: the field is named
+            m.requests_failed += 1
+            job.post("error", bad(str(exc), exc.param, "invalid_value"))
         except TallowError as exc:
             m.requests_failed += 1
             job.post("error", bad(str(exc)))
@@ -199,38 +201,35 @@ class Worker:
         if job.cancelled.is_set() and started:
             m.requests_cancelled += 1
 
-    def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None]:
+    def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None, GrammarSpec]:
+        """The prompt's token ids, the output parser (chat) and what the answer is constrained to.
+
+        tool_choice required/named is a grammar over the model's own call syntax (see
+        tallow/grammar/tools.py), so no model needs a forced prefix or a special template."""
         llm = self.llm
         req = job.request
         if isinstance(req, CompletionRequest):
+            spec = GrammarSpec(req.response_format, req.grammar)
             if isinstance(req.prompt, str):
-                return llm.tokenize(req.prompt), None
+                return llm.tokenize(req.prompt), None, spec
             vocab = llm.spec.vocab_size
             if any(t >= vocab for t in req.prompt):
                 raise bad(f"'prompt' holds a token id outside the vocabulary (0..{vocab - 1}).", "prompt", "invalid_value")
-            return list(req.prompt), None
+            return list(req.prompt), None, spec
         tools = req.tools if req.tool_choice != "none" else None
-        prefix = ""
-        if tools and req.tool_choice != "auto":
-            if TOOL_OPEN not in self.llm.template.source:
-                raise bad("'tool_choice' other than 'auto' or 'none' needs a model whose template uses <tool_call> tags; this one does not.", "tool_choice", "unsupported_value")
-            prefix = TOOL_OPEN + "\n"
-            if isinstance(req.tool_choice, dict):
-                prefix += '{"name": "' + req.tool_choice["function"]["name"] + '", "arguments": '
-        ids = llm.chat_prompt(req.messages, tools, assistant_prefix=prefix, **req.template_kwargs)
+        spec = GrammarSpec(req.response_format, req.grammar, tools, req.tool_choice, req.parallel_tool_calls)
+        ids = llm.chat_prompt(req.messages, tools, **req.template_kwargs)
         # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
         # model inside it from the first token.
         tail = llm.tokenizer.decode(ids[-4:], skip_special=False)
-        starts_in_reasoning = not prefix and tail.rstrip().endswith("<think>")
+        starts_in_reasoning = tail.rstrip().endswith("<think>")
         parser = ChatOutputParser(req.tool_names if tools else None, parse_tools=bool(tools), starts_in_reasoning=starts_in_reasoning)
-        if prefix:
-            parser.push(prefix)  # the forced start of the call is part of what gets parsed
-        return ids, parser
+        return ids, parser, spec
 
     def _generate(self, job: Job) -> bool:
         llm = self.llm
         req = job.request
-        ids, parser = self._prompt(job)
+        ids, parser, spec = self._prompt(job)
         n_prompt, n_ctx = len(ids), llm.n_ctx
         if n_prompt >= n_ctx:
             raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
@@ -244,7 +243,7 @@ class Worker:
                 "context_length_exceeded",
             )
         deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
-                              conversation_id=req.conversation_id, logprobs=req.logprobs, **_server_sampling(req.sampling))
+                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **_server_sampling(req.sampling))
         job.post("start", {"prompt_tokens": n_prompt})
         sent_logprobs = 0
         for text in deltas:

@@ -1,0 +1,20 @@
+"""The one error a grammar request can cause, with the request field to blame."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+
+
+class GrammarError(UsageError):
+    """A grammar, schema or tool definition the engine cannot constrain to (the server's 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def engine_message(error: object) -> str:
+    """The engine's message as one clause: its first line (later lines draw a caret under the
+    source), without a final period so it can end our sentence."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return (lines[0] if lines else "unknown error").rstrip(".")

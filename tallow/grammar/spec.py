@@ -1,0 +1,60 @@
+"""What a request asks to be constrained to, in one place for the API and the server."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import GrammarError
+from .raw import raw_grammar
+from .schema import response_format_rule
+from .tools import tool_grammar, tool_syntax
+
+
+def triggered_tools_enabled() -> bool:
+    """TALLOW_GRAMMAR_AUTO=0: tool_choice "auto" stays free text (the parser still salvages calls)."""
+    return os.environ.get("TALLOW_GRAMMAR_AUTO", "1") != "0"
+
+
+@dataclass
+class GrammarSpec:
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+
+    def needs_constraint(self) -> bool:
+        """Whether the answer is promised to follow a grammar (tool_choice auto promises nothing)."""
+        text = self.response_format is None or (isinstance(self.response_format, dict) and self.response_format.get("type") == "text")
+        return not text or self.grammar is not None or self.forced_tools()
+
+    def forced_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice not in ("auto", "none")
+
+    def lark(self, tok, template_source: str) -> str | None:
+        """The grammar (Lark) for this request, or None for an unconstrained answer."""
+        fmt = response_format_rule(self.response_format)
+        asked = [name for name, on in (("response_format", fmt is not None), ("grammar", self.grammar is not None), ("tool_choice", self.forced_tools())) if on]
+        if len(asked) > 1:
+            raise GrammarError(f"Only one of {', '.join(asked)} can constrain an answer; this request sets {len(asked)}.", asked[1])
+        if fmt is not None:
+            return "%llguidance {}\nstart: answer\nanswer: " + fmt
+        if self.grammar is not None:
+            return raw_grammar(self.grammar)
+        if self.tools and (self.forced_tools() or (self.tool_choice == "auto" and triggered_tools_enabled())):
+            return tool_grammar(tok, self.tools, self.tool_choice, self.parallel_tool_calls, tool_syntax(template_source))
+        return None
+
+    def describe(self) -> str:
+        if self.response_format is not None:
+            return f"'response_format' {self.response_format.get('type')!r}"
+        if self.grammar is not None:
+            return "'grammar'"
+        return f"'tool_choice' {self.tool_choice if isinstance(self.tool_choice, str) else 'naming a function'!r}"
+
+    def param(self) -> str:
+        if self.response_format is not None:
+            return "response_format"
+        return "grammar" if self.grammar is not None else "tool_choice"
