@@ -49,13 +49,13 @@ def always_draft(monkeypatch):
 def test_prompt_lookup_takes_the_longest_latest_match():
     lookup = PromptLookup()
     ctx = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 1, 2, 3]
-    assert lookup.draft(ctx, 3) == [4, 9, 2]  # trigram 1 2 3 at 0; the bigram 2 3 at 5 is shorter
+    assert lookup.draft(ctx, 3) == (3, [4, 9, 2])  # trigram 1 2 3 at 0; the bigram 2 3 at 5 is shorter
     ctx += [8, 0, 2, 3]
-    assert lookup.draft(ctx, 2) == [8, 0]  # bigram 2 3: its latest earlier occurrence (at 11)
+    assert lookup.draft(ctx, 2) == (2, [8, 0])  # bigram 2 3: its latest earlier occurrence (at 11)
     ctx += [42]
-    assert lookup.draft(ctx, 4) == []  # never seen
-    assert PromptLookup().draft([5, 5, 5, 5], 3) == [5]  # only what exists after the match
-    assert PromptLookup().draft([1, 2, 1], 0) == []
+    assert lookup.draft(ctx, 4) == (0, [])  # never seen
+    assert PromptLookup().draft([5, 5, 5, 5], 3) == (3, [5])  # only what exists after the match
+    assert PromptLookup().draft([1, 2, 1], 0) == (0, [])
 
 
 def _tiny_engine(tmp_path, arch="llama", qtype=QT.Q4_0, n_ctx=128):

@@ -36,10 +36,15 @@ a CUDA graph with kernels other than the eager multi-token ones. Until a graph p
 there, TALLOW_SPECULATE=1 turns it on anyway (the eager forward verifies: the same text up to
 near-ties). TALLOW_SPECULATE=0 turns it off everywhere.
 
-Adapting. k grows by 2 after a fully accepted draft and shrinks by 1 after a rejection (1..K_MAX).
-Whether drafting pays is measured, not assumed: seconds per committed token in verification
-rounds against the seconds of a plain decode step (re-measured every PROBE_EVERY tokens). When
-drafting is slower, it is switched off for a while (16 tokens, doubling while it keeps losing).
+Choosing k. Whether drafting pays depends on two measured things: how often drafts are right
+and what a pass of m tokens costs. Each n-gram size keeps its own acceptance rate a_n (an exact
+trigram match in a copied passage is right far more often than a unigram in prose), and the
+engine keeps the measured seconds t(m) of a forward pass of m = 1..K_MAX+1 tokens (on this CPU
+the int4/int8 kernels work in blocks of 4 rows, so t(m) is far from flat). A draft of k tokens
+is expected to commit 1 + a + ... + a^k tokens in t(k+1), plain decoding 1 in t(1); the k
+with the most tokens per second wins, and k = 0 is plain decoding: drafting switches itself off
+where it does not pay (prose), and a rare 1-token probe keeps measuring a_n there. Sizes not
+yet measured are priced optimistically from t(1) so that they get tried once.
 """
 
 from __future__ import annotations
@@ -47,16 +52,19 @@ from __future__ import annotations
 import copy
 import os
 import time
+import weakref
 from collections import deque
 
 import torch
 
-K_MAX = 8  # drafts per verification pass
-K_START = 4
+K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)
 NGRAM_MAX, NGRAM_MIN = 3, 1
-PROBE_EVERY = 64  # committed tokens between plain steps that re-measure plain decode
-EMA = 0.25  # weight of the newest timing
-GUARD = True  # switch drafting off while it measures slower (tests that need drafts turn this off)
+ACCEPT_PRIOR = 0.5  # acceptance rate of an n-gram size before any of its drafts were verified
+ACCEPT_WEIGHT = 0.1  # weight of the newest draft token in the acceptance rate
+TIME_WEIGHT = 0.25  # weight of the newest timing
+ROW_PRIOR = 0.1  # unmeasured pass sizes are priced at t(1) * (1 + ROW_PRIOR * (m - 1))
+PROBE_EVERY = 16  # where drafting does not pay, every 16th match is verified anyway (k = 1)
+GUARD = True  # False: always draft K_MAX when there is a match (tests that need drafts)
 
 
 # CPU kernels whose rows are computed independently: 1 row or k+1 rows give the same bits
@@ -96,9 +104,10 @@ class PromptLookup:
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its latest occurrence
         self.indexed = 0  # n-grams ending before this position are in the index
 
-    def draft(self, context: list[int], k: int) -> list[int]:
+    def draft(self, context: list[int], k: int) -> tuple[int, list[int]]:
+        """(n, up to k tokens), n the size of the matched n-gram; (0, []) when nothing matches."""
         if k <= 0:
-            return []
+            return 0, []
         end = len(context)
         # Index the n-grams ending at positions < end - 1: the suffix itself must not match itself.
         for e in range(max(self.indexed, 1), end):
@@ -109,8 +118,8 @@ class PromptLookup:
         for n in range(min(NGRAM_MAX, end - 1), NGRAM_MIN - 1, -1):
             at = self.index.get(tuple(context[end - n :]))
             if at is not None:
-                return context[at : at + k]
-        return []
+                return n, context[at : at + k]
+        return 0, []
 
 
 def _exact_verifier(model):
@@ -129,7 +138,7 @@ def _exact_verifier(model):
 
 
 class Speculation:
-    """One request's drafting, verification rounds and K control. The engine asks
+    """One request's drafting, verification rounds and choice of k. The engine asks
     `next_logits(token, history, room)` where plain decoding would call `decode_step(token)`."""
 
     def __init__(self, engine, stats) -> None:
@@ -137,58 +146,62 @@ class Speculation:
         self.stats = stats
         self.lookup = PromptLookup()
         self.verifier = _exact_verifier(engine.model)
-        self.k = K_START
         self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
-        self.round_s = 0.0  # time of the current verification pass
-        self.round_accepted = 0
-        self.committed = 0  # tokens whose logits this object handed out
-        self.plain_s: float | None = None  # EMA seconds of a plain decode step
-        self.spec_s: float | None = None  # EMA seconds per committed token in verification rounds
-        self.last_probe = 0
-        self.off_until = 0  # no drafting before this many committed tokens
-        self.backoff = 16
+        self.round_n = 0  # n-gram size of the draft being verified
+        self.accept = dict.fromkeys(range(NGRAM_MIN, NGRAM_MAX + 1), ACCEPT_PRIOR)
+        self.skipped = dict.fromkeys(range(NGRAM_MIN, NGRAM_MAX + 1), 0)
+        # Seconds of a forward pass by its number of tokens, kept per engine across requests.
+        self.cost = _PASS_SECONDS.setdefault(engine, {})
 
     def next_logits(self, token: int, history: list[int], room: int) -> torch.Tensor:
         """Logits after `token`, the last of `history`, just committed. `room` bounds the drafts
         (context left, tokens still wanted)."""
-        self.committed += 1
         if self.pending:
             draft, logits = self.pending.popleft()
             if draft == token:
-                self.round_accepted += 1
                 self.stats.accepted_tokens += 1
-                if not self.pending:
-                    self._end_round(full=True)
+                self._learn(True)
                 return logits
+            self._learn(False)
             self.pending.clear()
             self.engine.kv.truncate(len(history) - 1)  # drop the rejected drafts' positions
-            self._end_round(full=False)
-        k = min(self.k, room)
-        if self.plain_s is None or self.committed - self.last_probe >= PROBE_EVERY or self.committed < self.off_until:
-            k = 0
-        draft = self.lookup.draft(history, k)
+        n, draft = self.lookup.draft(history, min(K_MAX, room))
+        draft = draft[: self._choose_k(n, len(draft))]
         t0 = time.perf_counter()
         if not draft:
             logits = self.engine.decode_step(token)
-            self.plain_s = _ema(self.plain_s, time.perf_counter() - t0)
-            self.last_probe = self.committed
-            return logits
-        rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
-        self.round_s = time.perf_counter() - t0
-        self.round_accepted = 0
-        self.stats.draft_tokens += len(draft)
-        self.pending.extend(zip(draft, rows[1:]))
-        return rows[0]
-
-    def _end_round(self, full: bool) -> None:
-        self.k = min(K_MAX, self.k + 2) if full else max(1, self.k - 1)
-        self.spec_s = _ema(self.spec_s, self.round_s / (self.round_accepted + 1))
-        if GUARD and self.plain_s is not None and self.spec_s > self.plain_s:
-            self.off_until = self.committed + self.backoff
-            self.backoff = min(2 * self.backoff, 512)
-            self.spec_s = None  # judge the next period on its own timings
         else:
-            self.backoff = 16
+            rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
+            self.round_n = n
+            self.stats.draft_tokens += len(draft)
+            self.pending.extend(zip(draft, rows[1:]))
+            logits = rows[0]
+        m = len(draft) + 1
+        self.cost[m] = _ema(self.cost.get(m), time.perf_counter() - t0, TIME_WEIGHT)
+        return logits
+
+    def _learn(self, accepted: bool) -> None:
+        n = self.round_n
+        self.accept[n] = _ema(self.accept[n], 1.0 if accepted else 0.0, ACCEPT_WEIGHT)
+
+    def _choose_k(self, n: int, available: int) -> int:
+        """The number of drafts (0..available) with the most expected tokens per second."""
+        if available == 0 or 1 not in self.cost:
+            return 0  # no match, or plain decoding not measured yet
+        if not GUARD:
+            return available
+        a, t1 = self.accept[n], self.cost[1]
+        best_k, best_rate, expected = 0, 1.0 / t1, 1.0
+        for k in range(1, available + 1):
+            expected += a**k
+            rate = expected / self.cost.get(k + 1, t1 * (1 + ROW_PRIOR * k))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0:  # not worth it: verify one draft now and then to keep measuring a_n
+            self.skipped[n] += 1
+            if self.skipped[n] % PROBE_EVERY == 0:
+                return 1
+        return best_k
 
     def close(self, n_fed: int) -> None:
         """Leave the pool as plain decoding would: holding the `n_fed` tokens the loop committed
@@ -197,5 +210,8 @@ class Speculation:
         self.engine.kv.truncate(n_fed)
 
 
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new
+_PASS_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {tokens: seconds}
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
