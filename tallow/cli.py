@@ -71,8 +71,15 @@ def _print_stats(llm) -> None:
         f"\n[tallow] load {load.load_s * 1000:.0f} ms | prompt {s.prompt_tokens} tok"
         f" (reused {s.reused_tokens}{f', {s.reused_from_disk} from disk' if s.reused_from_disk else ''}, saved ~{s.saved_s * 1000:.0f} ms) | prefill {s.prefill_tokens} tok in {s.prefill_s * 1000:.1f} ms"
         f" = {s.prefill_tok_s:.1f} tok/s | decode {s.decode_tokens} tok in {s.decode_s * 1000:.1f} ms"
-        f" = {s.decode_tok_s:.1f} tok/s | TTFT {s.ttft_s * 1000:.1f} ms | finish: {s.finish_reason}"
+        f" = {s.decode_tok_s:.1f} tok/s{_drafts(s)} | TTFT {s.ttft_s * 1000:.1f} ms | finish: {s.finish_reason}"
     )
+
+
+def _drafts(s) -> str:
+    """The speculative-decoding counters, when drafts were verified."""
+    if not s.draft_tokens:
+        return ""
+    return f" (drafts: {s.accepted_tokens}/{s.draft_tokens} accepted = {s.acceptance_rate:.0%})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

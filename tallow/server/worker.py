@@ -295,6 +295,8 @@ class Worker:
                     "predicted_n": n_generated,
                     "predicted_ms": stats.decode_s * 1000,
                     "predicted_per_second": stats.decode_tok_s,
+                    "draft_n": stats.draft_tokens,  # speculative decoding, as llama.cpp's server names them
+                    "draft_n_accepted": stats.accepted_tokens,
                     "ttft_ms": stats.ttft_s * 1000,
                 },
             },
