@@ -276,3 +276,31 @@ class _after:
     def __call__(self):
         self.asked += 1
         return self.asked >= self.n
+
+
+def test_composes_with_a_grammar_constraint(monkeypatch, always_draft):
+    """Drafts pass through the constrained sampler like any token: the constraint advances once per
+    committed token, a draft it forbids is rejected, and the answer is the one without speculation."""
+    import json
+
+    import tallow
+
+    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+    schema = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
+              "required": ["ids"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "ids", "schema": schema}}
+    messages = [{"role": "user", "content": "Devices: lt-kit-0193 kitchen light, lt-kit-0194 counter strip, "
+                 "bl-bed-0720 bedroom blinds. Give the ids of the kitchen devices as JSON."}]
+    runs = {}
+    for enabled in ("0", "1"):
+        for kw in (dict(), dict(temperature=0.8, seed=3)):
+            monkeypatch.setenv("TALLOW_SPECULATE", enabled)
+            llm.engine.reset()
+            out = llm.chat(messages, max_tokens=48, response_format=rf, **kw)
+            runs[enabled, bool(kw)] = (out.tokens, out.finish_reason, out.stats.draft_tokens)
+    for sampled in (False, True):
+        assert runs["1", sampled][:2] == runs["0", sampled][:2]
+        assert runs["1", sampled][2] > 0 and runs["0", sampled][2] == 0
+    tokens, finish, _ = runs["1", False]
+    if finish == "stop":
+        assert isinstance(json.loads(llm.detokenize(tokens)), dict)
