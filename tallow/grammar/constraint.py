@@ -27,19 +27,28 @@ class GrammarConstraint:
         self._bits = np.zeros((self.n_grammar + 31) // 32, dtype=np.int32)
         self.tokens = 0  # committed tokens, for tests and stats
 
-    def allowed(self) -> torch.Tensor:
-        """Bool tensor (vocab_size,): which tokens the grammar accepts next."""
+    def _allowed_bits(self) -> np.ndarray:
+        """Bool array (grammar vocabulary,): which tokens the grammar accepts next."""
         if self.matcher.is_error():
             raise RuntimeError(f"grammar state is broken: {self.matcher.get_error()}")
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")  # token i is bit i%32 of word i//32
-        allowed = torch.from_numpy(bits[: self.vocab_size].view(np.bool_))
-        if self.vocab_size > allowed.shape[0]:  # logits rows past the tokenizer's vocabulary: never allowed
-            allowed = torch.cat([allowed, torch.zeros(self.vocab_size - allowed.shape[0], dtype=torch.bool)])
-        return allowed
+        return bits[: self.n_grammar].view(np.bool_)
+
+    def allowed(self) -> torch.Tensor:
+        """Bool tensor (vocab_size,): which tokens the grammar accepts next."""
+        out = torch.zeros(self.vocab_size, dtype=torch.bool)
+        n = min(self.n_grammar, self.vocab_size)
+        out[:n] = torch.from_numpy(self._allowed_bits()[:n].copy())
+        return out
 
     def mask(self, logits: torch.Tensor) -> None:
-        logits.masked_fill_(~self.allowed(), float("-inf"))
+        # In numpy, single-threaded: a torch elementwise op over the vocabulary runs on the
+        # intra-op thread pool, whose barrier costs milliseconds on a busy 2-core machine.
+        x = logits.numpy()
+        n = min(self.n_grammar, self.vocab_size)
+        np.putmask(x[:n], ~self._allowed_bits()[:n], -np.inf)
+        x[n:] = -np.inf  # logits rows past the grammar's vocabulary are never allowed
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
