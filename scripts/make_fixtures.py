@@ -126,6 +126,34 @@ def real_model_fixture(path: Path) -> dict:
     return {"model": path.stem, "llama_cpp_python": llama_cpp.__version__, "greedy": cases, "teacher_forced": teacher}
 
 
+LONG_N_PROMPT = 1300  # past gemma3's 512-token window and its 1023-slot ring (window + chunk - 1)
+LONG_N_GEN = 32
+
+
+def long_context_fixture(path: Path) -> dict:
+    """A prompt longer than the sliding window, so ring-buffer KV layers wrap: llama.cpp's
+    teacher-forced top-10 over every position and a greedy continuation with its top-2 gaps.
+    The text is this repository's README (stored in the fixture with its ids)."""
+    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, logits_all=True, n_threads=2, verbose=False)
+    text = (ROOT / "README.md").read_text()
+    ids = llm.tokenize(text.encode(), add_bos=True, special=False)[:LONG_N_PROMPT]
+    if len(ids) < LONG_N_PROMPT:
+        raise SystemExit(f"README.md gives only {len(ids)} tokens")
+    llm.reset()
+    llm.eval(ids)
+    scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    top_ids = np.argsort(-scores, axis=1)[:, :TOP]
+    n_gen = N_GEN
+    globals()["N_GEN"] = LONG_N_GEN
+    try:
+        cont = greedy(llm, ids)
+    finally:
+        globals()["N_GEN"] = n_gen
+    return {"model": path.stem, "llama_cpp_python": llama_cpp.__version__, "ids": ids,
+            "top_ids": top_ids.tolist(), "top_logits": np.take_along_axis(scores, top_ids, 1).round(5).tolist(),
+            "greedy": cont}
+
+
 def tiny_fixture(arch: str, folder: Path) -> dict:
     path = write_tiny_model(arch, folder / f"tiny-{arch}.gguf")
     ids = tiny_prompt()
@@ -137,10 +165,17 @@ def tiny_fixture(arch: str, folder: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="/root/models", help="folder with <name>.gguf files")
-    ap.add_argument("--only", choices=("tiny", "real"), default=None)
+    ap.add_argument("--only", choices=("tiny", "real", "long"), default=None)
     args = ap.parse_args()
     out = ROOT / "tests" / "fixtures"
     out.mkdir(parents=True, exist_ok=True)
+    if args.only in (None, "long"):
+        name = "gemma3-270m"  # the model with sliding-window layers
+        data = long_context_fixture(Path(args.models) / f"{name}.gguf")
+        (out / f"long_context_{name}.json").write_text(json.dumps(data))
+        print("wrote", f"long_context_{name}.json")
+        if args.only == "long":
+            return
     if args.only != "real":
         import tempfile
 

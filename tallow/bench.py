@@ -77,7 +77,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("-d takes non-negative depths.")
     need = max(prompts + [g + d for g in gens for d in depths] + [1])
     llm = load(args.model, ctx=max(need, 16), mem_budget=getattr(args, "mem_budget", None),
-               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None))
+               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
+               kv_dtype=getattr(args, "kv_dtype", None))
     generator = torch.Generator().manual_seed(0)
     rows = []
     tests = [("pp", n, 0, bench_prefill) for n in prompts] + [("tg", n, d, bench_decode) for n in gens for d in depths]

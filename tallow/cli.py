@@ -41,6 +41,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-budget", default=None, help="memory tallow may hold: 3GiB, 800MB or 80%% of available (default: all available; env TALLOW_MEM_BUDGET)")
     p.add_argument("--reserve", default=None, help="memory to keep free for other programs, e.g. 1GiB (subtracted from the budget)")
+    _add_kv_dtype_arg(p)
+
+
+def _add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-dtype", default=None, help="KV cache storage: f16, bf16, int8 or fp8 (default: int8 where measured to keep greedy text identical, else f16)")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,7 +65,8 @@ def _load(args: argparse.Namespace):
     from .api import load
 
     llm = load(args.model, ctx=getattr(args, "ctx", None), mem_budget=getattr(args, "mem_budget", None),
-               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None))
+               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
+               kv_dtype=getattr(args, "kv_dtype", None))
     return llm
 
 
@@ -113,7 +119,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.queue < 1:
         raise UsageError(f"--queue must be at least 1, not {args.queue}.")
-    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue)
+    from .memory.budget import kv_dtype_arg
+
+    kv_dtype_arg(args.kv_dtype)  # a bad value is one sentence before the port is bound
+    return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue,
+                 kv_dtype=args.kv_dtype)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -184,7 +194,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .registry import resolve_model
 
     path = resolve_model(args.model_pos or args.model, pull_missing=False)
-    plan = plan_memory(path, args.ctx, args.mem_budget if args.mem_budget is not None else default_budget(), args.reserve)
+    plan = plan_memory(path, args.ctx, args.mem_budget if args.mem_budget is not None else default_budget(), args.reserve,
+                       kv_dtype=args.kv_dtype)
     if args.ctx is not None and not 16 <= args.ctx <= plan.spec.context_length:
         raise UsageError(f"--ctx must be between 16 and the model's {plan.spec.context_length} tokens, not {args.ctx}.")
     print(plan.describe())
@@ -231,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
     p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine before 503 (default 16)")
+    _add_kv_dtype_arg(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("tokenize", help="print token ids as JSON")

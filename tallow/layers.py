@@ -127,13 +127,14 @@ class RotaryTables:
         return out
 
 
-def attention_mask(q_positions: torch.Tensor, n_keys: int, window: int | None) -> torch.Tensor:
+def attention_mask(q_positions: torch.Tensor, n_keys: int, window: int | None, key_start: int = 0) -> torch.Tensor:
     """Boolean (n_queries, n_keys) mask, True where a query may see a key.
 
-    Keys sit at absolute positions 0..n_keys-1. Causal, and with a sliding window a query
-    at p sees keys k with p - k < window (llama.cpp's standard SWA rule).
+    Keys sit at absolute positions key_start..key_start+n_keys-1 (a ring buffer's view starts
+    at its window's edge). Causal, and with a sliding window a query at p sees keys k with
+    p - k < window (llama.cpp's standard SWA rule).
     """
-    k_pos = torch.arange(n_keys, device=q_positions.device)
+    k_pos = torch.arange(key_start, key_start + n_keys, device=q_positions.device)
     diff = q_positions.unsqueeze(1) - k_pos.unsqueeze(0)  # (n_queries, n_keys)
     visible = diff >= 0
     if window is not None:
@@ -194,6 +195,12 @@ def decode_attention(
     begin = max(0, end - window) if window is not None else 0
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()
+    return attend_keys(q, k, v, scale, softcap)
+
+
+def attend_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """`decode_attention` over keys already taken from the pool: the one query sees every key
+    given. k, v: (n_kv_heads, n_keys, dim) float32 (a KVPool.view of the window)."""
     if softcap is None:
         # The same SDPA call `attention` makes for one query (no mask: every given key is
         # visible), so decode stays bit-identical to the step-by-step path.

@@ -65,11 +65,11 @@ def test_kill_mid_save_leaves_the_old_file(tiny, tmp_path, monkeypatch):
     calls = {"n": 0}
     original = KVStore._write_layer
 
-    def dying_write(put, kv, layer, n):
+    def dying_write(put, kv, layer, *span):
         calls["n"] += 1
         if calls["n"] > 1:
             raise KeyboardInterrupt("killed mid-save")  # what a signal would do to the writer
-        original(put, kv, layer, n)
+        original(put, kv, layer, *span)
 
     monkeypatch.setattr(KVStore, "_write_layer", staticmethod(dying_write))
     with pytest.raises(KeyboardInterrupt):

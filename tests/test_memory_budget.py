@@ -82,7 +82,11 @@ def test_plan_answers_fast_without_loading(name):
     t0 = time.perf_counter()
     plan = plan_memory(path, 4096, "100GiB")
     elapsed = time.perf_counter() - t0
-    assert plan.fits and plan.weights > 0 and plan.kv == 4096 * plan.kv_bytes_per_token
+    assert plan.fits and plan.weights > 0
+    if any(layer.sliding_window for layer in plan.spec.layers):  # gemma3: 15 of 18 layers are rings of 1023 slots
+        assert plan.kv < 4096 * plan.kv_bytes_per_token / 2
+    else:
+        assert plan.kv == 4096 * plan.kv_bytes_per_token
     assert elapsed < 0.5, f"planning {name} took {elapsed:.2f} s"
 
 

@@ -73,3 +73,48 @@ def test_bad_shapes_raise() -> None:
     k = torch.randn(2, 16, 64).half()
     with pytest.raises(ValueError):
         decode_attention(q, k, k, torch.tensor([4], dtype=torch.int32), 0.1)
+
+
+def _quantize(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and per-(head, slot) scales as KVPool stores them."""
+    qmax = 127.0 if kind == "int8" else 448.0
+    scale = x.abs().amax(-1) / qmax
+    y = x / scale.unsqueeze(-1)
+    return (y.round().to(torch.int8) if kind == "int8" else y.to(torch.float8_e4m3fn)), scale
+
+
+RING_CASES = [
+    # n_heads, n_kv_heads, head_dim, n_slots, seq_len, window, n_splits, kind
+    (4, 2, 64, 96, 300, 50, 4, "f16"),  # a ring: positions 250..299 in slots p % 96 (wrapped)
+    (4, 1, 64, 96, 96, 64, 4, "f16"),  # the last slot of the first lap
+    (8, 2, 128, 80, 1000, 64, 8, "int8"),  # ring and int8 codes with their scales
+    (4, 2, 64, 128, 100, 0, 4, "int8"),  # plain int8 cache
+    (6, 2, 64, 96, 333, 40, 4, "fp8"),  # ring and fp8 e4m3
+]
+
+
+@pytest.mark.parametrize("case", RING_CASES)
+def test_ring_and_quantized_caches_match_reference(case) -> None:
+    """Slot = position % n_slots inside the kernel; int8/fp8 tiles dequantized with their scales.
+    The reference reads the same slots in position order and multiplies codes by scales in fp32;
+    a wrong slot (p instead of p % n) reads zeros or stale keys: error > 1e-1."""
+    n_heads, n_kv, d, n_slots, seq_len, window, n_splits, kind = case
+    g = torch.Generator().manual_seed(sum(case[:-1]))
+    q = torch.randn(n_heads, d, generator=g)
+    k = torch.randn(n_kv, n_slots, d, generator=g)
+    v = torch.randn(n_kv, n_slots, d, generator=g)
+    if kind == "f16":
+        k, v, ks, vs = k.half(), v.half(), None, None
+    else:
+        (k, ks), (v, vs) = _quantize(k, kind), _quantize(v, kind)
+    out = decode_attention(q, k, v, torch.tensor([seq_len], dtype=torch.int32), scale=d ** -0.5, window=window,
+                           n_splits=n_splits, block_t=32, k_scale=ks, v_scale=vs)
+    ref = decode_attention_reference(q, k, v, seq_len, d ** -0.5, window, ks, vs)
+    assert (out - ref).norm() / ref.norm() < 2e-3
+
+
+def test_scaled_cache_needs_its_scales() -> None:
+    q = torch.randn(4, 64)
+    k = torch.zeros(2, 16, 64, dtype=torch.int8)
+    with pytest.raises(ValueError):
+        decode_attention(q, k, k, torch.tensor([4], dtype=torch.int32), 0.1)

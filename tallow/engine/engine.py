@@ -68,11 +68,13 @@ def _shared(a: list[int], b: list[int]) -> int:
 class Engine:
     """Owns the model's KV pool and runs prefill and decode for one request at a time."""
 
-    def __init__(self, model: DecoderModel, n_ctx: int, prefill_chunk: int = 512, kv_store_dir: str | None = None):
+    def __init__(self, model: DecoderModel, n_ctx: int, prefill_chunk: int = 512, kv_store_dir: str | None = None,
+                 kv_dtype: str | None = None):
         self.model = model
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
-        self.kv = KVPool(model.spec, n_ctx, device=model.device)
+        # Sliding-window layers hold rings sized for one prefill chunk beyond their window.
+        self.kv = KVPool(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
@@ -90,7 +92,7 @@ class Engine:
         pool does; returns how many prompt tokens the loaded file covers (0: not loaded)."""
         if not persist_enabled() or not prefix_reuse_enabled():
             return 0
-        resident = _shared(self.kv.tokens, tokens)
+        resident = self.kv.reusable(_shared(self.kv.tokens, tokens))
         saved = self.kv_store.peek_tokens(conversation_id)
         on_disk = _shared(saved, tokens)
         if on_disk <= resident or on_disk < 2:
@@ -121,6 +123,7 @@ class Engine:
 
             self._graph = GraphDecoder(self.model, self.kv, self.model.device)
         logits = self._graph.step(token, position)
+        self.kv.mark_written(position)
         self.kv.tokens.append(token)
         return logits
 
@@ -133,7 +136,8 @@ class Engine:
                 break
             n += 1
         # The last prompt token is always evaluated: its logits choose the first new token.
-        return min(n, len(tokens) - 1)
+        # A sliding-window ring may have overwritten what that point needs: then reuse nothing.
+        return self.kv.reusable(min(n, len(tokens) - 1))
 
     def prefill(self, tokens: list[int], stats: GenerationStats, should_stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
         """Make the KV pool hold `tokens`, reusing the common prefix; return the last logits (vocab,).

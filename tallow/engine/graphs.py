@@ -45,9 +45,10 @@ class GraphDecoder:
         return logits, torch.argmax(logits[0]).reshape(1)
 
     def _capture(self) -> None:
-        # Warm-up runs execute, so they write K/V: point them at the pool's last slot, which a
-        # real step always writes before any step reads it. (Capturing itself runs nothing.)
-        self.position.fill_(self.kv.n_ctx - 1)
+        # Warm-up runs execute, so they write K/V: point them at the next position, which the
+        # real step writes before any step reads it (a ring's last slot may hold live keys).
+        # (Capturing itself runs nothing.)
+        self.position.fill_(min(len(self.kv.tokens), self.kv.n_ctx - 1))
         self.seq_len.fill_(1)
         # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture.
         stream = torch.cuda.Stream(self.device)

@@ -12,7 +12,9 @@ The parts, each derived from what the code allocates:
   `kernels/cpu/linear.make_linear` and `quant/pack.py`); norms and biases as fp32; the token
   embedding stays in the file map and costs nothing (unless tied to the output projection,
   which is then repacked like any linear).
-* kv:       the KV pool, f16 K and V for every layer and every position of the context.
+* kv:       the KV pool in its dtype (f16, bf16, int8 or fp8 codes plus their per-position-head
+            fp32 scales): global layers for every position of the context, sliding-window
+            layers a ring of window + prefill chunk - 1 slots (`KVPool`'s layout).
 * scratch:  the transient activations of one prefill chunk at the deepest position (`scratch_bytes`).
 * prefix cache: the in-memory prefix cache *is* the KV pool (0 extra); the persistent store
   stages one layer of K/V at a time, plus the token list.
@@ -58,6 +60,16 @@ RUNTIME_PER_TOKEN = 222
 RUNTIME_PER_MERGE = 104
 
 DEFAULT_PREFILL_CHUNK = 512
+
+# Kept equal to memory/kv_pool.py (a test checks it); repeated so planning never imports torch.
+KV_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "int8": 1, "fp8": 1, "f32": 4}
+KV_SCALE_BYTES = {"f16": 0, "bf16": 0, "int8": 4, "fp8": 4, "f32": 0}
+KV_DTYPE_ALIASES = {
+    "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "int8": "int8", "q8": "int8", "i8": "int8",
+    "fp8": "fp8", "f8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8",
+}
 
 
 # ------------------------------------------------------------------------------ header scan
@@ -142,12 +154,46 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     return total
 
 
-def kv_bytes(spec: ModelSpec, n_ctx: int, dtype_bytes: int = 2) -> int:
-    """The KV pool: K and V of every layer for every position (as `KVPool` allocates it)."""
-    return n_ctx * sum(layer.n_kv_heads * (spec.head_dim + spec.v_head_dim) for layer in spec.layers) * dtype_bytes
+def kv_dtype_arg(name: str | None) -> str | None:
+    """A --kv-dtype value checked and made canonical (None: the model's default)."""
+    if name is None:
+        return None
+    canonical = KV_DTYPE_ALIASES.get(str(name).strip().lower())
+    if canonical is None:
+        raise UsageError(f"--kv-dtype must be one of f16, bf16, int8, fp8, not {name!r}.")
+    return canonical
 
 
-def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
+def _ring_enabled() -> bool:
+    return os.environ.get("TALLOW_KV_RING", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def kv_layer_slots(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                   ring: bool | None = None) -> list[int]:
+    """Slots per layer as `KVPool` allocates them (kv_pool.layer_capacity): the context, or
+    min(context, window + chunk - 1) for a sliding-window layer held as a ring."""
+    ring = _ring_enabled() if ring is None else ring
+    chunk = max(1, min(prefill_chunk, n_ctx))
+    return [min(n_ctx, layer.sliding_window + chunk - 1) if ring and layer.sliding_window else n_ctx
+            for layer in spec.layers]
+
+
+def kv_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+             ring: bool | None = None) -> int:
+    """The KV pool: K and V codes of every layer for every slot, plus (int8/fp8) one fp32 scale
+    per slot and head for K and for V (as `KVPool` allocates it)."""
+    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
+    return sum(slots * layer.n_kv_heads * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale)
+               for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, prefill_chunk, ring)))
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "f16") -> int:
+    """Bytes one position costs across all layers, were every layer global (no ring savings)."""
+    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
+    return sum(layer.n_kv_heads * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale) for layer in spec.layers)
+
+
+def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_dtype: str = "f16") -> int:
     """Peak transient activations of one prefill chunk of C tokens whose keys reach position N.
 
     Blocks run one after another and free their temporaries, so the peak is the residual
@@ -159,6 +205,7 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
                  the output and its bf16 copy for attn_output      C · H · hd · (4 + 2)
       MLP:       gate, up, act(gate), the product (fp32) and the
                  bf16 kernel outputs / input copies                C · ffn · (4·4 + 2)
+                 int8/fp8 KV: the codes as fp32 before their scales  2 · H_kv · N · hd · 4
       logits:    the last position only, plus the sampler's sort   vocab · 4 · 4
     Logits for every position (`forward(all_logits=True)`, used only by conformance tests)
     would add C · vocab · 4 and are not part of the engine's account.
@@ -174,6 +221,8 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     h, hkv, hd = spec.n_heads, spec.n_kv_heads, max(spec.head_dim, spec.v_head_dim)
     residual = 3 * c * spec.dim * 4
     attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
+    if KV_SCALE_BYTES[kv_dtype]:
+        attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     logits = spec.vocab_size * 4 * 4
     return residual + max(attention, mlp) + logits + PREFILL_DEQUANT_SCRATCH
@@ -184,11 +233,12 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
 PREFILL_DEQUANT_SCRATCH = (1 << 23) * 2 + (1 << 23)
 
 
-def prefix_cache_bytes(spec: ModelSpec, n_ctx: int) -> int:
+def prefix_cache_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16") -> int:
     """Extra bytes of the prefix caches. In memory: none — the KV pool's resident tokens are
-    the cache. On disk (kv_store): saving and hydrating stage one layer's K and V of the used
-    positions at a time, plus the token ids (a Python int and a list slot each)."""
-    per_layer = max(layer.n_kv_heads for layer in spec.layers) * (spec.head_dim + spec.v_head_dim) * 2
+    the cache. On disk (kv_store): saving and hydrating stage one layer's K and V (and scales)
+    of the used positions at a time, plus the token ids (a Python int and a list slot each)."""
+    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
+    per_layer = max(layer.n_kv_heads for layer in spec.layers) * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale)
     return n_ctx * per_layer + n_ctx * 36
 
 
@@ -224,6 +274,7 @@ class MemoryPlan:
     header: GGUFFile | None = field(default=None, repr=False)
     linear_mode: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    kv_dtype: str = "f16"
 
     @property
     def resident(self) -> int:
@@ -257,9 +308,10 @@ class MemoryPlan:
         if self.spec is None:
             raise ValueError("this plan has no spec to re-plan from")
         return MemoryPlan(
-            self.model, n_ctx, self.weights, kv_bytes(self.spec, n_ctx), scratch_bytes(self.spec, n_ctx, self.prefill_chunk),
-            prefix_cache_bytes(self.spec, n_ctx), self.runtime, self.reserve, self.budget, self.budget_text,
-            self.kv_bytes_per_token, self.spec, self.header, self.linear_mode, self.prefill_chunk,
+            self.model, n_ctx, self.weights, kv_bytes(self.spec, n_ctx, self.kv_dtype, self.prefill_chunk),
+            scratch_bytes(self.spec, n_ctx, self.prefill_chunk, self.kv_dtype),
+            prefix_cache_bytes(self.spec, n_ctx, self.kv_dtype), self.runtime, self.reserve, self.budget, self.budget_text,
+            self.kv_bytes_per_token, self.spec, self.header, self.linear_mode, self.prefill_chunk, self.kv_dtype,
         )
 
     def largest_fitting_ctx(self) -> int:
@@ -304,7 +356,14 @@ class MemoryPlan:
         if self.reserve:
             rows.append(("reserve", self.reserve))
         width = max(len(name) for name, _ in rows)
-        lines = [f"memory plan for {self.model} at ctx {self.n_ctx} (KV f16, {self.kv_bytes_per_token} bytes/token):"]
+        rings = ""
+        if self.spec is not None and any(layer.sliding_window for layer in self.spec.layers):
+            slots = kv_layer_slots(self.spec, self.n_ctx, self.prefill_chunk)
+            n_ring = sum(1 for sl in slots if sl < self.n_ctx)
+            if n_ring:
+                rings = f"; {n_ring} of {len(slots)} layers sliding-window rings of {min(slots)} slots"
+        lines = [f"memory plan for {self.model} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
+                 f" bytes per token over all layers{rings}):"]
         lines += [f"  {name:<{width}}  {fmt_bytes(n):>10}" for name, n in rows]
         lines.append(f"  {'total':<{width}}  {fmt_bytes(self.total + self.reserve):>10}")
         if self.budget is not None:
@@ -372,6 +431,7 @@ def plan_memory(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     spec: ModelSpec | None = None,
     default_ctx: int = 4096,
+    kv_dtype: str | None = None,
 ) -> MemoryPlan:
     """The account for a GGUF file (path or scanned header) at a context, against a budget.
 
@@ -383,23 +443,41 @@ def plan_memory(
     ctx = n_ctx or min(spec.context_length, default_ctx)
     budget, budget_text = parse_size(mem_budget, "--mem-budget")
     reserve_bytes, _ = parse_size(reserve, "--reserve")
+    kv_dtype = kv_dtype_arg(kv_dtype) or default_kv_dtype(header)
     return MemoryPlan(
         model=os.path.basename(header.path),
         n_ctx=ctx,
         weights=weights_bytes(header, linear_mode),
-        kv=kv_bytes(spec, ctx),
-        scratch=scratch_bytes(spec, ctx, prefill_chunk),
-        prefix_cache=prefix_cache_bytes(spec, ctx),
+        kv=kv_bytes(spec, ctx, kv_dtype, prefill_chunk),
+        scratch=scratch_bytes(spec, ctx, prefill_chunk, kv_dtype),
+        prefix_cache=prefix_cache_bytes(spec, ctx, kv_dtype),
         runtime=runtime_bytes(header),
         reserve=reserve_bytes or 0,
         budget=budget,
         budget_text=budget_text,
-        kv_bytes_per_token=kv_bytes(spec, 1),
+        kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype),
         spec=spec,
         header=header,
         linear_mode=linear_mode,
         prefill_chunk=prefill_chunk,
+        kv_dtype=kv_dtype,
     )
+
+
+# The KV dtype a model gets when none is asked for: int8 where greedy text on the conformance
+# prompts (tests/fixtures, 24 continuations of 64 tokens) stayed identical to f16, measured per
+# model file (scripts/kv_dtype_survey.py, docs/performance.md); f16 for every other model.
+# Keyed by the GGUF's general.name and architecture.
+INT8_KV_MEASURED: frozenset[tuple[str, str]] = frozenset()
+
+
+def default_kv_dtype(header: GGUFFile) -> str:
+    """`INT8_KV_MEASURED` models default to int8 KV, others to f16 (TALLOW_KV_DTYPE overrides)."""
+    env = os.environ.get("TALLOW_KV_DTYPE")
+    if env:
+        return kv_dtype_arg(env) or "f16"
+    key = (str(header.get("general.architecture") or ""), str(header.get("general.name") or ""))
+    return "int8" if key in INT8_KV_MEASURED else "f16"
 
 
 def default_budget() -> str | None:

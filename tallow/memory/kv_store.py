@@ -4,11 +4,19 @@ after a restart — so a long conversation never re-prefills what it already com
 One file per conversation under `$TALLOW_HOME/kv/`, named by a hash of the conversation id:
 
     magic  b"TALLOWKV"  | u32 version | u32 header length | header (JSON, utf-8)
-    tokens int32 × n    | per layer: K (n_kv_heads, n, head_dim) then V (n_kv_heads, n, v_head_dim), f16
+    tokens int32 × n    | per layer, for its stored positions lo..n-1 in position order:
+                          K (n_kv_heads, m, head_dim), V (n_kv_heads, m, v_head_dim) in the
+                          pool's storage dtype, then for int8/fp8 the K and V scales
+                          (n_kv_heads, m) float32
     sha256 of everything above (32 bytes)
 
 The header carries the model fingerprint (sha256 of the GGUF header and tensor table), the KV
-dtype and the per-layer layout; only the n used positions are stored. Why so strict: loading
+dtype and the per-layer layout (heads, dims and slots: a sliding-window ring holds fewer slots
+than the context); only used positions are stored. A global layer stores positions 0..n-1; a
+ring stores the positions it still holds (at most its slots, `lo` per layer in the header), and
+the hydrated ring remembers that nothing before lo is there, so the engine never reuses a
+shorter prefix whose window would reach before it (KVPool.reusable). Version 1 files (f16, no
+rings) are refused like any other mismatch. Why so strict: loading
 K/V computed by another model, or half-written, would silently produce wrong text. So a file
 is used only if its magic, version, fingerprint, layout, size and checksum all agree; anything
 else is ignored with a warning. Writes go to a temporary file that is fsynced and renamed over
@@ -34,9 +42,8 @@ from ..spec import ModelSpec
 from .kv_pool import KVPool
 
 MAGIC = b"TALLOWKV"
-VERSION = 1
+VERSION = 2
 DEFAULT_MAX_BYTES = 2 << 30
-_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 def persist_enabled() -> bool:
@@ -54,8 +61,17 @@ def model_fingerprint(header_bytes: bytes) -> str:
     return hashlib.sha256(header_bytes).hexdigest()
 
 
-def _layout(spec: ModelSpec) -> list[list[int]]:
-    return [[layer.n_kv_heads, spec.head_dim, spec.v_head_dim] for layer in spec.layers]
+def _layout(spec: ModelSpec, kv: KVPool) -> list[list[int]]:
+    return [[layer.n_kv_heads, spec.head_dim, spec.v_head_dim, cap] for layer, cap in zip(spec.layers, kv.caps)]
+
+
+def _stored_from(kv: KVPool) -> list[int]:
+    """Per layer, the first position a save stores: 0 for a global layer, the oldest position a
+    ring still holds (it forgot what came before) for a sliding-window one."""
+    n = len(kv.tokens)
+    high = max(kv._high, n - 1)
+    return [0 if cap >= kv.n_ctx else max(0, kv._intact_from[i], high - cap + 1, n - cap)
+            for i, cap in enumerate(kv.caps)]
 
 
 class KVStoreWarning(UserWarning):
@@ -87,12 +103,15 @@ class KVStore:
             return None
         target = self.path(conversation_id)
         self.dir.mkdir(parents=True, exist_ok=True)
+        lo = _stored_from(kv)
         header = json.dumps({
             "fingerprint": self.fingerprint,
-            "dtype": _DTYPES[kv.dtype],
-            "layout": _layout(self.spec),
-            "order": "tokens int32; per layer K (n_kv_heads, n, head_dim) then V (n_kv_heads, n, v_head_dim)",
+            "dtype": kv.kv_dtype,
+            "layout": _layout(self.spec, kv),
+            "order": "tokens int32; per layer, positions lo..n-1: K, V (n_kv_heads, m, dim), then K and V scales (n_kv_heads, m) f32 if int8/fp8",
             "n_tokens": n,
+            "n_ctx": kv.n_ctx,
+            "lo": lo,
             "conversation_id": conversation_id,
         }).encode()
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -106,7 +125,7 @@ class KVStore:
                 put(MAGIC + struct.pack("<II", VERSION, len(header)) + header)
                 put(np.asarray(kv.tokens, dtype=np.int32).tobytes())
                 for layer in range(len(kv.k)):
-                    self._write_layer(put, kv, layer, n)
+                    self._write_layer(put, kv, layer, lo[layer], n)
                 f.write(digest.digest())
                 f.flush()
                 os.fsync(f.fileno())
@@ -119,10 +138,12 @@ class KVStore:
         return target
 
     @staticmethod
-    def _write_layer(put, kv: KVPool, layer: int, n: int) -> None:
+    def _write_layer(put, kv: KVPool, layer: int, lo: int, n: int) -> None:
         # One layer staged at a time: the budget counts exactly this buffer (prefix_cache_bytes).
-        for t in (kv.k[layer], kv.v[layer]):
-            put(memoryview(t[:, :n].contiguous().view(torch.uint8).numpy()).cast("B"))
+        for t in kv.layer_tensors(layer):
+            parts = [t[:, a:b] for a, b in kv._spans(layer, lo, n)] if n > lo else [t[:, :0]]
+            block = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).contiguous().cpu()
+            put(memoryview(block.view(torch.uint8).numpy()).cast("B"))
 
     # -- loading -------------------------------------------------------------------------
     def peek_tokens(self, conversation_id: str) -> list[int]:
@@ -173,13 +194,21 @@ class KVStore:
             header = json.loads(raw_header)
             if header["fingerprint"] != self.fingerprint:
                 raise ValueError("it was written by another model (fingerprint mismatch)")
-            if header["dtype"] != _DTYPES[kv.dtype] or header["layout"] != _layout(self.spec):
-                raise ValueError("its KV dtype or layout differs from this pool's")
+            if header["dtype"] != kv.kv_dtype:
+                raise ValueError(f"its KV dtype is {header['dtype']}, this pool's is {kv.kv_dtype}")
+            if header["layout"] != _layout(self.spec, kv):
+                raise ValueError("its KV layout (heads, dimensions or ring slots) differs from this pool's")
             n = int(header["n_tokens"])
             if not 0 < n <= kv.n_ctx:
                 raise ValueError(f"it holds {n} tokens, the context holds {kv.n_ctx}")
+            lo = [int(x) for x in header["lo"]]
+            if len(lo) != len(kv.caps) or any(not 0 <= a <= n or n - a > cap or (a and cap >= kv.n_ctx)
+                                              for a, cap in zip(lo, kv.caps)):
+                raise ValueError("its stored position ranges do not fit this pool")
             item = kv.k[0].element_size()
-            body = 4 * n + n * item * sum(h * (kd + vd) for h, kd, vd in header["layout"])
+            scale_bytes = 8 if kv.scaled else 0
+            body = 4 * n + sum((n - a) * h * ((kd + vd) * item + scale_bytes)
+                               for a, (h, kd, vd, _) in zip(lo, header["layout"]))
             if size != 16 + header_len + body + 32:
                 raise ValueError(f"it is {size} bytes, its header promises {16 + header_len + body + 32} (truncated?)")
             digest = hashlib.sha256(head + raw_header)
@@ -187,15 +216,23 @@ class KVStore:
             digest.update(raw_tokens)
             kv.truncate(0)  # from here on the pool's positions are being overwritten
             for layer in range(len(kv.k)):
-                for t in (kv.k[layer], kv.v[layer]):
-                    heads, _, dim = t.shape
-                    raw = f.read(heads * n * dim * item)
+                m = n - lo[layer]
+                for t in kv.layer_tensors(layer):
+                    heads, dim = t.shape[0], (t.shape[2] if t.dim() == 3 else 1)
+                    raw = f.read(heads * m * dim * t.element_size())
                     digest.update(raw)
-                    block = torch.frombuffer(bytearray(raw), dtype=kv.dtype).view(heads, n, dim)
-                    t[:, :n] = block
+                    if m == 0:
+                        continue
+                    block = torch.frombuffer(bytearray(raw), dtype=t.dtype).view(heads, m, *t.shape[2:])
+                    done = 0
+                    for a, b in kv._spans(layer, lo[layer], n):
+                        t[:, a:b] = block[:, done : done + b - a].to(t.device)
+                        done += b - a
             if f.read(32) != digest.digest():
                 raise ValueError("its checksum does not match (corrupt)")
         kv.tokens.extend(np.frombuffer(raw_tokens, dtype=np.int32).tolist())  # only now is it reusable
+        kv._high = n - 1
+        kv._intact_from = lo
         return n
 
     # -- bounding ------------------------------------------------------------------------

@@ -332,7 +332,8 @@ def model_identity(model: str | None) -> tuple[str, str, tuple[str, ...]]:
     return stem, path, aliases
 
 
-def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16) -> int:
+def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16,
+          kv_dtype: str | None = None) -> int:
     """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C."""
     import sys
 
@@ -348,7 +349,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
         if server is not None:
             server.should_exit = True
 
-    worker = Worker(lambda: LLM(path, ctx=ctx), max_queue=queue, on_load_error=on_load_error)
+    worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error)
     state = ServerState(worker, model_id, path, api_key, aliases)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

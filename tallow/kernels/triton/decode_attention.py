@@ -22,6 +22,12 @@ attention does with an f16 cache), scores and softmax in fp32 (exp2 with log2(e)
 the scale), probabilities rounded to fp16 for the PV product, fp32 accumulation. Relative error
 against the fp32 reference is ~1e-3.
 
+Ring buffers and quantized caches: position p is read from slot p % n_slots, so a sliding-window
+layer's ring (n_slots = window + chunk - 1 < context) and a plain cache (n_slots >= context, p
+< n_slots) take the same code; the span [start, seq_len) never exceeds n_slots. int8 and fp8
+e4m3 caches carry one fp32 scale per (head, slot); each K/V tile is dequantized in registers to
+fp16 (code * scale) before the same two tensor-core products.
+
 Sliding window: key position p is visible iff p < seq_len and (window == 0 or
 p >= seq_len - window), i.e. llama.cpp's rule `pos_q - pos_k < window` with pos_q = seq_len - 1.
 """
@@ -40,11 +46,11 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, part_ptr, ml_ptr,
-                  stride_qh, stride_kh, stride_kt, stride_vh, stride_vt,
-                  qk_scale, window, n_splits,
+def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr,
+                  stride_qh, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
+                  qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr):
+                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr):
     kvh = tl.program_id(0)
     s = tl.program_id(1)
     L = tl.load(len_ptr).to(tl.int32)
@@ -59,7 +65,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, part_ptr, ml_ptr,
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
     q = tl.load(q_ptr + head[:, None] * stride_qh + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
-    q = q.to(k_ptr.dtype.element_ty)  # (GP, BLOCK_D)
+    if SCALED:
+        q = q.to(tl.float16)  # int8/fp8 codes are exact in fp16; their scales multiply the scores
+    else:
+        q = q.to(k_ptr.dtype.element_ty)  # (GP, BLOCK_D)
 
     m_i = tl.full((GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((GP,), dtype=tl.float32)
@@ -70,9 +79,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, part_ptr, ml_ptr,
     for t0 in range(lo, hi, BLOCK_T):
         t = t0 + tt
         tmask = t < hi
+        slot = (t % ring).to(tl.int64)  # a ring buffer holds position t in slot t % ring
         kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_base + t[:, None].to(tl.int64) * stride_kt + dd[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + t[:, None].to(tl.int64) * stride_vt + dd[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_base + slot[:, None] * stride_kt + dd[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + slot[:, None] * stride_vt + dd[None, :], mask=kv_mask, other=0.0)
+        if SCALED:
+            # Dequantize the tile in registers to fp16 (what an f16 cache of these values holds).
+            k_sc = tl.load(ks_ptr + kvh.to(tl.int64) * stride_sh + slot, mask=tmask, other=0.0)
+            v_sc = tl.load(vs_ptr + kvh.to(tl.int64) * stride_sh + slot, mask=tmask, other=0.0)
+            k = (k.to(tl.float32) * k_sc[:, None]).to(tl.float16)
+            v = (v.to(tl.float32) * v_sc[:, None]).to(tl.float16)
         scores = tl.dot(q, tl.trans(k)) * qk_scale  # (GP, BLOCK_T), log2 units
         scores = tl.where(tmask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -117,11 +133,16 @@ def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor,
                      scale: float, window: int = 0, n_splits: int | None = None, out: torch.Tensor | None = None,
                      scratch: tuple[torch.Tensor, torch.Tensor] | None = None, block_t: int = 64,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int = 4, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query token over the first `seq_len` positions of the cache.
 
-    q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, n_ctx, head_dim); seq_len int32 (1,)
-    on q's device. Returns float32 (n_heads, head_dim) (into `out` if given). For CUDA graphs,
+    q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, n_slots, head_dim); seq_len int32 (1,)
+    on q's device. Position t is read from slot t % n_slots: a cache with n_slots >= the
+    context is a plain cache, a smaller one a sliding-window ring (then window <= n_slots).
+    int8 or float8_e4m3fn caches come with k_scale, v_scale (n_kv_heads, n_slots) float32: the
+    value of a code is code * scale of its position and head.
+    Returns float32 (n_heads, head_dim) (into `out` if given). For CUDA graphs,
     pass `out` and `scratch` (from `make_scratch`) so the launch allocates nothing."""
     n_heads, d = q.shape
     n_kv, n_ctx, d_k = k_cache.shape
@@ -130,6 +151,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                          f"V {tuple(v_cache.shape)} do not fit (GQA needs n_heads % n_kv_heads == 0).")
     if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(1) != 1:
         raise ValueError("decode_attention: the head_dim axis of q, K and V must be contiguous.")
+    scaled = k_cache.dtype in (torch.int8, torch.float8_e4m3fn)
+    if scaled != (k_scale is not None) or (k_scale is None) != (v_scale is None):
+        raise ValueError(f"decode_attention: a {k_cache.dtype} cache needs k_scale and v_scale exactly when it is int8/fp8.")
+    if scaled and (k_scale.shape != k_cache.shape[:2] or v_scale.shape != k_scale.shape or k_scale.stride(1) != 1
+                   or v_scale.stride() != k_scale.stride() or k_scale.dtype != torch.float32):
+        raise ValueError("decode_attention: k_scale and v_scale must be float32 (n_kv_heads, n_slots), contiguous rows.")
     group = n_heads // n_kv
     if n_splits is None:
         n_splits = default_splits(n_kv, n_ctx, block_t=block_t)
@@ -141,12 +168,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part, ml = scratch
     if out is None:
         out = torch.empty((n_heads, d), dtype=torch.float32, device=q.device)
+    ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)  # unused pointers when not scaled
     _split_kernel[(n_kv, n_splits)](
-        q, k_cache, v_cache, seq_len, part, ml,
+        q, k_cache, v_cache, ks, vs, seq_len, part, ml,
         q.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        float(scale) * _LOG2E, int(window), n_splits,
+        k_scale.stride(0) if scaled else 0,
+        float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
-        num_warps=num_warps)
+        SCALED=scaled, num_warps=num_warps)
     _merge_kernel[(n_heads,)](part, ml, out, out.stride(0), NS=n_splits, D=d, BLOCK_D=block_d,
                               num_warps=4)
     return out
@@ -160,12 +189,19 @@ def make_scratch(n_heads: int, n_splits: int, head_dim: int, device: torch.devic
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: int,
-                               scale: float, window: int = 0) -> torch.Tensor:
-    """fp32 softmax attention in torch over positions [max(0, seq_len - window), seq_len)."""
+                               scale: float, window: int = 0, k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 softmax attention in torch over positions [max(0, seq_len - window), seq_len), position
+    t read from slot t % n_slots, codes times their scales when given."""
     n_heads, d = q.shape
-    n_kv = k_cache.shape[0]
+    n_kv, n_slots = k_cache.shape[:2]
     start = max(0, seq_len - window) if window > 0 else 0
-    k = k_cache[:, start:seq_len].float().repeat_interleave(n_heads // n_kv, dim=0)  # (n_heads, T, d)
-    v = v_cache[:, start:seq_len].float().repeat_interleave(n_heads // n_kv, dim=0)
+    slots = torch.arange(start, seq_len) % n_slots
+    k, v = k_cache[:, slots].float(), v_cache[:, slots].float()
+    if k_scale is not None:
+        k = k * k_scale[:, slots].unsqueeze(-1)
+        v = v * v_scale[:, slots].unsqueeze(-1)
+    k = k.repeat_interleave(n_heads // n_kv, dim=0)  # (n_heads, T, d)
+    v = v.repeat_interleave(n_heads // n_kv, dim=0)
     scores = torch.einsum("hd,htd->ht", q.float(), k) * scale
     return torch.einsum("ht,htd->hd", torch.softmax(scores, dim=-1), v)
