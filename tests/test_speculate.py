@@ -304,3 +304,18 @@ def test_composes_with_a_grammar_constraint(monkeypatch, always_draft):
     tokens, finish, _ = runs["1", False]
     if finish == "stop":
         assert isinstance(json.loads(llm.detokenize(tokens)), dict)
+
+
+def test_k_follows_measured_costs_and_acceptance(tmp_path):
+    """k maximises expected tokens per second; where drafts are mostly wrong it is 0 (plain
+    decoding), except for a 1-draft probe every PROBE_EVERY matches."""
+    engine, _ = _tiny_engine(tmp_path)
+    s = Speculation(engine, GenerationStats())
+    s.cost.update({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 3.0, 6: 3.2, 7: 3.4, 8: 3.6})  # 4-row blocks
+    s.accept[3], s.accept[1] = 0.9, 0.1
+    assert s._choose_k(3, 7) == 3  # 1 + .9 + .81 + .73 = 3.4 tokens in 1.6: better than 8 rows in 3.6
+    assert s._choose_k(3, 2) == 2  # only two drafts available
+    picks = [s._choose_k(1, 7) for _ in range(2 * speculate.PROBE_EVERY)]
+    assert picks.count(1) == 2 and picks.count(0) == len(picks) - 2
+    s.cost.clear()
+    assert s._choose_k(3, 7) == 0  # a plain step first, to measure t(1)

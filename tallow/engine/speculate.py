@@ -44,7 +44,8 @@ the int4/int8 kernels work in blocks of 4 rows, so t(m) is far from flat). A dra
 is expected to commit 1 + a + ... + a^k tokens in t(k+1), plain decoding 1 in t(1); the k
 with the most tokens per second wins, and k = 0 is plain decoding: drafting switches itself off
 where it does not pay (prose), and a rare 1-token probe keeps measuring a_n there. Sizes not
-yet measured are priced optimistically from t(1) so that they get tried once.
+yet measured are priced optimistically from t(1) so that they get tried once. Both are kept
+per engine across requests, so a short answer starts from what earlier ones measured.
 """
 
 from __future__ import annotations
@@ -148,10 +149,11 @@ class Speculation:
         self.verifier = _exact_verifier(engine.model)
         self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
         self.round_n = 0  # n-gram size of the draft being verified
-        self.accept = dict.fromkeys(range(NGRAM_MIN, NGRAM_MAX + 1), ACCEPT_PRIOR)
         self.skipped = dict.fromkeys(range(NGRAM_MIN, NGRAM_MAX + 1), 0)
-        # Seconds of a forward pass by its number of tokens, kept per engine across requests.
-        self.cost = _PASS_SECONDS.setdefault(engine, {})
+        # Kept per engine across requests (a short answer has no time to learn them): the seconds
+        # of a forward pass by its number of tokens, and the acceptance rate by n-gram size.
+        learned = _LEARNED.setdefault(engine, ({}, dict.fromkeys(range(NGRAM_MIN, NGRAM_MAX + 1), ACCEPT_PRIOR)))
+        self.cost, self.accept = learned
 
     def next_logits(self, token: int, history: list[int], room: int) -> torch.Tensor:
         """Logits after `token`, the last of `history`, just committed. `room` bounds the drafts
@@ -210,7 +212,7 @@ class Speculation:
         self.engine.kv.truncate(n_fed)
 
 
-_PASS_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {tokens: seconds}
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> ({m: seconds}, {n: rate})
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:
