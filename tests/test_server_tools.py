@@ -105,3 +105,31 @@ def test_named_tool_choice_streams_a_call_and_history_round_trips(qwen):
     # next is the model's business; the rendering is checked above).
     r = client.chat.completions.create(model=QWEN, messages=history, tools=[WEATHER_TOOL], max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens > 0
+
+
+ORDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "place_order",
+        "description": "Order items for delivery.",
+        "parameters": {
+            "$defs": {"item": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 12}, "qty": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["sku", "qty"]}},
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 2}, "express": {"type": "boolean"}},
+            "required": ["items", "express"],
+        },
+    },
+}
+
+
+@pytest.mark.slow
+def test_required_tool_choice_is_a_grammar_with_nested_arguments(qwen):
+    jsonschema = pytest.importorskip("jsonschema")
+    _, client = qwen
+    ask = [{"role": "user", "content": "Hi there, how are you today?"}]  # nothing here asks for a tool: the grammar must
+    r = client.chat.completions.create(model=QWEN, messages=ask, tools=[WEATHER_TOOL, ORDER_TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=60, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    schema = {"get_weather": WEATHER_TOOL, "place_order": ORDER_TOOL}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
