@@ -110,7 +110,8 @@ class PromptLookup:
         if k <= 0:
             return 0, []
         end = len(context)
-        # Index the n-grams ending at positions < end - 1: the suffix itself must not match itself.
+        # Index every n-gram followed by at least one token (context[e - n:e] -> e): all but the
+        # suffix, which must match an earlier occurrence, not itself.
         for e in range(max(self.indexed, 1), end):
             for n in range(NGRAM_MIN, NGRAM_MAX + 1):
                 if e - n >= 0:
@@ -178,6 +179,8 @@ class Speculation:
             self.stats.draft_tokens += len(draft)
             self.pending.extend(zip(draft, rows[1:]))
             logits = rows[0]
+        if logits.is_cuda:  # time the work, not its launch (the sampler waits for it anyway)
+            torch.cuda.synchronize(logits.device)
         m = len(draft) + 1
         self.cost[m] = _ema(self.cost.get(m), time.perf_counter() - t0, TIME_WEIGHT)
         return logits
