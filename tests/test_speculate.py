@@ -39,6 +39,14 @@ CODE = '''def moving_average(values, window):
 EDIT = [{"role": "user", "content": "Rewrite this function, renaming `total` to `running_sum`:\n\n" + CODE}]
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """One smollm2 for the tests below (each resets its pool first)."""
+    import tallow
+
+    return tallow.LLM(require_model("smollm2-135m"), ctx=512)
+
+
 @pytest.fixture
 def always_draft(monkeypatch):
     """Speculation on, and never switched off for being slow: these tests need drafts."""
@@ -194,7 +202,7 @@ def _chat_tokens(llm, monkeypatch, enabled: str, max_tokens: int, **kw):
     return out.tokens, out.stats, list(llm.engine.kv.tokens)
 
 
-@pytest.mark.parametrize("name,n", [("smollm2-135m", 96), ("gemma3-270m", 64), ("qwen2.5-coder-1.5b-instruct", 32)])
+@pytest.mark.parametrize("name,n", [("smollm2-135m", 80), ("gemma3-270m", 48), ("qwen2.5-coder-1.5b-instruct", 32)])
 def test_greedy_output_identical_with_and_without_speculation(name, n, monkeypatch, always_draft):
     import tallow
 
@@ -207,10 +215,8 @@ def test_greedy_output_identical_with_and_without_speculation(name, n, monkeypat
     assert plain_stats.draft_tokens == 0 and stats.accepted_tokens > 0  # the copy was drafted
 
 
-def test_sampled_output_identical_per_seed_on_smollm2(monkeypatch, always_draft):
-    import tallow
-
-    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+def test_sampled_output_identical_per_seed_on_smollm2(smollm2, monkeypatch, always_draft):
+    llm = smollm2
     for seed in (1, 2):
         kw = dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.05, seed=seed)
         plain = _chat_tokens(llm, monkeypatch, "0", 48, **kw)[0]
@@ -218,12 +224,10 @@ def test_sampled_output_identical_per_seed_on_smollm2(monkeypatch, always_draft)
         assert tokens == plain and stats.draft_tokens > 0
 
 
-def test_kv_after_rejections_continues_like_plain_decoding(monkeypatch, always_draft):
+def test_kv_after_rejections_continues_like_plain_decoding(smollm2, monkeypatch, always_draft):
     """Rejected drafts leave nothing behind: continuing from the pool (prefix reuse) gives the same
     tokens, with the same logits bit for bit, as continuing after plain decoding."""
-    import tallow
-
-    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+    llm = smollm2
     runs = {}
     for enabled in ("0", "1"):
         first, stats, pool = _chat_tokens(llm, monkeypatch, enabled, 40)
@@ -236,12 +240,10 @@ def test_kv_after_rejections_continues_like_plain_decoding(monkeypatch, always_d
     assert spec[3:] == plain[3:]  # the continuation: tokens, logprobs, reuse
 
 
-def test_stop_rules_inside_accepted_drafts(monkeypatch, always_draft):
+def test_stop_rules_inside_accepted_drafts(smollm2, monkeypatch, always_draft):
     """An end-of-generation token, max_tokens or should_stop that falls inside a verified draft
     ends generation exactly where plain decoding ends it, with the same counters and pool."""
-    import tallow
-
-    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+    llm = smollm2
     engine, prompt = llm.engine, llm.chat_prompt(EDIT)
     greedy = SamplingParams(temperature=0.0)
     inside = []
@@ -278,14 +280,12 @@ class _after:
         return self.asked >= self.n
 
 
-def test_composes_with_a_grammar_constraint(monkeypatch, always_draft):
+def test_composes_with_a_grammar_constraint(smollm2, monkeypatch, always_draft):
     """Drafts pass through the constrained sampler like any token: the constraint advances once per
     committed token, a draft it forbids is rejected, and the answer is the one without speculation."""
     import json
 
-    import tallow
-
-    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+    llm = smollm2
     schema = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
               "required": ["ids"]}
     rf = {"type": "json_schema", "json_schema": {"name": "ids", "schema": schema}}
