@@ -112,14 +112,20 @@ def gemv_sweep(qtype: str) -> list[tuple[int, int, int, int]]:
             (8, 16, 4, 3), (16, 8, 8, 3), (16, 16, 8, 3)]
 
 
-def bench_gemv(qtype: str, n: int, k: int, label: str, bw: float, sweep: bool) -> None:
+WIDE_K_QUANT = [(1, 2, 2, 1), (1, 2, 2, 3), (1, 4, 2, 3), (1, 4, 4, 3), (1, 8, 4, 3),
+                (2, 1, 2, 3), (2, 2, 2, 3), (2, 2, 4, 3), (2, 4, 4, 1), (2, 4, 4, 3), (2, 4, 2, 3),
+                (2, 8, 4, 3), (2, 4, 4, 4), (4, 1, 2, 3), (4, 2, 2, 3), (4, 2, 4, 3), (4, 4, 4, 3),
+                (4, 2, 4, 1), (4, 4, 8, 3), (8, 1, 4, 3), (8, 2, 4, 1), (8, 2, 4, 3), (8, 2, 8, 3), (16, 2, 8, 1)]
+
+
+def bench_gemv(qtype: str, n: int, k: int, label: str, bw: float, sweep: bool, configs_override=None) -> None:
     w = make_weight(qtype, n, k, seed=n * 7 + k)
     x = torch.randn(1, k, device="cuda")
     ref = x @ dequantize_planes(w).T
     ws = copies_of(w)
     outs = [torch.empty(1, n, device="cuda") for _ in ws]
     default = gemv_config(qtype, n, k)
-    configs = gemv_sweep(qtype) if sweep else []
+    configs = configs_override or (gemv_sweep(qtype) if sweep else [])
     if default not in configs:
         configs = [default] + configs
     best = None
@@ -466,6 +472,17 @@ def main() -> None:
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}; "
           f"device-to-device copy {bw:.0f} GB/s (read+write)", flush=True)
 
+    if "wide" in only:
+        print("\n== decode GEMV, K-quants: wide config sweep (small row tiles, more programs) ==")
+        for label, qt, n, k in [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728),
+                                ("qwen3-4b ffn_down", "Q4_K", 2560, 9728), ("qwen3-4b attn_q+k", "Q4_K", 5120, 2560),
+                                ("qwen3-4b attn_o", "Q4_K", 2560, 4096), ("qwen3-4b attn_v", "Q6_K", 1024, 2560),
+                                ("qwen2.5 ffn_gate+up", "Q4_K", 17920, 1536), ("qwen2.5 ffn_down", "Q6_K", 1536, 8960),
+                                ("qwen2.5 ffn_down", "Q4_K", 1536, 8960), ("qwen2.5 attn_q+k", "Q4_K", 1792, 1536),
+                                ("qwen2.5 attn_o", "Q4_K", 1536, 1536), ("qwen2.5 attn_v", "Q6_K", 256, 1536)]:
+            guard(bench_gemv, qt, n, k, label, bw, True, WIDE_K_QUANT)
+            save(args.out)
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
     if "v2" in only:
         guard(run_v2, bw, sweep)
         save(args.out)

@@ -298,6 +298,10 @@ class Sampler:
                 f"expected logits of shape ({self.vocab_size},), got {tuple(logits.shape)}"
             )
         p = self.params
+        if p.greedy and not p.penalties_active and self.constraint is None:
+            # Plain greedy needs only the argmax: take it where the logits are (on the GPU, one
+            # small kernel and 8 bytes back instead of the whole vocabulary copied to the host).
+            return greedy(logits)
         x = self._constrain(logits.detach().to(device="cpu", dtype=torch.float32))
         x = apply_penalties(x, history, p)
         if p.greedy:

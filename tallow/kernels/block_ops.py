@@ -1,5 +1,5 @@
-"""The elementwise ops between a block's matrix products: RMSNorm fused with the residual add
-before it, and the gated MLP activation.
+"""The ops between a block's matrix products: RMSNorm fused with the residual add before it,
+the gated MLP activation, and a prefill chunk's attention over the KV pool.
 
 Model files call them as `model.ops.add_norm(...)` / `model.ops.glu(...)` and never see which
 kernels run. On the CPU (and on the GPU with TALLOW_TRITON_OPS=0) they are the torch forms of
@@ -40,6 +40,11 @@ class TorchOps:
         f = gate_up.shape[-1] // 2
         return (swiglu if kind == "swiglu" else geglu)(gate_up[..., :f], gate_up[..., f:])
 
+    def pool_attention(self, q, kv, layer: int, start: int, lo: int, window, scale: float, softcap):
+        """Attention of a chunk q (n, n_heads, head_dim) at positions start.. over the pool's keys
+        lo..start+n-1 in one kernel, or None: the caller's torch path (mask + SDPA) runs."""
+        return None
+
 
 class TritonOps(TorchOps):
     """One Triton launch per op (kernels/triton/rmsnorm.py, glu.py); shapes the kernels do not
@@ -75,6 +80,15 @@ class TritonOps(TorchOps):
 
         f = gate_up.shape[-1] // 2
         return glu(gate_up[:, :f], gate_up[:, f:], kind)
+
+    def pool_attention(self, q, kv, layer, start, lo, window, scale, softcap):
+        from .triton.prefill_attention import prefill_attention, prefill_attention_enabled
+
+        k, v = kv.k[layer], kv.v[layer]
+        if not prefill_attention_enabled() or k.shape[-1] != v.shape[-1] or q.stride(-1) != 1:
+            return None
+        scales = (kv.k_scale[layer], kv.v_scale[layer]) if getattr(kv, "scaled", False) else (None, None)
+        return prefill_attention(q, k, v, start, lo, scale, window, softcap, *scales)
 
 
 def block_ops(on_gpu: bool) -> TorchOps:

@@ -120,8 +120,12 @@ class DecoderModel:
             begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
             keys, values = kv.view(index, begin, end)
             return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
-        positions = torch.arange(start, end, device=q.device)
         lo = kv.window_start(index, start)  # 0, or a ring's window edge for the first query
+        fused = self.ops.pool_attention(q, kv, index, start, lo, layer.sliding_window, spec.attn_scale,
+                                        spec.attn_logit_softcap)
+        if fused is not None:  # one kernel reading the pool (GPU)
+            return fused
+        positions = torch.arange(start, end, device=q.device)
         keys, values = kv.view(index, lo, end)
         mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)

@@ -47,11 +47,19 @@ class _BoundKV:
         self.kv.store_at(layer, self.position, k, v)
 
     def cache_rows(self, layer: int):
-        """(k_cache, v_cache, row) for a kernel that writes this step's K/V itself, or None when
-        the layer's storage is not a plain (n_kv_heads, n_ctx, head_dim) float cache."""
+        """(k_cache, v_cache, slot) for a kernel that writes this step's K/V itself, or None when
+        the layer stores codes with scales (int8/fp8: `store` quantizes). A ring's slot is
+        position % ring, computed on the device once per step for each ring size."""
         k, v = self.kv.k[layer], self.kv.v[layer]
-        plain = k.dtype in (torch.float16, torch.bfloat16, torch.float32) and k.shape[1] == self.kv.n_ctx
-        return (k, v, self.position) if plain and k.stride(-1) == 1 and v.stride(-1) == 1 else None
+        if k.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.stride(-1) != 1 or v.stride(-1) != 1:
+            return None
+        cap = k.shape[1]
+        if cap >= self.kv.n_ctx:
+            return k, v, self.position
+        slots = self.__dict__.setdefault("_slots", {})
+        if cap not in slots:
+            slots[cap] = torch.remainder(self.position, cap)
+        return k, v, slots[cap]
 
 
 class _FusedAttentionInputs:

@@ -241,16 +241,17 @@ def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, 
 # ------------------------------------------------------------------------------------------
 
 def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages) for a shape, from the H200 sweep in
-    docs/performance.md (2026-11-30). num_stages > 1 lets Triton's pipeliner prefetch the next
-    steps' bytes with cp.async, which pays where the grid is small (few rows, long K): then
-    each program must keep more bytes in flight. Many rows (lm head) want wide row tiles."""
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages) for a shape, from the H200 sweeps in
+    docs/performance.md (2026-11-30, widened 2026-11-29). num_stages > 1 lets Triton's pipeliner
+    prefetch the next steps' bytes with cp.async: these kernels are latency-bound, so every
+    shape wants it. Many rows (lm head) want wide row tiles; few rows over a long K (down and
+    output projections) want small tiles, i.e. more programs in flight."""
     if qtype in ("Q4_K", "Q6_K"):
         if n >= 32768:
             return (16, 2, 8, 1)
         if n >= 4096 and k <= 4096:
-            return (8, 2, 4, 1)
-        return (2, 4, 4, 3)
+            return (8, 2, 4, 3)
+        return (4, 4, 4, 3) if qtype == "Q4_K" else (2, 4, 4, 3)
     if k >= 4096:
         return (8, 16, 4, 3)
     return (8, 8, 4, 1)

@@ -1,0 +1,120 @@
+"""Flash attention for a prefill chunk: causal, GQA, sliding window, optional soft-cap, reading
+K/V straight from the KV pool (plain, ring, or int8/fp8 with scales).
+
+Why. The torch path builds a boolean mask, converts the cache's keys and values to float32
+copies and runs SDPA's math fallback (fp32 + mask + GQA has no fused kernel): about fifteen
+launches and two cache-sized copies per layer. Prefill on the GPU is launch-bound at short and
+mid lengths (the host issues ~50 launches per layer), so this one launch per layer is the lever.
+
+Shapes: q (n, n_heads, head_dim) fp32 for queries at positions start..start+n-1, their K/V
+already written to the pool; K/V caches (n_kv_heads, n_slots, head_dim), position p in slot
+p % n_slots (a plain cache has n_slots >= every position, so p itself). Keys lo..start+n-1
+are read, where lo is the oldest position any query may see (0, or the window's edge for a
+ring). Output (n, n_heads * head_dim) fp32.
+
+One program per (block of BLOCK_M queries, query head): Q tile (BLOCK_M, D) @ K tile^T on
+the tensor cores, online softmax in fp32 with exp2, P (rounded to fp16) @ V tile, fp32
+accumulation. Numerics as the decode kernel (decode_attention.py) and llama.cpp's CUDA flash
+attention with an f16 cache: q rounded to the cache's float type for QK, probabilities to fp16
+for PV. A query at p sees key k iff k <= p and (window == 0 or p - k < window).
+
+TALLOW_TRITON_ATTENTION=0 sends prefill back to the torch path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["prefill_attention", "prefill_attention_enabled"]
+
+_LOG2E = 1.4426950408889634
+
+
+def prefill_attention_enabled() -> bool:
+    return os.environ.get("TALLOW_TRITON_ATTENTION", "1") != "0"
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, n_q, start, lo, n_slots, window,
+                    qk_scale, softcap, sq_t, sq_h, sk_h, sk_t, sv_h, sv_t, ss_h, so_t,
+                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SCALED: tl.constexpr, SOFTCAP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    m_ok = m < n_q
+    d_ok = d < D
+    q_pos = start + m
+    q = tl.load(q_ptr + m[:, None] * sq_t + h * sq_h + d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    # QK in the cache's float type (fp16 for codes), like the decode kernel.
+    kv_float = tl.float16 if SCALED else k_ptr.dtype.element_ty
+    q = q.to(kv_float)
+    # Keys this block of queries can see: from its first query's window edge to its last query.
+    first = start + pid_m * BLOCK_M
+    k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
+    k_hi = tl.minimum(first + BLOCK_M, start + n_q)
+    m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: a fully masked tile adds exp2(-inf) = 0
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for n0 in range(k_lo, k_hi, BLOCK_N):
+        p = n0 + tl.arange(0, BLOCK_N)
+        p_ok = p < k_hi
+        slot = (p % n_slots).to(tl.int64)
+        k = tl.load(k_ptr + kvh * sk_h + slot[:, None] * sk_t + d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_ptr + kvh * sv_h + slot[:, None] * sv_t + d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+        if SCALED:
+            k = (k.to(tl.float32) * tl.load(ks_ptr + kvh * ss_h + slot, mask=p_ok, other=0.0)[:, None]).to(tl.float16)
+            v = (v.to(tl.float32) * tl.load(vs_ptr + kvh * ss_h + slot, mask=p_ok, other=0.0)[:, None]).to(tl.float16)
+        s = tl.dot(q, tl.trans(k.to(kv_float)))  # (BLOCK_M, BLOCK_N) fp32
+        if SOFTCAP:
+            s = softcap * (2.0 / (1.0 + tl.exp(-2.0 * (s * qk_scale / softcap))) - 1.0)  # cap * tanh(s * scale / cap)
+            s = s * 1.4426950408889634
+        else:
+            s = s * (qk_scale * 1.4426950408889634)
+        visible = (p[None, :] <= q_pos[:, None]) & p_ok[None, :]
+        visible &= (window <= 0) | (q_pos[:, None] - p[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        prob = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(prob, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(tl.float16), v.to(tl.float16))
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(o_ptr + m[:, None] * so_t + h * D + d[None, :], out, mask=m_ok[:, None] & d_ok[None, :])
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, lo: int,
+                      scale: float, window: int | None = None, softcap: float | None = None,
+                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q (n, n_heads, head_dim) at positions start..; caches (n_kv_heads, n_slots, head_dim) holding
+    positions lo..start+n-1 (slot p % n_slots); scales (n_kv_heads, n_slots) for int8/fp8 codes.
+    Returns (n, n_heads * head_dim) float32."""
+    n, n_heads, head_dim = q.shape
+    n_kv, n_slots, kd = k_cache.shape
+    if kd != head_dim or v_cache.shape[2] != head_dim or n_heads % n_kv:
+        raise ValueError(f"prefill_attention: q {tuple(q.shape)}, K {tuple(k_cache.shape)}, V {tuple(v_cache.shape)} do not fit.")
+    if start + n - lo > n_slots:
+        raise ValueError(f"prefill_attention: positions {lo}..{start + n - 1} do not fit {n_slots} slots.")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("prefill_attention: the last dims must be contiguous.")
+    scaled = k_scale is not None
+    out = torch.empty((n, n_heads * head_dim), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(head_dim)
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 128 else 32
+    grid = (triton.cdiv(n, block_m), n_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, k_scale if scaled else k_cache, v_scale if scaled else v_cache, out,
+        n, start, lo, n_slots, window or 0, float(scale), float(softcap or 1.0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        k_scale.stride(0) if scaled else 0, out.stride(0),
+        GROUP=n_heads // n_kv, D=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        SCALED=scaled, SOFTCAP=softcap is not None, num_warps=4, num_stages=2)
+    return out

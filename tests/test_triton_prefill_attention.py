@@ -1,0 +1,82 @@
+"""Flash prefill attention (kernels/triton/prefill_attention.py) through Triton's interpreter
+against the torch reference: plain f16 cache with GQA and a reused prefix, a sliding-window
+ring that has wrapped, int8 codes with scales, soft-cap, head_dim 256.
+
+Tolerance: q and the probabilities are rounded to fp16 for the two products (as the decode
+kernel and llama.cpp's flash attention do), so ~1e-3 relative; a wrong mask, slot or head
+gives O(1).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+import tallow.kernels.triton  # noqa: E402,F401
+from tallow.kernels.triton.prefill_attention import prefill_attention  # noqa: E402
+
+
+def reference(q, keys, values, start, lo, scale, window, softcap):
+    """keys/values (n_kv, n_keys, d) float32 for positions lo.. in order."""
+    n, nh, d = q.shape
+    group = nh // keys.shape[0]
+    k = keys.repeat_interleave(group, 0)
+    v = values.repeat_interleave(group, 0)
+    s = torch.einsum("nhd,htd->hnt", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    qp = torch.arange(start, start + n)[:, None]
+    kp = torch.arange(lo, lo + keys.shape[1])[None, :]
+    vis = kp <= qp
+    if window:
+        vis &= qp - kp < window
+    s = s.masked_fill(~vis, float("-inf"))
+    return torch.einsum("hnt,htd->nhd", s.softmax(-1), v).reshape(n, -1)
+
+
+def _fill(n_kv, n_slots, d, positions, g, dtype=torch.float16):
+    """A cache whose slot p % n_slots holds position p's key, plus those keys in order (float32)."""
+    k = torch.zeros(n_kv, n_slots, d, dtype=dtype)
+    keys = torch.randn(n_kv, len(positions), d, generator=g)
+    for i, p in enumerate(positions):
+        k[:, p % n_slots] = keys[:, i].to(dtype)
+    return k, k[:, [p % n_slots for p in positions]].float()
+
+
+@pytest.mark.parametrize("n,start,nh,nkv,d,window,n_slots,softcap", [
+    (70, 0, 4, 2, 64, None, 96, None),     # fresh prompt, GQA, a partial last block
+    (33, 40, 6, 2, 64, None, 128, None),   # a chunk after a reused prefix
+    (50, 90, 2, 1, 64, 16, 80, None),      # sliding window on a ring that has wrapped
+    (20, 10, 2, 1, 256, None, 64, 30.0),   # head_dim 256, soft-cap
+])
+def test_prefill_attention_matches_reference(n, start, nh, nkv, d, window, n_slots, softcap):
+    g = torch.Generator().manual_seed(n + start)
+    lo = max(0, start - window + 1) if window else 0
+    positions = list(range(lo, start + n))
+    k_cache, keys = _fill(nkv, n_slots, d, positions, g)
+    v_cache, values = _fill(nkv, n_slots, d, positions, g)
+    q = torch.randn(n, nh, d, generator=g)
+    scale = d ** -0.5
+    got = prefill_attention(q, k_cache, v_cache, start, lo, scale, window, softcap)
+    want = reference(q, keys, values, start, lo, scale, window, softcap)
+    assert float((got - want).abs().max()) < 1e-2 * float(want.abs().max())
+
+
+def test_prefill_attention_reads_int8_codes_with_scales():
+    g = torch.Generator().manual_seed(5)
+    n, nh, nkv, d, n_slots = 24, 4, 2, 64, 32
+    x_k = torch.randn(nkv, n_slots, d, generator=g)
+    x_v = torch.randn(nkv, n_slots, d, generator=g)
+    ks, vs = x_k.abs().amax(-1) / 127, x_v.abs().amax(-1) / 127
+    k8 = (x_k / ks[..., None]).round().to(torch.int8)
+    v8 = (x_v / vs[..., None]).round().to(torch.int8)
+    q = torch.randn(n, nh, d, generator=g)
+    got = prefill_attention(q, k8, v8, 0, 0, 0.125, k_scale=ks, v_scale=vs)
+    want = reference(q, (k8.float() * ks[..., None])[:, :n], (v8.float() * vs[..., None])[:, :n], 0, 0, 0.125, None, None)
+    assert float((got - want).abs().max()) < 1e-2 * float(want.abs().max())
