@@ -23,6 +23,7 @@ from .errors import UsageError
 from .grammar import GrammarSpec, build_constraint
 from .gguf_file import GGUFFile
 from .memory.budget import default_budget, plan_memory
+from .memory.heap import bound_heap
 from .models import build_model
 from .registry import resolve_model
 from .sampling import Sampler, SamplingParams
@@ -90,6 +91,7 @@ class LLM:
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
         (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
         t0 = time.perf_counter()
+        bound_heap()  # large temporaries go back to the OS when freed: the peak stays the planned one
         self.path = str(path)
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)

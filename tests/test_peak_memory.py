@@ -1,0 +1,59 @@
+"""The memory plan predicts the process's peak: load, a long prompt's prefill and decode.
+
+A fresh process (so nothing else has touched its heap) imports torch and tallow, resets the
+kernel's high-water mark (/proc/self/clear_refs), loads smollm2-135m at ctx 2048, prefills a
+2000-token prompt (four 512-token chunks reaching the deepest position the plan assumes) and
+decodes 16 tokens. Its peak resident size above the post-import baseline (VmHWM, what the
+OOM killer sees; the torch runtime itself is outside the account, see memory/budget.py)
+must be within 10% of `plan_memory`'s total. With TALLOW_BOUNDED_HEAP=0 the same run is
+reported (not asserted): glibc's dynamic mmap threshold keeps freed prefill temporaries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from model_paths import require_model
+
+SCRIPT = r"""
+import json, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+import torch
+import tallow
+base = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS now
+llm = tallow.LLM(sys.argv[1], ctx=2048, device="cpu", kv_dtype="f16")
+load_peak = status("VmHWM:")
+ids = torch.randint(100, 20000, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
+llm.generate(ids, max_tokens=16, temperature=0)
+p = llm.memory
+print(json.dumps({"load_peak": load_peak - base, "peak": status("VmHWM:") - base, "end": status("VmRSS:") - base,
+                  "plan_total": p.total, "plan_resident": p.resident}))
+"""
+
+
+def _measure(path: str, **env: str) -> dict:
+    run_env = {**os.environ, "TALLOW_SPECULATE": "0", "TALLOW_PERSIST_KV": "0", **env}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, path], capture_output=True, text=True, timeout=600, env=run_env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_peak_memory_matches_the_plan():
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the high-water mark")
+    path = str(require_model("smollm2-135m"))
+    m = _measure(path)
+    MiB = 1 << 20
+    print(f"\nsmollm2-135m ctx 2048, 2000-token prompt: peak {m['peak'] / MiB:.1f} MiB (loading {m['load_peak'] / MiB:.1f}),"
+          f" plan {m['plan_total'] / MiB:.1f} MiB (resident {m['plan_resident'] / MiB:.1f}), after {m['end'] / MiB:.1f};"
+          f" peak/plan {m['peak'] / m['plan_total']:.3f}")
+    assert abs(m["peak"] - m["plan_total"]) <= 0.10 * m["plan_total"]
