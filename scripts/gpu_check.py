@@ -43,6 +43,13 @@ def parity(path: Path, n_tokens: int = 48) -> dict:
     t0 = time.perf_counter()
     g = gpu.model.forward(ids, 0, gpu.engine.kv, all_logits=True).float().cpu()
     gpu_prefill_s = time.perf_counter() - t0
+    # prefill through the engine (a CUDA graph per length bucket, padded) against the eager pass
+    from tallow.engine.engine import GenerationStats
+
+    graph_prefill = []
+    for n in (40, 48, 17):  # buckets 64, 64 (replay), 32
+        gpu.engine.reset()
+        graph_prefill.append((gpu.engine.prefill(ids[:n], GenerationStats()).float().cpu() - g[n - 1]).abs().max().item())
     # decode: the same tokens one by one through the graph, against eager decode on the GPU
     gpu.engine.reset()
     gpu.model.forward(ids[:8], 0, gpu.engine.kv)
@@ -66,6 +73,7 @@ def parity(path: Path, n_tokens: int = 48) -> dict:
         "graph_decode_vs_cpu_ref_max_abs": (gr - c[8:24]).abs().max().item(),
         "graph_top1_agree_cpu_ref": (gr.argmax(-1) == c[8:24].argmax(-1)).float().mean().item(),
         "gpu_prefill_48_s": gpu_prefill_s,
+        "prefill_graph_vs_eager_max_abs": graph_prefill,
     }
 
 

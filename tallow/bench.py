@@ -39,7 +39,7 @@ def _prefill(llm, tokens: list[int]) -> None:
     engine = llm.engine
     engine.reset()
     for start in range(0, len(tokens), engine.prefill_chunk):
-        engine.model.forward(tokens[start : start + engine.prefill_chunk], start, engine.kv)
+        engine.prefill_chunk_at(tokens[start : start + engine.prefill_chunk], start)
 
 
 def bench_prefill(llm, n: int, depth: int, generator: torch.Generator) -> float:

@@ -80,3 +80,14 @@ def test_prefill_attention_reads_int8_codes_with_scales():
     got = prefill_attention(q, k8, v8, 0, 0, 0.125, k_scale=ks, v_scale=vs)
     want = reference(q, (k8.float() * ks[..., None])[:, :n], (v8.float() * vs[..., None])[:, :n], 0, 0, 0.125, None, None)
     assert float((got - want).abs().max()) < 1e-2 * float(want.abs().max())
+
+
+def test_prefill_attention_start_on_device_equals_host_start():
+    g = torch.Generator().manual_seed(9)
+    positions = list(range(0, 40))
+    k_cache, _ = _fill(2, 48, 64, positions, g)
+    v_cache, _ = _fill(2, 48, 64, positions, g)
+    q = torch.randn(24, 4, 64, generator=g)
+    host = prefill_attention(q, k_cache, v_cache, 16, 0, 0.125, 8)
+    device = prefill_attention(q, k_cache, v_cache, torch.tensor([16]), 0, 0.125, 8)
+    assert torch.equal(host, device)

@@ -76,6 +76,7 @@ class Engine:
         # Sliding-window layers hold rings sized for one prefill chunk beyond their window.
         self.kv = KVPool(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
+        self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
@@ -127,6 +128,23 @@ class Engine:
         self.kv.tokens.append(token)
         return logits
 
+    def prefill_chunk_at(self, chunk: list[int], start: int) -> torch.Tensor:
+        """Write the K/V of `chunk` at positions start.. and return the logits of its last token
+        ((1, vocab)): on the GPU from a replayed CUDA graph of the chunk's length bucket
+        (graphs.PrefillGraphs), elsewhere (or when no bucket fits) the eager forward pass."""
+        if self.model.device.type == "cuda":
+            from .graphs import PrefillGraphs, prefill_graphs_enabled
+
+            if self._prefill_graphs is None and prefill_graphs_enabled():
+                self._prefill_graphs = PrefillGraphs(self.model, self.kv, self.model.device)
+            if self._prefill_graphs is not None:
+                logits = self._prefill_graphs.run(chunk, start)
+                if logits is not None:
+                    del self.kv.tokens[start:]
+                    self.kv.tokens.extend(chunk)
+                    return logits.unsqueeze(0)
+        return self.model.forward(chunk, start, self.kv)
+
     def _common_prefix(self, tokens: list[int]) -> int:
         if not prefix_reuse_enabled():
             return 0
@@ -158,7 +176,7 @@ class Engine:
                 logits = None
                 break
             chunk = tokens[start : start + self.prefill_chunk]
-            logits = self.model.forward(chunk, start, self.kv)
+            logits = self.prefill_chunk_at(chunk, start)
         stats.prompt_tokens = len(tokens)
         stats.reused_tokens = reuse
         stats.prefill_tokens = len(tokens) - reuse

@@ -179,6 +179,27 @@ class DecoderModel:
         kv.tokens.extend(tokens)
         return softcap_logits(logits, self.spec.final_logit_softcap)
 
+    # -- a prefill chunk with its positions on the device (for CUDA graphs) -------------------
+    @torch.inference_mode()
+    def forward_chunk(self, tokens: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, last: torch.Tensor,
+                      kv: KVPool) -> torch.Tensor:
+        """`forward` of tokens (n,) at `positions` (n,) = start.. with everything on the device;
+        returns the logits (1, vocab) of row `last` (1,). Graph-safe: a captured chunk replays at
+        any start, and rows after `last` may be padding (their K/V land in positions that are
+        rewritten before anything reads them). The caller keeps `kv.tokens`."""
+        from .step import bind_chunk
+
+        step, bound_kv = bind_chunk(self, positions, start, kv)
+        x = self.embedding(tokens)
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        delta = None
+        for layer in self.layers:
+            x, delta = step.block(layer, x, delta, positions, bound_kv, 0)
+        x, delta = x.index_select(0, last), delta.index_select(0, last)
+        _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
+        return softcap_logits(self.output(h), self.spec.final_logit_softcap)
+
     # -- one decode step with its position on the device (for CUDA graphs) -------------------
     @torch.inference_mode()
     def forward_step(self, token: torch.Tensor, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool) -> torch.Tensor:

@@ -27,7 +27,7 @@ class _BoundRotary:
         self.position = position
 
     def apply_at(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        cos = self.table.cos_full.index_select(0, self.position)  # (1, 1, rope_dim)
+        cos = self.table.cos_full.index_select(0, self.position)  # (n, 1, rope_dim)
         sin = self.table.sin_signed.index_select(0, self.position)
         return self.table.rotate(x, cos, sin)
 
@@ -131,6 +131,33 @@ class _BoundAttention:
         begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
         keys, values = kv.view(index, begin, end)
         return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
+
+
+class _BoundChunkAttention:
+    """Attention of a prefill chunk whose first position `start` (1,) is on the device: the
+    Triton flash kernel reads it there; the torch path (CPU tests) reads it back."""
+
+    def __init__(self, model, start: torch.Tensor):
+        self.model = model
+        self.start = start
+
+    def __call__(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
+        spec, layer = self.model.spec, self.model.spec.layers[index]
+        out = self.model.ops.pool_attention(q, kv.kv, index, self.start, 0, layer.sliding_window, spec.attn_scale,
+                                            spec.attn_logit_softcap)
+        if out is not None:
+            return out
+        return type(self.model).attend(self.model, index, q, kv.kv, int(self.start.item()))
+
+
+def bind_chunk(model, positions: torch.Tensor, start: torch.Tensor, kv: KVPool):
+    """`bind_step` for a prefill chunk of len(positions) tokens at positions start.. (device
+    tensors): RoPE gathers its rows at `positions`, K/V are written there, and attention is the
+    flash kernel with `start` read on the device."""
+    step = copy.copy(model)
+    step.rope = {base: _BoundRotary(table, positions) for base, table in model.rope.items()}
+    step.attend = _BoundChunkAttention(model, start)
+    return step, _BoundKV(kv, positions)
 
 
 def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):

@@ -39,11 +39,14 @@ def prefill_attention_enabled() -> bool:
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, n_q, start, lo, n_slots, window,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, start_ptr, n_q, start, lo, n_slots, window,
                     qk_scale, softcap, sq_t, sq_h, sk_h, sk_t, sv_h, sv_t, ss_h, so_t,
                     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SCALED: tl.constexpr, SOFTCAP: tl.constexpr):
+                    BLOCK_N: tl.constexpr, SCALED: tl.constexpr, SOFTCAP: tl.constexpr,
+                    START_ON_DEVICE: tl.constexpr):
     pid_m = tl.program_id(0)
+    if START_ON_DEVICE:  # a captured prefill graph: the chunk's first position lives on the device
+        start = tl.load(start_ptr).to(tl.int32)
     h = tl.program_id(1)
     kvh = h // GROUP
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -90,17 +93,20 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, n_q, start, lo, 
     tl.store(o_ptr + m[:, None] * so_t + h * D + d[None, :], out, mask=m_ok[:, None] & d_ok[None, :])
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, lo: int,
-                      scale: float, window: int | None = None, softcap: float | None = None,
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: "int | torch.Tensor",
+                      lo: int, scale: float, window: int | None = None, softcap: float | None = None,
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """q (n, n_heads, head_dim) at positions start..; caches (n_kv_heads, n_slots, head_dim) holding
     positions lo..start+n-1 (slot p % n_slots); scales (n_kv_heads, n_slots) for int8/fp8 codes.
+    `start` may be a (1,) integer tensor on the device (graph capture; then lo must be 0 or
+    implied by the window, as it always is: the kernel never reads before a window's edge).
     Returns (n, n_heads * head_dim) float32."""
     n, n_heads, head_dim = q.shape
     n_kv, n_slots, kd = k_cache.shape
     if kd != head_dim or v_cache.shape[2] != head_dim or n_heads % n_kv:
         raise ValueError(f"prefill_attention: q {tuple(q.shape)}, K {tuple(k_cache.shape)}, V {tuple(v_cache.shape)} do not fit.")
-    if start + n - lo > n_slots:
+    on_device = isinstance(start, torch.Tensor)
+    if not on_device and start + n - lo > n_slots:
         raise ValueError(f"prefill_attention: positions {lo}..{start + n - 1} do not fit {n_slots} slots.")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("prefill_attention: the last dims must be contiguous.")
@@ -112,9 +118,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (triton.cdiv(n, block_m), n_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scale if scaled else k_cache, v_scale if scaled else v_cache, out,
-        n, start, lo, n_slots, window or 0, float(scale), float(softcap or 1.0),
+        start if on_device else out, n, 0 if on_device else start, lo, n_slots, window or 0, float(scale), float(softcap or 1.0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_scale.stride(0) if scaled else 0, out.stride(0),
         GROUP=n_heads // n_kv, D=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        SCALED=scaled, SOFTCAP=softcap is not None, num_warps=4, num_stages=2)
+        SCALED=scaled, SOFTCAP=softcap is not None, START_ON_DEVICE=on_device, num_warps=4, num_stages=2)
     return out
