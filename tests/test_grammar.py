@@ -102,6 +102,7 @@ CASES = [
     ("qwen", auto(), "Let me check.\n" + HERMES_CALL, True, True),
     ("qwen", auto(), 'Let me check.\n<tool_call>\n{"name": "launch_rocket"', False, False),
     ("qwen", auto(), "Let me check <tool_call> as text", False, False),  # the tag spelled out as text opens nothing
+    ("qwen", auto(), "<|fim_prefix|>{thinking}<|fim_middle|>\n" + HERMES_CALL, True, True),  # other special tokens (a <think> block) stay free
     ("smollm2", GrammarSpec(tools=TOOLS, tool_choice="required"), CALL, True, True),
     ("smollm2", GrammarSpec(tools=TOOLS, tool_choice="required"), "[" + CALL + ", " + CALL + "]", True, True),
     ("smollm2", GrammarSpec(tools=TOOLS, tool_choice="required"), '{"name": "set_light", "arguments": {"room": "kitchen"}}', False, False),  # 'color' is required

@@ -38,6 +38,18 @@ CASES = [
     # unclosed but complete call (stopped by max_tokens right after the JSON)
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n', False, "", "", [("get_weather", {"city": "Oslo"})]),
     ("a < b and <tool", False, "", "a < b and <tool", []),
+    # fenced calls after prose (what small models write unconstrained), Llama-style `parameters` too
+    ('Sure, here is the call:\n```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```', False, "", "Sure, here is the call:\n", [("get_weather", {"city": "Oslo"})]),
+    ('I will do that.\n```\n{"name": "set_light", "parameters": {"on": false}}\n```\nDone.', False, "", "I will do that.\n\nDone.", [("set_light", {"on": False})]),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```\nLet me know.', False, "", "\nLet me know.", [("get_weather", {"city": "Oslo"})]),
+    ('Calling:\n```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n', False, "", "Calling:\n", [("get_weather", {"city": "Oslo"})]),  # cut before the closing fence
+    ('[{"name": "get_weather", "arguments": {"city": "A"}}, {"name": "set_light", "arguments": {}}]', False, "", "", [("get_weather", {"city": "A"}), ("set_light", {})]),
+    # fences that are not calls to declared tools stay content, unchanged
+    ("Code:\n```python\nprint('```')\n```\nDone.", False, "", "Code:\n```python\nprint('```')\n```\nDone.", []),
+    ('Example:\n```json\n{"a": 1}\n```', False, "", 'Example:\n```json\n{"a": 1}\n```', []),
+    ('Try:\n```json\n{"name": "launch_rocket", "arguments": {}}\n```', False, "", 'Try:\n```json\n{"name": "launch_rocket", "arguments": {}}\n```', []),
+    ("Unclosed:\n```json\n{\"a\": ", False, "", "Unclosed:\n```json\n{\"a\": ", []),
+    ("ticks ` and `` inline", False, "", "ticks ` and `` inline", []),
 ]
 
 

@@ -40,6 +40,7 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
+FENCE = "```"
 
 
 def new_tool_call_id() -> str:
@@ -196,9 +197,12 @@ class ToolCallParser:
     """Finds tool calls in answer text (after reasoning has been split off).
 
     Hermes tags are recognised anywhere; text between and around calls stays content
-    (whitespace-only text once a call was made is dropped). With declared `tool_names`, an
-    answer that *starts* with ``{``, ``[`` or a code fence is held back to the end and then
-    tried as a generic JSON call; if that fails it is released as content unchanged.
+    (whitespace-only text once a call was made is dropped). With declared `tool_names`:
+    an answer that *starts* with ``{`` or ``[`` is held back to the end and then tried as a
+    generic JSON call; a ```json (or bare ```) fenced block anywhere — small models like to
+    write "Sure:" and then the call in a fence — is held until its closing fence and tried as
+    one. Either way, what is not a call to a declared tool is released as content unchanged.
+    Other fences (```python) stream through as they come.
     """
 
     def __init__(self, tool_names: Iterable[str] | None = None) -> None:
@@ -207,6 +211,9 @@ class ToolCallParser:
         self._in_call = False
         self._started = False  # any non-whitespace seen yet
         self._generic = False  # holding the whole answer for the generic fallback
+        self._fence: str | None = None  # inside a fenced block: "json" (held) or "other" (streamed)
+        self._fence_open = ""  # the held block's opening line
+        self._ws = ""  # whitespace after a call, held until we know whether text follows
         self.calls: list[ToolCall] = []
 
     def push(self, text: str) -> ParsedDelta:
@@ -217,7 +224,7 @@ class ToolCallParser:
             if not stripped:
                 return out
             self._started = True
-            if self.tool_names and (stripped[0] in "[{" or stripped.startswith("`")):
+            if self.tool_names and stripped[0] in "[{":
                 self._generic = True
         if self._generic:
             return out
@@ -230,17 +237,67 @@ class ToolCallParser:
                 self._buf = self._buf[i + len(TOOL_CLOSE) :]
                 self._in_call = False
                 continue
+            if self._fence is not None:
+                if not self._in_fence(out):
+                    break
+                continue
             i = self._buf.find(TOOL_OPEN)
+            f = self._buf.find(FENCE) if self.tool_names else -1
+            if f != -1 and (i == -1 or f < i):
+                if not self._open_fence(f, out):
+                    break
+                continue
             if i != -1:
                 self._emit_text(self._buf[:i], out)
                 self._buf = self._buf[i + len(TOOL_OPEN) :]
                 self._in_call = True
                 continue
-            keep = _partial_suffix(self._buf, TOOL_OPEN)
+            keep = max(_partial_suffix(self._buf, TOOL_OPEN), _partial_suffix(self._buf, FENCE) if self.tool_names else 0)
             self._emit_text(self._buf[: len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep :]
             break
         return out
+
+    def _open_fence(self, at: int, out: ParsedDelta) -> bool:
+        """A fence starts at `at`: once its opening line is complete, decide whether to hold it.
+        False when that line is not complete yet (wait for more text)."""
+        self._emit_text(self._buf[:at], out)
+        self._buf = self._buf[at:]
+        eol = self._buf.find("\n")
+        if eol == -1:
+            return False
+        line, self._buf = self._buf[: eol + 1], self._buf[eol + 1 :]
+        if line[len(FENCE) :].strip().lower() in ("", "json"):
+            self._fence, self._fence_open = "json", line
+        else:
+            self._fence = "other"
+            out.content += line
+        return True
+
+    def _in_fence(self, out: ParsedDelta) -> bool:
+        """Inside a fence: at its close, a held block becomes calls or content. False: wait."""
+        i = self._buf.find(FENCE)
+        if i == -1:
+            if self._fence == "other":  # stream code through, keeping a possible closing fence
+                keep = _partial_suffix(self._buf, FENCE)
+                out.content += self._buf[: len(self._buf) - keep]
+                self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        block, self._buf = self._buf[: i + len(FENCE)], self._buf[i + len(FENCE) :]
+        if self._fence == "other":
+            out.content += block
+        else:
+            self._fenced_block(self._fence_open + block, out)
+        self._fence = None
+        return True
+
+    def _fenced_block(self, text: str, out: ParsedDelta) -> None:
+        calls = _generic_calls(text, self.tool_names)
+        if calls:
+            self.calls.extend(calls)
+            out.tool_calls.extend(calls)
+        else:
+            out.content += text
 
     def flush(self) -> ParsedDelta:
         out = ParsedDelta()
@@ -253,6 +310,16 @@ class ToolCallParser:
             else:
                 out.content += held
             return out
+        if self._fence == "json":  # ended inside a held fence (max_tokens): a complete call still counts
+            self._fence = None
+            self._fenced_block(self._fence_open + held + ("" if held.rstrip().endswith(FENCE) else "\n" + FENCE), out)
+            if not out.tool_calls:
+                out.content = self._fence_open + held
+            return out
+        if self._fence == "other":
+            self._fence = None
+            out.content += held
+            return out
         if self._in_call:
             # The answer ended inside a call (no closing tag, e.g. max_tokens or a stop string):
             # keep it if its JSON is complete, else hand the raw text back.
@@ -263,8 +330,13 @@ class ToolCallParser:
         return out
 
     def _emit_text(self, text: str, out: ParsedDelta) -> None:
-        if self.calls and not text.strip():
-            return
+        # Once a call was made, whitespace is held until real text follows (then it is kept)
+        # or the answer ends (then it is dropped), so every split of the stream agrees.
+        if self.calls:
+            text, self._ws = self._ws + text, ""
+            if not text.strip():
+                self._ws = text
+                return
         out.content += text
 
     def _finish_call(self, body: str, out: ParsedDelta, closed: bool = True) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import GrammarError
 from .schema import json_rule
-from .vocab import special_token
+from .vocab import special_ids, special_token
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -37,6 +37,17 @@ def _lit(text: str) -> str:
 def _tag(tok, text: str) -> str:
     """The tag as a special token when the vocabulary has it as one, else as text."""
     return f"<{text[1:-1]}>" if special_token(tok, text) else _lit(text)
+
+
+def _ranges(ids: list[int]) -> str:
+    """Token ids as llguidance's `<[a-b,c]>` set, runs merged."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return "<[" + ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs) + "]>"
 
 
 def _functions(tools: list[dict[str, Any]], only: str | None) -> tuple[list[str], list[str]]:
@@ -84,10 +95,23 @@ def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any],
     # The openers are single terminals: a lexeme split across rules ("```" then "json") loses
     # against TEXT in llguidance's lexer and the call is never entered.
     json_starts = 'fn | BLANK fn | FENCE fn "\\n```"'
+    # Free text may hold the model's other special tokens (a reasoning model's <think> block),
+    # never the call tags or an end-of-generation token (that ends the grammar).
+    tags = {tok.token_to_id.get(TAG_OPEN), tok.token_to_id.get(TAG_CLOSE)}
+    others = [i for i in special_ids(tok) if i not in tok.eog_ids and i not in tags]
+    # After such a token the text is free of the start-of-answer rules (TAIL), but still
+    # cannot spell the tag.
+    tail = r"TAIL: /(?s:.+)/"
+    if others:
+        lines.append("free: TEXT (special TAIL?)* | (special TAIL?)+")
+        lines.append("special: " + _ranges(others))
+    else:
+        lines.append("free: TEXT")
     if syntax == "hermes":
         text += r" & ~/(?s:.*<tool_call>.*)/"
-        lines.insert(1, f"start: TEXT? | TEXT? calls | {json_starts}")
+        tail += r" & ~/(?s:.*<tool_call>.*)/"
+        lines.insert(1, f"start: free? | free? calls | {json_starts}")
     else:
-        lines.insert(1, f"start: TEXT? | {json_starts}")
-    lines += [text, r"WS: /[ \t\n]+/", r"BLANK: /[ \t\n]+/", r"FENCE: /[ \t\n]*```(json)?[ \t]*\n/"]
+        lines.insert(1, f"start: free? | {json_starts}")
+    lines += [text, tail, r"WS: /[ \t\n]+/", r"BLANK: /[ \t\n]+/", r"FENCE: /[ \t\n]*```(json)?[ \t]*\n/"]
     return "\n".join(lines)

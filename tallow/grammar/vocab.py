@@ -50,9 +50,17 @@ def grammar_tokenizer(tok) -> llguidance.LLTokenizer:
     return ll
 
 
+def special_ids(tok) -> list[int]:
+    """Ids the grammar vocabulary marks special (see the module doc)."""
+    return [i for i in range(tok.vocab_size) if _is_special(tok, i)]
+
+
+def _is_special(tok, i: int) -> bool:
+    text = tok.tokens[i]
+    return bool(tok.attrs[i] & ATTR_CONTROL or (tok.attrs[i] & ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">")))
+
+
 def special_token(tok, text: str) -> bool:
     """Whether `text` is one token that the grammar vocabulary marks special (usable as `<text>`)."""
     i = tok.token_to_id.get(text)
-    if i is None:
-        return False
-    return bool(tok.attrs[i] & ATTR_CONTROL or (tok.attrs[i] & ATTR_USER_DEFINED and text.startswith("<") and text.endswith(">")))
+    return i is not None and _is_special(tok, i)
