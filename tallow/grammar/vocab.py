@@ -50,9 +50,16 @@ def grammar_tokenizer(tok) -> llguidance.LLTokenizer:
     return ll
 
 
+_special_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def special_ids(tok) -> list[int]:
-    """Ids the grammar vocabulary marks special (see the module doc)."""
-    return [i for i in range(tok.vocab_size) if _is_special(tok, i)]
+    """Ids the grammar vocabulary marks special (see the module doc); cached per tokenizer
+    (a pass over gemma3's 262k tokens costs ~0.1 s, too much per request)."""
+    ids = _special_cache.get(tok)
+    if ids is None:
+        ids = _special_cache[tok] = [i for i in range(tok.vocab_size) if _is_special(tok, i)]
+    return ids
 
 
 def _is_special(tok, i: int) -> bool:
