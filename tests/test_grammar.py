@@ -172,10 +172,16 @@ def test_grammar_switch_refuses_instead_of_ignoring(vocabs, monkeypatch):
     assert build_constraint(tok, tok.vocab_size, auto(), source) is None
 
 
-def test_two_constraints_at_once_are_refused(vocabs):
+def test_requests_that_cannot_be_honoured_are_refused(vocabs):
     tok, source = vocabs["smollm2-135m"]
     with pytest.raises(GrammarError, match="Only one of"):
         build_constraint(tok, tok.vocab_size, GrammarSpec(response_format={"type": "json_object"}, grammar='start: "x"'), source)
+    with pytest.raises(GrammarError, match="no 'tools'"):
+        build_constraint(tok, tok.vocab_size, GrammarSpec(tool_choice="required"), source)
+    with pytest.raises(GrammarError, match="must be 'auto'"):
+        build_constraint(tok, tok.vocab_size, GrammarSpec(tools=TOOLS, tool_choice="always"), source)
+    with pytest.raises(GrammarError, match="not among the declared tools"):
+        build_constraint(tok, tok.vocab_size, GrammarSpec(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), source)
 
 
 # --------------------------------------------------------------------------- live answers through the API

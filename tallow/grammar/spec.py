@@ -35,6 +35,7 @@ class GrammarSpec:
 
     def lark(self, tok, template_source: str) -> str | None:
         """The grammar (Lark) for this request, or None for an unconstrained answer."""
+        self._check_tool_choice()
         fmt = response_format_rule(self.response_format)
         asked = [name for name, on in (("response_format", fmt is not None), ("grammar", self.grammar is not None), ("tool_choice", self.forced_tools())) if on]
         if len(asked) > 1:
@@ -46,6 +47,16 @@ class GrammarSpec:
         if self.tools and (self.forced_tools() or (self.tool_choice == "auto" and triggered_tools_enabled())):
             return tool_grammar(tok, self.tools, self.tool_choice, self.parallel_tool_calls, tool_syntax(template_source))
         return None
+
+    def _check_tool_choice(self) -> None:
+        """The API has no protocol layer in front of it: a tool_choice that cannot be honoured
+        is an error here, never an unconstrained answer."""
+        c = self.tool_choice
+        named = isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        if not named and c not in ("auto", "none", "required"):
+            raise GrammarError(f"'tool_choice' must be 'auto', 'none', 'required' or a named function, not {c!r}.", "tool_choice")
+        if c not in ("auto", "none") and not self.tools:
+            raise GrammarError("'tool_choice' asks for a tool call but no 'tools' were given.", "tool_choice")
 
     def describe(self) -> str:
         if self.response_format is not None:
