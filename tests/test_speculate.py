@@ -97,6 +97,40 @@ def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeyp
     assert engine.kv.tokens == prompt + seq
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_exact_over_wrapped_rings_and_quantized_kv(tmp_path, monkeypatch, always_draft, kv_dtype):
+    """gemma3's window of 8 as a ring of 8 + 4 - 1 slots (prefill chunks of 4) that wraps many
+    times, with f16 and int8 KV: each verification pass gives the decode steps' logits, and
+    rolling back rejected drafts never evicts keys a later token needs (drafts are capped by the
+    chunk the rings were sized for)."""
+    gf = GGUFFile(write_tiny_model("gemma3", tmp_path / "gemma3.gguf", qtype=QT.Q4_0))
+    spec = spec_from_gguf(gf)
+    engine = Engine(build_model(gf, spec), n_ctx=128, prefill_chunk=4, kv_dtype=kv_dtype)
+    assert engine.kv.has_rings
+    prompt, seq = list(range(40, 70)), [7, 200, 13, 13, 99, 5, 61, 250, 3, 17, 17, 80]
+    engine.prefill(prompt, GenerationStats())
+    verifier = _exact_verifier(engine.model)
+    for i in range(0, len(seq), 4):  # a pass, the way speculation runs it: rewind at most its length
+        start = len(prompt) + i
+        steps = torch.stack([engine.decode_step(t) for t in seq[i : i + 4]])
+        engine.kv.truncate(start)
+        assert torch.equal(verifier.forward(seq[i : i + 4], start, engine.kv, all_logits=True), steps)
+    # Drafts that are always wrong and as long as allowed: every pass is rolled back. Compare the
+    # logits each generated token came from, bit for bit (this model's logits are too peaked for
+    # the tokens alone to show a wrong key).
+    monkeypatch.setattr(PromptLookup, "draft", lambda self, ctx, k: (3, [(ctx[-1] * 7 + j) % 250 for j in range(k)]))
+    runs = []
+    for enabled in ("0", "1"):
+        monkeypatch.setenv("TALLOW_SPECULATE", enabled)
+        engine.reset()
+        seen, stats = [], GenerationStats()
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=1), spec.vocab_size)
+        tokens = list(engine.generate([10, 11, 12, 13] * 6, 30, sampler, set(), stats, observe=lambda t, x: seen.append(x.clone())))
+        runs.append((tokens, torch.stack(seen), stats.draft_tokens))
+    assert runs[1][0] == runs[0][0] and torch.equal(runs[1][1], runs[0][1])
+    assert runs[1][2] > 30  # passes were as long as the rings allow, and all rolled back
+
+
 def test_off_by_default_where_rows_are_not_exact(tmp_path, monkeypatch):
     """F32 matrices run through F.linear, whose one-row and many-row kernels round differently:
     speculation stays off unless asked for."""

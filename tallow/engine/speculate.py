@@ -168,7 +168,12 @@ class Speculation:
             self._learn(False)
             self.pending.clear()
             self.engine.kv.truncate(len(history) - 1)  # drop the rejected drafts' positions
-        n, draft = self.lookup.draft(history, min(K_MAX, room))
+            if len(self.engine.kv.tokens) != len(history) - 1:  # a ring lost keys: cannot happen, see below
+                raise RuntimeError("speculative decoding rolled the KV pool back past what its rings hold")
+        # A sliding-window layer is a ring with prefill_chunk - 1 slots beyond its window: writing
+        # at most prefill_chunk drafts ahead and rolling them back never evicts a key that a later
+        # token attends to (kv_pool.reusable), so drafts are capped by the chunk too.
+        n, draft = self.lookup.draft(history, min(K_MAX, room, self.engine.prefill_chunk))
         draft = draft[: self._choose_k(n, len(draft))]
         t0 = time.perf_counter()
         if not draft:
