@@ -118,3 +118,35 @@ def test_forward_chunk_with_padding_matches_forward(arch, triton_ops, tmp_path):
         kv_b.mark_written(start + bucket - 1)
     for g_, w_ in zip(got, want):
         assert float((g_ - w_).abs().max() / w_.abs().max()) < (2e-3 if triton_ops else 1e-4)  # padded shapes reorder sums
+
+
+@pytest.mark.parametrize("arch", ["gemma3"])  # GeGLU, sandwich norms; slow in the interpreter, so one arch
+def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
+    """The whole GPU placement (GEMVs over byte planes, Triton ops) on CPU tensors: with the
+    norms and GLUs folded into the GEMVs' x loads the decode step gives what the separate
+    kernels give (TALLOW_GEMV_PROLOGUE=0)."""
+    from tallow.kernels.dispatch import Placement
+
+    monkeypatch.setattr(Placement, "on_gpu", property(lambda self: True))
+    from gguf import GGMLQuantizationType as QT
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q8_0))
+    spec = spec_from_gguf(gf)
+    ids = tiny_prompt(4)
+
+    def run():
+        model = build_model(gf, spec)
+        for table in model.rope.values():
+            table.ensure(64)
+        kv = KVPool(spec, 64)
+        return torch.cat([
+            model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), kv)
+            for i, t in enumerate(ids)
+        ]), model
+
+    folded, model = run()
+    assert model.ops.lazy
+    monkeypatch.setenv("TALLOW_GEMV_PROLOGUE", "0")
+    separate, model = run()
+    assert not model.ops.lazy
+    assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-4

@@ -82,3 +82,30 @@ def test_gemv_tail_blocks_and_rows() -> None:
     y = quant_gemv(x, w, config=(8, 2, 4, 1))
     ref = quant_gemv_reference(x, w)
     assert (y - ref).norm() / ref.norm() < 2e-6
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_0"])
+@pytest.mark.parametrize("kind", ["norm+residual", "norm", "swiglu", "geglu"])
+def test_gemv_prologue_equals_the_op_then_the_product(name: str, kind: str) -> None:
+    """RMSNorm (+ residual, writing the new residual stream) or a GLU folded into the x loads
+    gives the separate kernels' result: the same fp32 operations, summed in another order."""
+    from tallow.kernels.triton.glu import glu
+    from tallow.kernels.triton.quant_gemv import Prologue
+    from tallow.kernels.triton.rmsnorm import rmsnorm
+
+    k, n, m = 512, 24, 2
+    g = torch.Generator().manual_seed(zlib.crc32(f"{name}{kind}".encode()))
+    w = pack_planes(random_raw(name, n, k, g), name, k)
+    if kind.startswith("norm"):
+        x, r, nw = torch.randn(m, k, generator=g), torch.randn(m, k, generator=g), torch.randn(k, generator=g)
+        res = r if kind == "norm+residual" else None
+        s_out = torch.full((m, k), float("nan"))
+        y = quant_gemv(x, w, prologue=Prologue("norm", nw, 1e-6, res, s_out if res is not None else None))
+        want = quant_gemv(rmsnorm(x, nw, 1e-6, residual=res), w)
+        if res is not None:
+            assert torch.equal(s_out, x + r)
+    else:
+        gu = torch.randn(m, 2 * k, generator=g)
+        y = quant_gemv(gu, w, prologue=Prologue(kind))
+        want = quant_gemv(glu(gu[:, :k], gu[:, k:], kind), w)
+    assert float((y - want).norm() / want.norm()) < 1e-5

@@ -46,11 +46,54 @@ class TorchOps:
         return None
 
 
+def gemv_prologue_enabled() -> bool:
+    return os.environ.get("TALLOW_GEMV_PROLOGUE", "1") != "0"
+
+
+class LazyInput:
+    """A norm or GLU not yet run: the GEMV that consumes it applies it as it loads x
+    (quant_gemv.Prologue), saving the op's own launch. Anything else calls `materialize()`,
+    which runs the op's kernel once. A norm over x + residual also owes the new residual stream
+    `sum_out`: exactly one consumer (the first GEMV, or `materialize`) writes it."""
+
+    def __init__(self, x: torch.Tensor, prologue, run):
+        self.x = x
+        self.prologue = prologue
+        self._run = run  # () -> the op's output, computed by its own kernel
+        self._value = None
+        self.shape = (x.shape[0], x.shape[1] // 2 if prologue.kind != "norm" else x.shape[1])
+        self.device = x.device
+
+    def take(self):
+        """The prologue for one GEMV: the first taker also writes the residual sum."""
+        pro = self.prologue
+        if pro.sum_out is not None:
+            self.prologue = type(pro)(pro.kind, pro.weight, pro.eps, pro.residual, None)
+        return pro
+
+    def materialize(self) -> torch.Tensor:
+        if self._value is None:
+            self._value = self._run(self.prologue.sum_out is not None)
+            self.prologue = type(self.prologue)(self.prologue.kind, self.prologue.weight, self.prologue.eps,
+                                                self.prologue.residual, None)
+        return self._value
+
+
 class TritonOps(TorchOps):
     """One Triton launch per op (kernels/triton/rmsnorm.py, glu.py); shapes the kernels do not
-    take (a per-head norm weight, a non-contiguous row) fall back to torch."""
+    take (a per-head norm weight, a non-contiguous row) fall back to torch. With `lazy`, decode
+    rows of a small model (K <= LAZY_MAX_K) come back as `LazyInput`s for the GEMV to fold in:
+    there every program re-reads x, cheap for K = 576 but not for K = 2560 (measured)."""
 
     fused_step = True
+    LAZY_MAX_ROWS = 8
+    LAZY_MAX_K = 2048
+
+    def __init__(self, lazy: bool = False):
+        self.lazy = lazy and gemv_prologue_enabled()
+
+    def _lazy_ok(self, x: torch.Tensor, k: int) -> bool:
+        return self.lazy and x.shape[0] <= self.LAZY_MAX_ROWS and k <= self.LAZY_MAX_K
 
     @staticmethod
     def _rows(x: torch.Tensor) -> bool:
@@ -71,6 +114,13 @@ class TritonOps(TorchOps):
         from .triton.rmsnorm import rmsnorm
 
         total = torch.empty_like(x)
+        if self._lazy_ok(x, x.shape[1]):
+            from .triton.quant_gemv import Prologue
+
+            def run(write_sum: bool) -> torch.Tensor:
+                return rmsnorm(delta, weight, eps, residual=x, sum_out=total if write_sum else None)
+
+            return total, LazyInput(delta, Prologue("norm", weight, eps, x, total), run)
         return total, rmsnorm(delta, weight, eps, residual=x, sum_out=total)
 
     def glu(self, gate_up, kind):
@@ -79,6 +129,10 @@ class TritonOps(TorchOps):
         from .triton.glu import glu
 
         f = gate_up.shape[-1] // 2
+        if self._lazy_ok(gate_up, f):
+            from .triton.quant_gemv import Prologue
+
+            return LazyInput(gate_up, Prologue(kind), lambda _: glu(gate_up[:, :f], gate_up[:, f:], kind))
         return glu(gate_up[:, :f], gate_up[:, f:], kind)
 
     def pool_attention(self, q, kv, layer, start, lo, window, scale, softcap):
@@ -92,4 +146,4 @@ class TritonOps(TorchOps):
 
 
 def block_ops(on_gpu: bool) -> TorchOps:
-    return TritonOps() if on_gpu and triton_ops_enabled() else TorchOps()
+    return TritonOps(lazy=True) if on_gpu and triton_ops_enabled() else TorchOps()

@@ -46,7 +46,7 @@ class Placement:
         self.linear_mode = linear_mode
         self._scratch = None
         self.ops = block_ops(self.on_gpu)
-        if self.device.type == "cuda":
+        if self.on_gpu:
             from .gpu.linear import Scratch
 
             self._scratch = Scratch(self.device)

@@ -17,12 +17,14 @@ import torch
 
 from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
+from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
 from ..triton.planes import QTYPES, PlaneWeight, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 from ..triton.quant_gemv import quant_gemv
 
 GEMV_MAX_ROWS = 8
+PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-reading x costs more than a launch
 
 
 def _switch_on(name: str) -> bool:
@@ -106,6 +108,12 @@ class GPULinear:
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
+        if isinstance(x, LazyInput):
+            # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
+            if self.dense is None and self.use_gemv and x.shape[0] <= GEMV_MAX_ROWS and self.out_features <= PROLOGUE_MAX_N:
+                y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
+                return y.add_(self.bias) if self.bias is not None else y
+            x = x.materialize()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.dense is None and x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:

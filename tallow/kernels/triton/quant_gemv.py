@@ -31,15 +31,63 @@ Activations may be fp32 or fp16/bf16 (converted to fp32 on load); the output is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 
-__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "SUPPORTED"]
+__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "Prologue", "SUPPORTED"]
 
 SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+# ------------------------------------------------------------------------------------------
+# Prologues: the op before the product, folded into the x loads so it costs no launch of its
+# own. x is tiny and every program walks all of K, so each program recomputing it is cheaper
+# than a ~2.5 µs kernel at decode sizes (used where K is small; see gpu/linear.py).
+#   PRO 0: x as given.
+#   PRO 1: RMSNorm(x + a) * w   (a: the residual stream; the program of row tile 0 also writes
+#          x + a to `s`, the new residual stream, for the next norm to read).
+#   PRO 2: RMSNorm(x) * w.
+#   PRO 3/4: SiLU/GELU(x[:K]) * x[K:2K]   (x: gate and up side by side; K = ffn).
+# Same operations in the same order as rmsnorm.py and glu.py.
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _prologue(x_row, a_row, s_row, K, eps, first, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
+    rstd = 1.0
+    if PRO == 1 or PRO == 2:
+        acc = tl.zeros((1024,), dtype=tl.float32)
+        for off in range(0, K, 1024):
+            e = off + tl.arange(0, 1024)
+            msk = e < K
+            v = tl.load(x_row + e, mask=msk, other=0.0).to(tl.float32)
+            if PRO == 1:
+                v += tl.load(a_row + e, mask=msk, other=0.0).to(tl.float32)
+                if WRITE_SUM:
+                    tl.store(s_row + e, v, mask=msk & first)
+            acc += v * v
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+    return rstd
+
+
+@triton.jit
+def _x(x_row, a_row, w_ptr, offs, mask, rstd, K, PRO: tl.constexpr):
+    if PRO == 0:
+        return tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    elif PRO == 1 or PRO == 2:
+        v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if PRO == 1:
+            v += tl.load(a_row + offs, mask=mask, other=0.0).to(tl.float32)
+        return (v * rstd) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_row + K + offs, mask=mask, other=0.0).to(tl.float32)
+        return _act(g, u, PRO - 3)
 
 
 # ------------------------------------------------------------------------------------------
@@ -50,6 +98,7 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 @triton.jit
 def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
@@ -61,6 +110,8 @@ def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, 
     g = tl.arange(0, G)
     j = tl.arange(0, 32)
     x_row = x_ptr + m * stride_xm
+    a_row = a_ptr + m * stride_am
+    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
     acc = tl.zeros((BLOCK_N, G, 32), dtype=tl.float32)
     for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         chunk = kb * 4 + g  # (G,) chunk index within the row
@@ -92,8 +143,8 @@ def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, 
         dl_hi = d * sc_hi.to(tl.float32)
         ml_hi = dmin * mn_hi.to(tl.float32)
         xoff = chunk[:, None] * 64 + j[None, :]  # (G, 32) element of the low nibble
-        x_lo = tl.load(x_row + xoff, mask=ok[:, None], other=0.0).to(tl.float32)
-        x_hi = tl.load(x_row + xoff + 32, mask=ok[:, None], other=0.0).to(tl.float32)
+        x_lo = _x(x_row, a_row, w_ptr, xoff, ok[:, None], rstd, K, PRO)
+        x_hi = _x(x_row, a_row, w_ptr, xoff + 32, ok[:, None], rstd, K, PRO)
         w_lo = (q & 15).to(tl.float32) * dl_lo[:, :, None] - ml_lo[:, :, None]
         w_hi = (q >> 4).to(tl.float32) * dl_hi[:, :, None] - ml_hi[:, :, None]
         acc += w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :]
@@ -112,6 +163,7 @@ def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, 
 
 @triton.jit
 def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
@@ -123,6 +175,8 @@ def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stri
     hidx = tl.arange(0, H)
     jj = tl.arange(0, 16)
     x_row = x_ptr + m * stride_xm
+    a_row = a_ptr + m * stride_am
+    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
     acc = tl.zeros((BLOCK_N, H, 16), dtype=tl.float32)
     for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         h = kb * 4 + hidx
@@ -148,10 +202,10 @@ def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stri
         q3 = ((qb >> 4) | (((qhv >> 6) & 3) << 4)) - 32
         xoff = (g * 128 + hh * 16)[:, None] + jj[None, :]  # (H, 16)
         xm = ok[:, None]
-        x0 = tl.load(x_row + xoff, mask=xm, other=0.0).to(tl.float32)
-        x1 = tl.load(x_row + xoff + 32, mask=xm, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + xoff + 64, mask=xm, other=0.0).to(tl.float32)
-        x3 = tl.load(x_row + xoff + 96, mask=xm, other=0.0).to(tl.float32)
+        x0 = _x(x_row, a_row, w_ptr, xoff, xm, rstd, K, PRO)
+        x1 = _x(x_row, a_row, w_ptr, xoff + 32, xm, rstd, K, PRO)
+        x2 = _x(x_row, a_row, w_ptr, xoff + 64, xm, rstd, K, PRO)
+        x3 = _x(x_row, a_row, w_ptr, xoff + 96, xm, rstd, K, PRO)
         acc += (dl0[:, :, None] * q0.to(tl.float32)) * x0[None, :, :]
         acc += (dl1[:, :, None] * q1.to(tl.float32)) * x1[None, :, :]
         acc += (dl2[:, :, None] * q2.to(tl.float32)) * x2[None, :, :]
@@ -166,6 +220,7 @@ def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stri
 
 @triton.jit
 def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     m = pid % M
@@ -176,6 +231,8 @@ def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym
     bi = tl.arange(0, BLOCKS)
     j = tl.arange(0, 32)
     x_row = x_ptr + m * stride_xm
+    a_row = a_ptr + m * stride_am
+    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
     acc = tl.zeros((BLOCK_N, BLOCKS, 32), dtype=tl.float32)
     for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         blk = kb + bi
@@ -184,7 +241,7 @@ def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym
         q = tl.load(qs_ptr + rows[:, None, None] * K + blk[None, :, None] * 32 + j[None, None, :],
                     mask=ok[None, :, None], other=0)
         d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
-        xv = tl.load(x_row + blk[:, None] * 32 + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        xv = _x(x_row, a_row, w_ptr, blk[:, None] * 32 + j[None, :], ok[:, None], rstd, K, PRO)
         acc += (q.to(tl.float32) * d[:, :, None]) * xv[None, :, :]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
@@ -198,6 +255,7 @@ def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym
 
 @triton.jit
 def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
+                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                       VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
     # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
     pid = tl.program_id(0)
@@ -209,6 +267,8 @@ def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, 
     bi = tl.arange(0, BLOCKS)
     jj = tl.arange(0, 16)
     x_row = x_ptr + m * stride_xm
+    a_row = a_ptr + m * stride_am
+    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
     acc = tl.zeros((BLOCK_N, BLOCKS, 16), dtype=tl.float32)
     for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
         blk = kb + bi
@@ -221,8 +281,8 @@ def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, 
         lo = q & 15
         hi = q >> 4
         xoff = blk[:, None] * 32 + jj[None, :]
-        x_lo = tl.load(x_row + xoff, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
-        x_hi = tl.load(x_row + xoff + 16, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+        x_lo = _x(x_row, a_row, w_ptr, xoff, ok[:, None], rstd, K, PRO)[None, :, :]
+        x_hi = _x(x_row, a_row, w_ptr, xoff + 16, ok[:, None], rstd, K, PRO)[None, :, :]
         if VARIANT == 0:
             acc += (d * (lo - 8).to(tl.float32)) * x_lo + (d * (hi - 8).to(tl.float32)) * x_hi
         elif VARIANT == 1:
@@ -257,27 +317,55 @@ def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
     return (8, 8, 4, 1)
 
 
+@dataclass
+class Prologue:
+    """The op folded into a GEMV's x loads (see `_prologue`): kind "norm" (RMSNorm of x, plus
+    `residual` when given, times `weight`; `sum_out` receives x + residual) or "swiglu"/"geglu"
+    (x holds gate and up side by side, K = ffn)."""
+
+    kind: str
+    weight: torch.Tensor | None = None
+    eps: float = 0.0
+    residual: torch.Tensor | None = None
+    sum_out: torch.Tensor | None = None
+
+    @property
+    def code(self) -> int:
+        if self.kind == "norm":
+            return 1 if self.residual is not None else 2
+        return {"swiglu": 3, "geglu": 4}[self.kind]
+
+
 def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
-               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None, prologue: Prologue | None = None) -> torch.Tensor:
     """y = x @ W^T. x float32/float16/bfloat16 (M, K) or (K,) with M <= 8 -> float32 (M, N).
 
-    `out` (float32 (M, N), contiguous) lets a CUDA-graph caller keep a static output buffer."""
+    `out` (float32 (M, N), unit last stride) lets a CUDA-graph caller keep a static output buffer.
+    With a `prologue`, the product is over prologue(x) instead (x is (M, 2K) for a GLU)."""
     if w.qtype not in SUPPORTED:
         raise ValueError(f"No Triton GEMV for {w.qtype}.")
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
-    if x2.ndim != 2 or x2.shape[1] != w.k:
+    pro = prologue.code if prologue is not None else 0
+    width = 2 * w.k if pro >= 3 else w.k
+    if x2.ndim != 2 or x2.shape[1] != width:
         raise ValueError(f"quant_gemv: x has shape {tuple(x.shape)}, the weight wants K={w.k}.")
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m_rows = x2.shape[0]
     if out is None:
         out = torch.empty((m_rows, w.n), dtype=torch.float32, device=x2.device)
+    a = prologue.residual if pro == 1 else x2
+    wt = prologue.weight if pro in (1, 2) else x2
+    sum_out = prologue.sum_out if pro == 1 and prologue.sum_out is not None else None
+    s_t = sum_out if sum_out is not None else x2
     block_n, blocks, warps, stages = config or gemv_config(w.qtype, w.n, w.k)
     grid = (triton.cdiv(w.n, block_n) * m_rows,)
     p = w.planes
-    common = dict(BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, num_warps=warps)
-    args = (w.n, w.k, m_rows, x2.stride(0), out.stride(0))
+    common = dict(BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, num_warps=warps, PRO=pro,
+                  WRITE_SUM=sum_out is not None)
+    args = (w.n, w.k, m_rows, x2.stride(0), out.stride(0), a, wt, s_t, a.stride(0), s_t.stride(0),
+            float(prologue.eps) if prologue is not None else 0.0)
     if w.qtype == "Q4_K":
         _q4_k_gemv_kernel[grid](x2, p["qs"], p["scales"], p["dm"], out, *args, **common)
     elif w.qtype == "Q6_K":
