@@ -125,7 +125,8 @@ def test_exact_over_wrapped_rings_and_quantized_kv(tmp_path, monkeypatch, always
         engine.reset()
         seen, stats = [], GenerationStats()
         sampler = Sampler(SamplingParams(temperature=1.0, seed=1), spec.vocab_size)
-        tokens = list(engine.generate([10, 11, 12, 13] * 6, 30, sampler, set(), stats, observe=lambda t, x: seen.append(x.clone())))
+        tokens = list(engine.generate([10, 11, 12, 13] * 6, 30, sampler, set(), stats,
+                                      observe=lambda t, x: seen.append(x.clone())))
         runs.append((tokens, torch.stack(seen), stats.draft_tokens))
     assert runs[1][0] == runs[0][0] and torch.equal(runs[1][1], runs[0][1])
     assert runs[1][2] > 30  # passes were as long as the rings allow, and all rolled back
