@@ -1,12 +1,18 @@
 """Mask cost per token next to decode time per token, on real generations (CPU).
 
     python scripts/grammar_mask_cost.py [/root/models/qwen2.5-coder-1.5b-instruct.gguf ...]
+    python scripts/grammar_mask_cost.py --walk [MODEL.gguf ...]
+
+--walk skips the model: it times mask+advance while walking fixed texts (a JSON instance; prose
+under the tool_choice "auto" grammar) token by token — seconds instead of minutes, the same
+per-token work the decode loop does.
 
 Each generation runs with a grammar (a json_schema answer; a tool_choice "auto" answer under
 the triggered grammar, which is the costliest grammar we build: free text checked against
 three negated regexes) and the constraint's `mask` and `advance` calls are timed inside the
-real decode loop. Reported per committed token: mask+advance ms, decode ms (the engine's own
-decode_s / decode_tokens), and their ratio.
+real decode loop, in thread CPU time (the mask runs on the sampling thread; CPU time is not
+inflated when a busy machine preempts us). Reported per committed token: mask+advance ms, decode
+ms (wall: the engine's own decode_s / decode_tokens), and their ratio.
 """
 
 from __future__ import annotations
@@ -26,18 +32,56 @@ _mask, _advance = GrammarConstraint.mask, GrammarConstraint.advance
 
 
 def timed_mask(self, logits):
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     _mask(self, logits)
-    times.append(time.perf_counter() - t0)
+    times.append(time.thread_time() - t0)
 
 
 def timed_advance(self, token):
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     _advance(self, token)
-    times[-1] += time.perf_counter() - t0
+    times[-1] += time.thread_time() - t0
 
 
 GrammarConstraint.mask, GrammarConstraint.advance = timed_mask, timed_advance
+
+
+def walk(paths: list[str]) -> None:
+    import json
+
+    import torch
+
+    from tallow.chat.template import ChatTemplate
+    from tallow.gguf_file import GGUFFile
+    from tallow.grammar import GrammarSpec, build_constraint
+    from tallow.tokenizer import Tokenizer
+
+    prose = "The weather in Paris is mild today, with a light breeze from the west and a few clouds drifting over the Seine. " * 2
+    instance = json.dumps({"name": "Ada Lovelace", "age": 36, "hobbies": ["mathematics", "poetry", "analytical engines", "music"]})
+    print("| model | vocab | grammar | tokens | mask+advance ms/token (median / mean / max) |")
+    print("|---|---:|---|---:|---:|")
+    for path in paths:
+        gf = GGUFFile(path)
+        tok, src = Tokenizer.from_gguf(gf), ChatTemplate.from_gguf(gf).source
+        for label, spec, text in (("json_schema", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}}), instance),
+                                  ("tools auto, prose", GrammarSpec(tools=TOOLS, tool_choice="auto"), prose)):
+            c = build_constraint(tok, tok.vocab_size, spec, src)
+            x = torch.randn(tok.vocab_size)
+            ms = []
+            for t in tok.encode(text, add_special=False):
+                y = torch.from_numpy(x.numpy().copy())
+                t0 = time.thread_time()
+                _mask(c, y)
+                _advance(c, t)
+                ms.append((time.thread_time() - t0) * 1000)
+            ms = ms[1:]  # the first mask includes llguidance's lazy compile
+            name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
+            print(f"| {name} | {tok.vocab_size} | {label} | {len(ms)} | {statistics.median(ms):.3f} / {statistics.mean(ms):.3f} / {max(ms):.3f} |", flush=True)
+
+
+if sys.argv[1:2] == ["--walk"]:
+    walk(sys.argv[2:] or [f"/root/models/{n}.gguf" for n in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")])
+    sys.exit(0)
 
 print("| model | vocab | grammar | tokens | mask+advance ms/token (median / mean / max) | decode ms/token | mask / decode |")
 print("|---|---:|---|---:|---:|---:|---:|")
