@@ -132,7 +132,8 @@ class LLM:
         """The token ids of a chat rendered with the model's template, ready to generate from.
 
         `assistant_prefix` is text the answer is made to start with (appended after the
-        generation prompt, special tokens parsed): the server uses it to force a tool call.
+        generation prompt, special tokens parsed). Tool calls are forced by grammar instead
+        (`chat(..., tool_choice="required")`), which also checks the arguments.
         """
         text = self.template.render(messages, tools=tools, add_generation_prompt=True, **template_kwargs) + assistant_prefix
         text = self.template.prompt_for_tokenizer(text, self.tokenizer.add_bos)
