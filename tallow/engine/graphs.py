@@ -114,8 +114,7 @@ class PrefillGraphs:
             return None
         return size
 
-    def _capture(self, size: int, inputs: torch.Tensor):
-        arange = torch.arange(size, device=self.device)
+    def _capture(self, size: int, inputs: torch.Tensor, arange: torch.Tensor):
         tokens, start, last = inputs[:size], inputs[size : size + 1], inputs[size + 1 :]
 
         def run():
@@ -145,10 +144,14 @@ class PrefillGraphs:
         host[: len(chunk)] = torch.tensor(chunk, dtype=torch.long)
         host[size], host[size + 1] = start, len(chunk) - 1
         if size not in self.graphs:
+            # Every tensor the graph reads must outlive it: a freed input's memory is reused and
+            # the replay would read whatever lands there (found on the GPU: positions from a
+            # freed arange indexed the RoPE table out of bounds).
             inputs = torch.empty(size + 2, dtype=torch.long, device=self.device)
             inputs.copy_(host)
-            self.graphs[size] = (inputs, *self._capture(size, inputs))
-        inputs, graph, logits = self.graphs[size]
+            arange = torch.arange(size, device=self.device)
+            self.graphs[size] = (inputs, arange, *self._capture(size, inputs, arange))
+        inputs, _, graph, logits = self.graphs[size]
         inputs.copy_(host, non_blocking=True)
         graph.replay()
         self.kv.mark_written(start + size - 1)  # the padding wrote K/V up to there
