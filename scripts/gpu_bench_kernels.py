@@ -32,15 +32,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tallow.kernels.triton.decode_attention import decode_attention, decode_attention_reference, make_scratch  # noqa: E402
 from tallow.kernels.triton.dequant import dequantize_to  # noqa: E402
 from tallow.kernels.triton.planes import dequantize_planes, pack_planes, random_raw  # noqa: E402
-from tallow.kernels.triton.quant_gemm import gemm_config, quant_gemm  # noqa: E402
 from tallow.kernels.triton.quant_gemv import gemv_config, quant_gemv  # noqa: E402
-from tallow.kernels.triton import gemv as G2  # noqa: E402
 from tallow.kernels.triton.argmax import argmax, make_argmax_scratch  # noqa: E402
 from tallow.kernels.triton.glu import glu  # noqa: E402
 from tallow.kernels.triton.rmsnorm import rmsnorm  # noqa: E402
 from tallow.kernels.triton.rope import rope  # noqa: E402
 
-RESULTS: dict = {"gemv": [], "gemv_m": [], "gemm": [], "attention": [], "baseline": [], "v2": [], "ops": [], "layer": []}
+RESULTS: dict = {"gemv": [], "gemv_m": [], "prefill": [], "attention": [], "baseline": [], "ops": []}
 L2_ROTATE_BYTES = 320e6
 
 
@@ -175,60 +173,31 @@ def bench_dense_gemv(n: int, k: int, bw: float) -> None:
           flush=True)
 
 
-def gemm_sweep(qtype: str, m: int) -> list[tuple[int, int, int, int, int]]:
-    step = {"Q4_K": (2, 4), "Q6_K": (1,), "Q8_0": (4, 8)}[qtype]
-    out = []
-    for bm, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 64, 4), (64, 64, 4), (128, 256, 8)):
-        if m <= 64 and bm > 64:
-            continue
-        for st in step:
-            out.append((bm, bn, st, warps, 3))
-    return out
-
-
-def bench_gemm(qtype: str, n: int, k: int, label: str, ms: tuple[int, ...], sweep: bool) -> None:
+def bench_prefill(qtype: str, n: int, k: int, label: str, ms: tuple[int, ...]) -> None:
+    """The prefill path the engine runs (kernels/gpu/linear.py): dequantize to a dense scratch
+    (dequant.py), then cuBLAS."""
     w = make_weight(qtype, n, k, seed=11)
     wd = dequantize_planes(w)
-    scratch = torch.empty(n * k, dtype=torch.float16, device="cuda")
-    dense16 = wd.half()
-    for m in ms:
-        x32 = torch.randn(m, k, device="cuda")
-        ref = x32 @ wd.T
-        flops = 2 * m * n * k
-        for dt in (torch.float16, torch.bfloat16):
+    for dt in (torch.float16, torch.bfloat16):
+        dq = torch.empty(n, k, dtype=dt, device="cuda")
+        dequantize_to(w, dt, out=dq)
+        err_w = rel_err(dq, wd)
+        t_dq = graph_time_us([lambda dt=dt, dq=dq: dequantize_to(w, dt, out=dq)] * 10, reps=10)
+        for m in ms:
+            x32 = torch.randn(m, k, device="cuda")
+            ref = x32 @ wd.T
             x = x32.to(dt)
-            err = rel_err(quant_gemm(x, w), ref)
+            err = rel_err(torch.matmul(x, dq.T), ref)
             if not err < (2e-3 if dt == torch.float16 else 1e-2):
-                print(f"  !! gemm {qtype} {n}x{k} M={m} {dt}: rel err {err:.2e}")
-            RESULTS["gemm"].append(dict(qtype=qtype, n=n, k=k, m=m, dtype=str(dt), what="fused-check", rel_err=err))
-        x = x32.half()
-        out = torch.empty(m, n, device="cuda")
-        rows = []
-        cfgs = gemm_sweep(qtype, m) if sweep else []
-        default = gemm_config(qtype, m, n, k)
-        if default not in cfgs:
-            cfgs = [default] + cfgs
-        for cfg in cfgs:
-            try:
-                t = graph_time_us([lambda cfg=cfg: quant_gemm(x, w, out=out, config=cfg)] * 10, reps=10)
-            except Exception as e:  # noqa: BLE001 -- a config that does not compile (shared memory) is skipped
-                print(f"  gemm cfg {cfg} failed: {type(e).__name__}: {str(e)[:120]}")
-                continue
-            rows.append((t, cfg))
-            RESULTS["gemm"].append(dict(qtype=qtype, n=n, k=k, m=m, what="fused", config=cfg, us=t,
-                                        tflops=flops / t / 1e6, default=cfg == default))
-        t_best, cfg_best = min(rows)
-        t_def = [t for t, c in rows if c == default][0]
-        dq = torch.empty(n, k, dtype=torch.float16, device="cuda")
-        t_dq = graph_time_us([lambda: dequantize_to(w, torch.float16, out=dq)] * 10, reps=10)
-        t_mm = graph_time_us([lambda: torch.matmul(x, dense16.T)] * 10, reps=10)
-        err_s = rel_err(torch.matmul(x, dequantize_to(w, torch.float16, out=scratch[:n * k].view(n, k)).T), ref)
-        RESULTS["gemm"].append(dict(qtype=qtype, n=n, k=k, m=m, what="scratch", us=t_dq + t_mm, dequant_us=t_dq,
-                                    cublas_us=t_mm, tflops=flops / (t_dq + t_mm) / 1e6, rel_err=err_s))
-        print(f"{label:22s} {qtype} {n}x{k} M={m:5d}: fused default {default} {t_def:8.1f} us "
-              f"({flops / t_def / 1e6:5.0f} TF/s), best {cfg_best} {t_best:8.1f} us ({flops / t_best / 1e6:5.0f} TF/s) | "
-              f"scratch {t_dq:6.1f}+{t_mm:6.1f} us ({flops / (t_dq + t_mm) / 1e6:5.0f} TF/s) | "
-              f"cuBLAS dense fp16 alone {flops / t_mm / 1e6:5.0f} TF/s", flush=True)
+                print(f"  !! prefill {qtype} {n}x{k} M={m} {dt}: rel err {err:.2e}")
+            t_mm = graph_time_us([lambda x=x, dq=dq: torch.matmul(x, dq.T)] * 10, reps=10)
+            flops = 2 * m * n * k
+            RESULTS["prefill"].append(dict(qtype=qtype, n=n, k=k, m=m, dtype=str(dt), us=t_dq + t_mm, dequant_us=t_dq,
+                                           cublas_us=t_mm, tflops=flops / (t_dq + t_mm) / 1e6, rel_err=err,
+                                           weight_rel_err=err_w))
+            print(f"{label:22s} {qtype} {n}x{k} M={m:5d} {str(dt)[6:]:8s}: dequant {t_dq:6.1f} + cuBLAS {t_mm:6.1f} us "
+                  f"({flops / (t_dq + t_mm) / 1e6:5.0f} TF/s; cuBLAS alone {flops / t_mm / 1e6:5.0f} TF/s)  err {err:.1e}",
+                  flush=True)
 
 
 def bench_attention(n_heads: int, n_kv: int, d: int, depths: tuple[int, ...], label: str, bw: float) -> None:
@@ -283,56 +252,8 @@ def bench_attention(n_heads: int, n_kv: int, d: int, depths: tuple[int, ...], la
 
 
 # ---------------------------------------------------------------------------------------------
-# second-generation GEMV (gemv.py) vs quant_gemv.py, fused launches, small decode ops, per layer
+# small decode ops
 # ---------------------------------------------------------------------------------------------
-
-V2_SWEEP = {"K": [(16, 1, 4, 1), (32, 1, 4, 1), (32, 2, 4, 1), (16, 2, 4, 3), (8, 1, 4, 3), (64, 1, 8, 1)],
-            "x": [(16, 8, 4, 1), (32, 8, 4, 1), (32, 16, 8, 1), (8, 16, 4, 3), (4, 8, 4, 3), (16, 4, 4, 1)]}
-BEST: dict = {}
-DEADLINE = [0.0]
-
-
-def bench_v2(qtype: str, n: int, k: int, label: str, bw: float, sweep: bool, old: bool = True) -> float:
-    w = make_weight(qtype, n, k, seed=n * 13 + k)
-    x = torch.randn(1, k, device="cuda")
-    ref = x @ dequantize_planes(w).T
-    ws = copies_of(w)
-    outs = [torch.empty(1, n, device="cuda") for _ in ws]
-    prep = G2.gemv_prep(x, G2.GemvInput(1, k, (qtype,), "cuda"))
-    t_old = None
-    if old:
-        t_old = graph_time_us([(lambda wi=wi, oi=oi: quant_gemv(x, wi, out=oi)) for wi, oi in zip(ws, outs)])
-    default = G2.gemv_config(qtype, n, k)
-    cfgs = [default]
-    if sweep and time.time() < DEADLINE[0]:
-        cfgs += [c for c in V2_SWEEP["K" if qtype in ("Q4_K", "Q6_K") else "x"] if c != default]
-    rows = []
-    for cfg in cfgs:
-        try:
-            y = torch.full((1, n), float("nan"), device="cuda")
-            G2.gemv(None, w, out=y, prep=prep, config=cfg)
-            err = rel_err(y, ref)
-            t = graph_time_us([(lambda wi=wi, oi=oi: G2.gemv(None, wi, out=oi, prep=prep, config=cfg))
-                               for wi, oi in zip(ws, outs)])
-        except Exception as e:  # noqa: BLE001
-            print(f"  v2 {qtype} {n}x{k} cfg {cfg} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            continue
-        if not err < 2e-5:
-            print(f"  !! v2 {qtype} {n}x{k} cfg {cfg}: rel err {err:.2e}", flush=True)
-            continue
-        rows.append((t, cfg, err))
-        RESULTS["v2"].append(dict(qtype=qtype, n=n, k=k, label=label, config=cfg, us=t, gbs=w.nbytes / t / 1e3,
-                                  rel_err=err, default=cfg == default, old_us=t_old, bytes=w.nbytes))
-    t_best, c_best, e_best = min(rows)
-    t_def = [t for t, c, _ in rows if c == default]
-    BEST[(qtype, n, k)] = (t_best, c_best)
-    old_s = f"old {t_old:7.2f} us {w.nbytes / t_old / 1e3:5.0f} GB/s | " if t_old else ""
-    print(f"{label:30s} {qtype} {n:6d}x{k:<5d} {w.nbytes / 1e6:7.2f} MB  {old_s}new default "
-          f"{t_def[0] if t_def else float('nan'):7.2f} us, best {c_best} {t_best:7.2f} us {w.nbytes / t_best / 1e3:5.0f} GB/s "
-          f"({w.nbytes / t_best / 1e3 / 4300 * 100:3.0f}% of 4.3 TB/s)  err {e_best:.1e}", flush=True)
-    del ws, outs
-    return t_best
-
 
 def time_op(name: str, fn, n_calls: int = 20) -> float:
     t = graph_time_us([fn] * n_calls)
@@ -345,18 +266,16 @@ def bench_ops() -> dict:
     """Small decode kernels inside a graph (back to back, same buffers: L2-resident, as in a step)."""
     t = {}
     dev = "cuda"
-    for d, types, tag in ((2560, ("Q4_K", "Q6_K"), "qwen3"), (576, ("Q4_1",), "smollm2")):
+    for d, tag in ((2560, "qwen3"), (576, "smollm2")):
         x, r, w = torch.randn(1, d, device=dev), torch.randn(1, d, device=dev), torch.randn(d, device=dev)
-        prep = G2.GemvInput(1, d, types, dev)
         y, s_out = torch.empty(1, d, device=dev), torch.empty(1, d, device=dev)
-        t[f"rmsnorm_res_prep_{tag}"] = time_op(f"rmsnorm+residual+prep D={d} {types}",
-                                               lambda: rmsnorm(x, w, 1e-6, out=y, residual=r, sum_out=s_out, prep=prep))
-        t[f"prep_{tag}"] = time_op(f"gemv_prep alone D={d}", lambda: G2.gemv_prep(x, prep))
-    for f, tag, qt in ((9728, "qwen3", "Q6_K"), (1536, "smollm2", "Q4_1")):
+        t[f"rmsnorm_{tag}"] = time_op(f"rmsnorm D={d}", lambda: rmsnorm(x, w, 1e-6, out=y))
+        t[f"rmsnorm_res_{tag}"] = time_op(f"rmsnorm+residual D={d}",
+                                          lambda: rmsnorm(x, w, 1e-6, out=y, residual=r, sum_out=s_out))
+    for f, tag in ((9728, "qwen3"), (1536, "smollm2")):
         gu = torch.randn(1, 2 * f, device=dev)
         out = torch.empty(1, f, device=dev)
-        prep = G2.GemvInput(1, f, (qt,), dev)
-        t[f"glu_prep_{tag}"] = time_op(f"swiglu+prep F={f}", lambda: glu(gu[:, :f], gu[:, f:], "swiglu", out=out, prep=prep))
+        t[f"swiglu_{tag}"] = time_op(f"swiglu F={f}", lambda: glu(gu[:, :f], gu[:, f:], "swiglu", out=out))
         t[f"geglu_{tag}"] = time_op(f"geglu F={f}", lambda: glu(gu[:, :f], gu[:, f:], "geglu", out=out))
     for nq, nk, d, tag, style in ((32, 8, 128, "qwen3", "neox"), (9, 3, 64, "smollm2", "norm")):
         q, k, v = (torch.randn(nq, d, device=dev), torch.randn(nk, d, device=dev), torch.randn(nk, d, device=dev))
@@ -386,59 +305,6 @@ def bench_ops() -> dict:
     return t
 
 
-def run_v2(bw: float, sweep: bool) -> None:
-    print("\n== GEMV v2 (gemv.py) vs v1 (quant_gemv.py), M=1, CUDA graph over rotating weight copies ==", flush=True)
-    DEADLINE[0] = time.time() + 170
-    shapes = [
-        ("qwen3-4b ffn_gate/up", "Q4_K", 9728, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728),
-        ("qwen3-4b ffn_down", "Q4_K", 2560, 9728), ("qwen3-4b attn_q", "Q4_K", 4096, 2560),
-        ("qwen3-4b attn_o", "Q4_K", 2560, 4096), ("qwen3-4b attn_k/v", "Q4_K", 1024, 2560),
-        ("qwen3-4b attn_v", "Q6_K", 1024, 2560), ("qwen3-4b output (tied)", "Q6_K", 151936, 2560),
-        ("qwen2.5 ffn_gate/up", "Q4_K", 8960, 1536), ("qwen2.5 ffn_down", "Q4_K", 1536, 8960),
-        ("qwen2.5 ffn_down", "Q6_K", 1536, 8960), ("qwen2.5 output", "Q6_K", 151936, 1536),
-        ("smollm2 qkv concat", "Q4_1", 960, 576), ("smollm2 attn_o", "Q4_1", 576, 576),
-        ("smollm2 gate+up concat", "Q4_1", 3072, 576), ("smollm2 ffn_down", "Q4_1", 576, 1536),
-        ("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 Q8_0", "Q8_0", 8960, 1536),
-        ("8960x1536 Q5_0", "Q5_0", 8960, 1536), ("8960x1536 Q4_0", "Q4_0", 8960, 1536),
-        ("qwen3-4b q+k concat", "Q4_K", 5120, 2560), ("qwen3-4b gate+up concat", "Q4_K", 19456, 2560),
-    ]
-    tb = {}
-    for label, qt, n, k in shapes:
-        try:
-            tb[(qt, n, k)] = bench_v2(qt, n, k, label, bw, sweep, old="concat" not in label)
-        except Exception:  # noqa: BLE001
-            import traceback
-            traceback.print_exc()
-        save(OUT_PATH[0])
-    print("\n== small decode ops (graph of 20 back-to-back calls) ==", flush=True)
-    ops = bench_ops()
-    save(OUT_PATH[0])
-    g = lambda *key: tb.get(key, float("nan"))  # noqa: E731
-    q_layer = {
-        "rmsnorm+res+prep": ops["rmsnorm_res_prep_qwen3"], "q+k gemv (Q4_K 5120x2560)": g("Q4_K", 5120, 2560),
-        "v gemv (Q6_K 1024x2560)": g("Q6_K", 1024, 2560), "rope+qk-norm+kv write": ops["rope_qwen3"],
-        "attention depth 0 (2 launches)": ops["attn_qwen3"], "prep for attn_o": ops["prep_qwen3"],
-        "attn_o gemv (Q4_K 2560x4096)": g("Q4_K", 2560, 4096), "rmsnorm+res+prep (ffn)": ops["rmsnorm_res_prep_qwen3"],
-        "gate+up gemv (Q4_K 19456x2560)": g("Q4_K", 19456, 2560), "swiglu+prep": ops["glu_prep_qwen3"],
-        "down gemv (Q6_K 2560x9728)": g("Q6_K", 2560, 9728)}
-    s_layer = {
-        "rmsnorm+res+prep": ops["rmsnorm_res_prep_smollm2"], "qkv gemv (Q4_1 960x576)": g("Q4_1", 960, 576),
-        "rope+kv write": ops["rope_smollm2"], "attention depth 0 (2 launches)": ops["attn_smollm2"],
-        "prep for attn_o": ops["prep_smollm2"], "attn_o gemv (Q4_1 576x576)": g("Q4_1", 576, 576),
-        "rmsnorm+res+prep (ffn)": ops["rmsnorm_res_prep_smollm2"], "gate+up gemv (Q4_1 3072x576)": g("Q4_1", 3072, 576),
-        "swiglu+prep": ops["glu_prep_smollm2"], "down gemv (Q4_1 576x1536)": g("Q4_1", 576, 1536)}
-    for name, layer, n_layers, head in (
-            ("qwen3-4b", q_layer, 36, ops["rmsnorm_res_prep_qwen3"] + g("Q6_K", 151936, 2560) + ops["argmax_qwen3"]),
-            ("smollm2-135m", s_layer, 30, ops["rmsnorm_res_prep_smollm2"] + g("Q8_0", 49152, 576) + ops["argmax_smollm2"])):
-        per = sum(layer.values())
-        step = per * n_layers + head
-        RESULTS["layer"].append(dict(model=name, per_layer=layer, per_layer_us=per, head_us=head, step_us=step))
-        print(f"\n{name}: per layer {per:.1f} us ({len(layer)} kernels: " + ", ".join(f"{k} {v:.1f}" for k, v in layer.items())
-              + f"); x{n_layers} + head {head:.1f} us = {step:.0f} us/token = {1e6 / step:.0f} tok/s (sum of kernels)",
-              flush=True)
-    save(OUT_PATH[0])
-
-
 OUT_PATH = [""]
 
 
@@ -457,7 +323,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="no config sweeps")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench_kernels.json"))
-    ap.add_argument("--only", default="gemv,gemv_m,baseline,attention,gemm")
+    ap.add_argument("--only", default="gemv,gemv_m,baseline,attention,prefill,ops",
+                    help="comma-separated sections of: wide, gemv, baseline, gemv_m, attention, prefill, ops")
     args = ap.parse_args()
     only = set(args.only.split(","))
     OUT_PATH[0] = args.out
@@ -483,9 +350,6 @@ def main() -> None:
             guard(bench_gemv, qt, n, k, label, bw, True, WIDE_K_QUANT)
             save(args.out)
         print(f"[{time.time() - t0:.0f} s]", flush=True)
-    if "v2" in only:
-        guard(run_v2, bw, sweep)
-        save(args.out)
     if "gemv" in only:
         print("\n== decode GEMV, M=1, fp32 x, CUDA graph over rotating weight copies ==")
         shapes = [
@@ -521,12 +385,16 @@ def main() -> None:
         guard(bench_attention, 12, 2, 128, (0, 4096, 32768), "qwen2.5-1.5b", bw)
         save(args.out)
         print(f"[{time.time() - t0:.0f} s]", flush=True)
-    if "gemm" in only:
-        print("\n== prefill GEMM: fused dequant + tl.dot vs dequant-to-scratch + cuBLAS (fp16) ==")
-        guard(bench_gemm, "Q4_K", 9728, 2560, "qwen3-4b ffn_gate/up", (33, 512, 2048), sweep)
-        guard(bench_gemm, "Q6_K", 2560, 9728, "qwen3-4b ffn_down", (33, 512, 2048), sweep)
-        guard(bench_gemm, "Q4_K", 4096, 2560, "qwen3-4b attn_q", (512,), False)
-        guard(bench_gemm, "Q8_0", 8960, 1536, "8960x1536 Q8_0", (512,), sweep)
+    if "prefill" in only:
+        print("\n== prefill: dequant-to-scratch + cuBLAS ==")
+        guard(bench_prefill, "Q4_K", 9728, 2560, "qwen3-4b ffn_gate/up", (33, 512, 2048))
+        guard(bench_prefill, "Q6_K", 2560, 9728, "qwen3-4b ffn_down", (33, 512, 2048))
+        guard(bench_prefill, "Q8_0", 8960, 1536, "8960x1536 Q8_0", (512,))
+        save(args.out)
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
+    if "ops" in only:
+        print("\n== small decode ops (graph of 20 back-to-back calls) ==", flush=True)
+        guard(bench_ops)
         save(args.out)
     bw2 = copy_bandwidth()
     RESULTS["copy_gbs_end"] = bw2

@@ -1,10 +1,10 @@
 """Byte planes -> dense fp16/bf16 weight (N, K), for the dequant-to-scratch prefill path.
 
-The second prefill strategy beside quant_gemm.py's fused kernel: write the weight once in the
-activation dtype into a scratch buffer (reused by every layer, sized for the largest weight)
-and let cuBLAS run the product. It costs 2 bytes written + 2 read per weight per call on top of
-the quantized read, which a long enough prompt amortizes; scripts/gpu_bench_kernels.py measures
-where it wins.
+The prefill strategy: write the weight once in the activation dtype into a scratch buffer
+(reused by every layer, sized for the largest weight) and let cuBLAS run the product. It costs
+2 bytes written + 2 read per weight per call on top of the quantized read, which a long enough
+prompt amortizes; a fused dequant-in-the-tensor-core-loop kernel measured slower and was removed
+(docs/performance.md has the numbers); scripts/gpu_bench_kernels.py (section prefill) times it.
 
 Each program dequantizes a (BLOCK_N rows x one step) tile exactly as the reference does
 (fp32 value, rounded once to the output dtype) and stores it in element order. Q4_K, Q6_K,

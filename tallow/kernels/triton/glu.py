@@ -4,9 +4,7 @@ fp16, as tallow/layers.py geglu; the tanh here is exp-based, so a value can land
 from torch's at a rounding boundary).
 
 gate and up may be views into one (M, 2F) output of a concatenated gate/up GEMV (any row
-stride, last dim contiguous). With `prep` (a gemv.GemvInput for K = F) the kernel also writes
-the result in the down projection's code order and its per-16 sums, so the down GEMV needs no
-prep launch. Graph-safe with `out` given.
+stride, last dim contiguous). Graph-safe with `out` given.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ def _act(g, u, KIND: tl.constexpr):
 
 
 @triton.jit
-def _glu_kernel(g_ptr, u_ptr, y_ptr, perm_ptr, xp_ptr, sx_ptr, F, P, sgm, sum_, sym, spm, ssxm,
-                KIND: tl.constexpr, PREP: tl.constexpr, BLOCK: tl.constexpr):
+def _glu_kernel(g_ptr, u_ptr, y_ptr, F, sgm, sum_, sym, KIND: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     off = tl.program_id(1) * BLOCK
     e = off + tl.arange(0, BLOCK)
@@ -40,19 +37,10 @@ def _glu_kernel(g_ptr, u_ptr, y_ptr, perm_ptr, xp_ptr, sx_ptr, F, P, sgm, sum_, 
     u = tl.load(u_ptr + row * sum_ + e, mask=msk, other=0.0).to(tl.float32)
     y = _act(g, u, KIND)
     tl.store(y_ptr + row * sym + e, y, mask=msk)
-    if PREP:
-        R: tl.constexpr = BLOCK // 16
-        r = off // 16 + tl.arange(0, R)
-        tl.store(sx_ptr + row * ssxm + r, tl.sum(tl.reshape(y, (R, 16)), axis=1), mask=r < F // 16)
-        pm = e < P
-        src = tl.load(perm_ptr + e, mask=pm, other=0)
-        g2 = tl.load(g_ptr + row * sgm + src, mask=pm, other=0.0).to(tl.float32)
-        u2 = tl.load(u_ptr + row * sum_ + src, mask=pm, other=0.0).to(tl.float32)
-        tl.store(xp_ptr + row * spm + e, _act(g2, u2, KIND), mask=pm)
 
 
-def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu", out: torch.Tensor | None = None,
-        prep=None) -> torch.Tensor:
+def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu",
+        out: torch.Tensor | None = None) -> torch.Tensor:
     """kind 'swiglu' or 'geglu'; gate, up (M, F) or (F,) -> float32 of the same shape."""
     squeeze = gate.ndim == 1
     g2 = gate.reshape(1, -1) if squeeze else gate
@@ -63,22 +51,19 @@ def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu", out: torch.T
     if out is None:
         out = torch.empty((m, f), dtype=torch.float32, device=gate.device)
     o2 = out.reshape(m, f)
-    p = prep.perm.numel() if prep is not None else 0
     block = 1024
-    grid = (m, triton.cdiv(max(f, p), block))
-    _glu_kernel[grid](g2, u2, o2, prep.perm if prep is not None else o2, prep.xp if prep is not None else o2,
-                      prep.sx if prep is not None else o2, f, p, g2.stride(0), u2.stride(0), o2.stride(0),
-                      prep.xp.stride(0) if prep is not None else 0, prep.sx.stride(0) if prep is not None else 0,
-                      KIND={"swiglu": 0, "geglu": 1}[kind], PREP=prep is not None, BLOCK=block, num_warps=4)
+    grid = (m, triton.cdiv(f, block))
+    _glu_kernel[grid](g2, u2, o2, f, g2.stride(0), u2.stride(0), o2.stride(0),
+                      KIND={"swiglu": 0, "geglu": 1}[kind], BLOCK=block, num_warps=4)
     return out
 
 
-def swiglu(gate, up, out=None, prep=None):
-    return glu(gate, up, "swiglu", out, prep)
+def swiglu(gate, up, out=None):
+    return glu(gate, up, "swiglu", out)
 
 
-def geglu(gate, up, out=None, prep=None):
-    return glu(gate, up, "geglu", out, prep)
+def geglu(gate, up, out=None):
+    return glu(gate, up, "geglu", out)
 
 
 def glu_reference(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

@@ -1,13 +1,10 @@
-"""RMSNorm for decode and prefill rows, optionally fused with the residual add before it and
-with the GEMV input preparation after it (gemv.py's code-order planes and per-16 sums).
+"""RMSNorm for decode and prefill rows, optionally fused with the residual add before it.
 
     s = x (+ residual)          -> written to `sum_out` when given (the new residual stream)
     y = s * rsqrt(mean(s^2) + eps) * w     (ggml's order: the normed value times the weight)
 
 One program per row (D up to a few thousand: two passes over the row, the second from L1/L2).
-With `prep` (a gemv.GemvInput for K = D), the same program also writes y gathered into the
-weights' code order and the sums of y over 16 elements, so the GEMVs that read y need no prep
-launch of their own. Graph-safe: no allocation when `out` (and `sum_out`, `prep`) are given.
+Graph-safe: no allocation when `out` (and `sum_out`) are given.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ __all__ = ["rmsnorm", "rmsnorm_reference"]
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, perm_ptr, xp_ptr, sx_ptr, D, P, eps,
-                    sxm, srm, sym, ssm, spm, ssxm,
-                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, PREP: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym, ssm,
+                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for off in range(0, D, BLOCK):
@@ -35,7 +31,6 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, perm_ptr, xp_ptr, sx_
                 tl.store(sum_ptr + row * ssm + e, v, mask=msk)
         acc += v * v
     rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
-    R: tl.constexpr = BLOCK // 16
     for off in range(0, D, BLOCK):
         e = off + tl.arange(0, BLOCK)
         msk = e < D
@@ -44,26 +39,12 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, perm_ptr, xp_ptr, sx_
             v += tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
         y = (v * rstd) * tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * sym + e, y, mask=msk)
-        if PREP:
-            r = off // 16 + tl.arange(0, R)
-            tl.store(sx_ptr + row * ssxm + r, tl.sum(tl.reshape(y, (R, 16)), axis=1), mask=r < D // 16)
-    if PREP:
-        for off in range(0, P, BLOCK):
-            j = off + tl.arange(0, BLOCK)
-            pm = j < P
-            src = tl.load(perm_ptr + j, mask=pm, other=0)
-            v = tl.load(x_ptr + row * sxm + src, mask=pm, other=0.0).to(tl.float32)
-            if HAS_RES:
-                v += tl.load(res_ptr + row * srm + src, mask=pm, other=0.0).to(tl.float32)
-            y = (v * rstd) * tl.load(w_ptr + src, mask=pm, other=0.0).to(tl.float32)
-            tl.store(xp_ptr + row * spm + j, y, mask=pm)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None, prep=None) -> torch.Tensor:
+            residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:
     """y = rmsnorm(x (+ residual)) * weight, float32 (M, D) (or (D,)). With `residual`, the sum is
-    written to `sum_out` (may be `residual` itself, updated in place, or x). With `prep` (a
-    gemv.GemvInput for K = D), also fills prep.xp / prep.sx for the GEMVs that read y."""
+    written to `sum_out` (may be `residual` itself, updated in place, or x)."""
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     m, d = x2.shape
@@ -72,16 +53,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
     o2 = out.reshape(m, d)
     r2 = residual.reshape(m, d) if residual is not None else x2
     s2 = sum_out.reshape(m, d) if sum_out is not None else o2
-    if prep is not None and (prep.k != d or prep.m != m):
-        raise ValueError(f"rmsnorm: prep is for ({prep.m}, {prep.k}), x is ({m}, {d}).")
-    perm = prep.perm if prep is not None else x2
-    xp = prep.xp if prep is not None else o2
-    sx = prep.sx if prep is not None else o2
     block = min(1024, triton.next_power_of_2(max(d, 16)))
-    _rmsnorm_kernel[(m,)](x2, r2, weight, o2, s2, perm, xp, sx, d, perm.numel() if prep is not None else 0,
-                          float(eps), x2.stride(0), r2.stride(0), o2.stride(0), s2.stride(0), xp.stride(0),
-                          sx.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
-                          PREP=prep is not None, BLOCK=block, num_warps=4)
+    _rmsnorm_kernel[(m,)](x2, r2, weight, o2, s2, d, float(eps), x2.stride(0), r2.stride(0), o2.stride(0),
+                          s2.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
+                          BLOCK=block, num_warps=4)
     return out
 
 
