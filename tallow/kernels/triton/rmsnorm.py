@@ -44,7 +44,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:
     """y = rmsnorm(x (+ residual)) * weight, float32 (M, D) (or (D,)). With `residual`, the sum is
-    written to `sum_out` (may be `residual` itself, updated in place, or x)."""
+    written to `sum_out`, which must not alias x or `residual`: the second pass re-reads both."""
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     m, d = x2.shape
