@@ -25,50 +25,65 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["TALLOW_SPECULATE"] = "0"
 os.environ.setdefault("TALLOW_PERSIST_KV", "0")
+if os.environ.get("SURVEY_THREADS"):  # on a busy machine one intra-op thread wastes less
+    import torch
+
+    torch.set_num_threads(int(os.environ["SURVEY_THREADS"]))
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 NEAR_TIE = {"smollm2-135m": 0.7, "gemma3-270m": 0.8, "qwen2.5-coder-1.5b-instruct": 0.5}
 DTYPES = ("f16", "bf16", "int8", "fp8")
 
 
-def survey(name: str, models: Path) -> dict:
+def run_dtype(name: str, models: Path, dtype: str, cache: Path | None) -> tuple[list[list[int]], int, float]:
+    """Greedy continuations of the conformance prompts with one KV dtype (cached as JSON)."""
     import tallow
-    from tallow.memory.budget import kv_bytes, kv_bytes_per_token
 
-    fixture = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{name}.json").read_text())
-    cases = fixture["greedy"]
-    runs: dict[str, list[list[int]]] = {}
+    path = cache / f"{name}_{dtype}.json" if cache else None
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        return saved["texts"], saved["conform"], saved["seconds"]
+    cases = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{name}.json").read_text())["greedy"]
+    llm = tallow.LLM(models / f"{name}.gguf", ctx=1024, kv_dtype=dtype, device="cpu")
+    eog = llm.tokenizer.eog_ids
+    t0 = time.perf_counter()
+    texts, conform = [], 0
+    for case in cases:
+        expected = case["ids"]
+        ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
+        texts.append(ours)
+        if expected and expected[-1] in eog:
+            expected = expected[:-1]
+        n = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
+        conform += n == len(expected) == len(ours) or (n < len(case["gaps"]) and case["gaps"][n] < NEAR_TIE[name])
+    seconds = round(time.perf_counter() - t0, 1)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"texts": texts, "conform": conform, "seconds": seconds}))
+    return texts, conform, seconds
+
+
+def survey(name: str, models: Path, dtypes=DTYPES, cache: Path | None = None) -> dict:
+    from tallow.memory.budget import kv_bytes, kv_bytes_per_token, scan_header
+    from tallow.spec import spec_from_gguf
+
+    spec = spec_from_gguf(scan_header(models / f"{name}.gguf"))
     out = {"model": name, "dtypes": {}}
-    for dtype in DTYPES:
-        llm = tallow.LLM(models / f"{name}.gguf", ctx=1024, kv_dtype=dtype, device="cpu")
-        eog = llm.tokenizer.eog_ids
-        t0 = time.perf_counter()
-        texts, conform = [], 0
-        for case in cases:
-            expected = case["ids"]
-            ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
-            texts.append(ours)
-            if expected and expected[-1] in eog:
-                expected = expected[:-1]
-            n = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
-            ok = n == len(expected) == len(ours) or (n < len(case["gaps"]) and case["gaps"][n] < NEAR_TIE[name])
-            conform += ok
-        runs[dtype] = texts
-        same = [a == b for a, b in zip(texts, runs["f16"])]
-        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                 for a, b in zip(texts, runs["f16"])]
+    ref, _, _ = run_dtype(name, models, "f16", cache)
+    for dtype in dtypes:
+        texts, conform, seconds = run_dtype(name, models, dtype, cache)
+        same = [a == b for a, b in zip(texts, ref)]
+        first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in zip(texts, ref)]
         out["dtypes"][dtype] = {
-            "identical_to_f16": sum(same),
-            "cases": len(cases),
+            "identical_to_f16": sum(same), "cases": len(texts),
             "first_divergence_steps": [f for f, s in zip(first, same) if not s],
             "pass_llama_cpp_rule": conform,
-            "kv_bytes_per_token": kv_bytes_per_token(llm.spec, dtype),
-            "kv_bytes_ctx4096": kv_bytes(llm.spec, 4096, dtype),
-            "kv_bytes_ctx4096_no_ring": kv_bytes(llm.spec, 4096, dtype, ring=False),
-            "seconds": round(time.perf_counter() - t0, 1),
+            "kv_bytes_per_token": kv_bytes_per_token(spec, dtype),
+            "kv_bytes_ctx4096": kv_bytes(spec, 4096, dtype),
+            "kv_bytes_ctx4096_no_ring": kv_bytes(spec, 4096, dtype, ring=False),
+            "seconds": seconds,
         }
         print(name, dtype, out["dtypes"][dtype], flush=True)
-        del llm
     return out
 
 
@@ -90,17 +105,21 @@ def main() -> None:
     ap.add_argument("--models", default="/root/models")
     ap.add_argument("--only", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, e.g. f16,int8")
+    ap.add_argument("--cache", default=None, help="folder keeping each (model, dtype) run's tokens")
+    ap.add_argument("--no-llama-cpp", action="store_true")
     args = ap.parse_args()
     results = []
     for name in MODELS:
-        if args.only and name != args.only:
+        if args.only and name not in args.only.split(","):
             continue
-        r = survey(name, Path(args.models))
-        try:
-            r["llama_cpp_f16"] = llama_cpp_kv(name, Path(args.models))
-        except Exception as exc:  # llama-cpp-python absent: the table says so
-            r["llama_cpp_f16"] = {"error": str(exc)}
-        print(name, "llama.cpp", r["llama_cpp_f16"], flush=True)
+        r = survey(name, Path(args.models), tuple(args.dtypes.split(",")), Path(args.cache) if args.cache else None)
+        if not args.no_llama_cpp:
+            try:
+                r["llama_cpp_f16"] = llama_cpp_kv(name, Path(args.models))
+            except Exception as exc:  # llama-cpp-python absent: the table says so
+                r["llama_cpp_f16"] = {"error": str(exc)}
+            print(name, "llama.cpp", r["llama_cpp_f16"], flush=True)
         results.append(r)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

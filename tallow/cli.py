@@ -149,7 +149,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     n_params = sum(t.n_rows * t.n_cols for t in gf.tensors.values())
     tensor_bytes = sum(t.n_bytes for t in gf.tensors.values())
     ctx = args.ctx or min(spec.context_length, 4096)
-    kv_bytes = spec.kv_bytes_per_token_f16 * ctx
+    from .memory.budget import kv_bytes as pool_bytes
+
+    kv_bytes = pool_bytes(spec, ctx)  # f16, sliding-window layers as rings (what the engine allocates)
     windows = sorted({layer.sliding_window for layer in spec.layers if layer.sliding_window})
     lines = [
         f"file          {path} ({gf.file_size / 2**20:.1f} MiB, GGUF v{gf.version})",

@@ -76,10 +76,11 @@ def test_a_long_forward_is_split_into_chunks_the_ring_holds(gemma) -> None:
     torch.testing.assert_close(ring, full, rtol=0, atol=5e-3)
 
 
-def test_ring_decode_step_bound_to_device_position(gemma) -> None:
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
+def test_ring_decode_step_bound_to_device_position(gemma, kv_dtype) -> None:
     """The CUDA-graph step (store_at at position % ring, attention over the window) equals eager."""
     spec, model, _ = gemma
-    eager_kv, step_kv = KVPool(spec, 64, max_chunk=4), KVPool(spec, 64, max_chunk=4)
+    eager_kv, step_kv = KVPool(spec, 64, kv_dtype, max_chunk=4), KVPool(spec, 64, kv_dtype, max_chunk=4)
     eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(IDS)])
     steps = torch.cat([
         model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)

@@ -210,11 +210,17 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     Logits for every position (`forward(all_logits=True)`, used only by conformance tests)
     would add C · vocab · 4 and are not part of the engine's account.
 
-    Known gap (measured 2026-11-29, smollm2 ctx 2048, a 2040-token prompt): the process peak
-    rises ~75 MiB over the resident account against ~26 MiB derived here, because glibc's
-    dynamic mmap threshold keeps freed prefill temporaries in the heap (and the per-thread
-    arenas of the intra-op threads). Bounding that needs pre-allocated activation buffers in
-    the model files, not a bigger estimate.
+    The heap keeps one chunk's activations (x2). glibc's mmap threshold is dynamic: once
+    the first chunk's large temporaries are freed it rises, and the next chunks' temporaries
+    come from the heap, where the freed ones of the chunk before stay resident as fragments
+    while the new ones are live. Measured 2026-11-29 (ctx 2048, a 2000-token prompt, peak
+    VmHWM over the resident size after load): with large blocks forced to mmap (only live
+    bytes resident) the prefill peak is 49.7 MiB on smollm2 against 50.3 MiB derived here
+    once; with glibc's defaults it is 75.2 / 113.9 / 208.3 MiB on smollm2 / gemma3 /
+    qwen2.5 against 75.4 / 89.6 / 203.8 MiB derived with the x2. (gemma3's live peak also
+    exceeds the single-chunk account by ~16 MiB, not yet traced.) Forcing mmap (TALLOW_
+    BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
+    in page faults, so the account counts the heap as it behaves by default.
     """
     c = min(prefill_chunk, n_ctx)
     n = n_ctx
@@ -225,7 +231,7 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     logits = spec.vocab_size * 4 * 4
-    return residual + max(attention, mlp) + logits + PREFILL_DEQUANT_SCRATCH
+    return 2 * (residual + max(attention, mlp)) + logits + PREFILL_DEQUANT_SCRATCH
 
 
 # kernels/cpu/dequant_matmul.py's shared tiles at their cap: SCRATCH_ELEMENTS bf16 weights plus
@@ -467,7 +473,9 @@ def plan_memory(
 # The KV dtype a model gets when none is asked for: int8 where greedy text on the conformance
 # prompts (tests/fixtures, 24 continuations of 64 tokens) stayed identical to f16, measured per
 # model file (scripts/kv_dtype_survey.py, docs/performance.md); f16 for every other model.
-# Keyed by the GGUF's general.name and architecture.
+# Keyed by the GGUF's (general.architecture, general.name). Measured 2026-11-29: int8 kept
+# 10/24 (smollm2-135m), 12/24 (gemma3-270m), 12/24 (qwen2.5-coder-1.5b) continuations
+# identical (all 24 within llama.cpp's near-tie rule) — so no model qualifies yet.
 INT8_KV_MEASURED: frozenset[tuple[str, str]] = frozenset()
 
 

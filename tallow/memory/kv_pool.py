@@ -174,8 +174,12 @@ class KVPool:
         slots = positions if cap == self.n_ctx else torch.remainder(positions, cap)
         kc, ks = self._encode(k.transpose(0, 1))
         vc, vs = self._encode(v.transpose(0, 1))
-        self.k[layer].index_copy_(1, slots, kc)
-        self.v[layer].index_copy_(1, slots, vc)
+        if self.kv_dtype == "fp8":  # index_copy_ has no float8 kernels everywhere: copy the bytes
+            self.k[layer].view(torch.uint8).index_copy_(1, slots, kc.view(torch.uint8))
+            self.v[layer].view(torch.uint8).index_copy_(1, slots, vc.view(torch.uint8))
+        else:
+            self.k[layer].index_copy_(1, slots, kc)
+            self.v[layer].index_copy_(1, slots, vc)
         if self.scaled:
             self.k_scale[layer].index_copy_(1, slots, ks)
             self.v_scale[layer].index_copy_(1, slots, vs)
