@@ -156,13 +156,17 @@ def main() -> None:
     ap.add_argument("--json", type=int, default=2, help="prompts per schema")
     ap.add_argument("--skip-auto", action="store_true")
     ap.add_argument("--skip-json", action="store_true")
+    ap.add_argument("--json-models", default="qwen2.5-coder-1.5b-instruct,smollm2-135m,gemma3-270m")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine's scheduler from stalling every op)")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     results = {}
-    qwen = tallow.load(f"{args.models}/qwen2.5-coder-1.5b-instruct.gguf", ctx=2048, progress=False)
+    json_models = args.json_models.split(",") if not args.skip_json else []
+    qwen = None
+    if args.required or not args.skip_auto or "qwen2.5-coder-1.5b-instruct" in json_models:
+        qwen = tallow.load(f"{args.models}/qwen2.5-coder-1.5b-instruct.gguf", ctx=2048, progress=False)
     if args.required:
         results["required"] = required_eval(qwen, args.required, 120)
         print("required:", results["required"], flush=True)
@@ -171,14 +175,11 @@ def main() -> None:
         print("auto with triggered grammar:", results["auto_triggered"], flush=True)
         results["auto_free"] = auto_eval(qwen, False, 100)
         print("auto without it:", results["auto_free"], flush=True)
-    if not args.skip_json:
-        results["json_schema"] = {"qwen2.5-coder-1.5b-instruct": json_eval(qwen, args.json, 160)}
+    results["json_schema"] = {}
+    for name in json_models:
+        llm = qwen if name == "qwen2.5-coder-1.5b-instruct" else tallow.load(f"{args.models}/{name}.gguf", ctx=2048, progress=False)
+        results["json_schema"][name] = json_eval(llm, args.json, 160)
         print("json_schema:", results["json_schema"], flush=True)
-        del qwen
-        for name in ("smollm2-135m", "gemma3-270m"):
-            llm = tallow.load(f"{args.models}/{name}.gguf", ctx=2048, progress=False)
-            results["json_schema"][name] = json_eval(llm, args.json, 160)
-            print("json_schema:", results["json_schema"], flush=True)
     print(json.dumps(results))
 
 

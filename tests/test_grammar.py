@@ -117,6 +117,8 @@ CASES = [
     ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": TOOLS[1]["function"]["parameters"]}}), '{"room": "hall", "color": {"r": "7"}}', False, False),
     ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": TOOLS[1]["function"]["parameters"]}}), '{"room": "hall", "color": {"r": 7}, "extra": 1}', False, False),  # objects are closed
     ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": {**PERSON, "additionalProperties": True}}}), '{"name": "Al", "age": 3, "extra": 1}', True, True),
+    ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}), "9007199254740991", True, True),
+    ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}), "90071992547409910", False, False),  # unbounded integers stay in I-JSON's range
     ("both", GrammarSpec(grammar='root ::= "yes" | "no"'), "no", True, True),
     ("both", GrammarSpec(grammar='start: "a"+ "b"'), "aaab", True, True),
     ("both", GrammarSpec(grammar='start: "a"+ "b"'), "aaac", False, False),

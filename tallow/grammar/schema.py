@@ -15,6 +15,7 @@ from llguidance import LLMatcher
 
 from .errors import GrammarError, engine_message
 
+SAFE_INT = 2**53 - 1
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False}
 
 
@@ -36,8 +37,9 @@ def closed_objects(schema: dict[str, Any]) -> dict[str, Any]:
     JSON Schema allows extra keys by default, and a small model, allowed them, keeps inventing
     keys until max_tokens cuts the JSON off. OpenAI's strict structured outputs close objects
     the same way; `additionalProperties: true` (or a schema) in the request keeps them open.
-    Every output stays valid under the original schema. Inside allOf nothing is closed: there
-    each branch sees only its own properties, and closing would make the conjunction unsatisfiable.
+    Integers the schema leaves unbounded get I-JSON's safe range, ±(2^53 - 1). Every output
+    stays valid under the original schema. Inside allOf nothing is changed: there each branch
+    sees only its own properties, and closing would make the conjunction unsatisfiable.
     """
 
     def walk(node: Any, in_all_of: bool = False) -> Any:
@@ -57,6 +59,13 @@ def closed_objects(schema: dict[str, Any]) -> dict[str, Any]:
                 out[key] = value
         if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out and not in_all_of:
             out["additionalProperties"] = False
+        if out.get("type") == "integer" and not in_all_of:
+            # Unbounded, a small model writes "1000000…" until max_tokens (measured on gemma3):
+            # bound integers to I-JSON's interoperable range (RFC 7493) unless the schema bounds them.
+            if not {"maximum", "exclusiveMaximum"} & out.keys():
+                out["maximum"] = SAFE_INT
+            if not {"minimum", "exclusiveMinimum"} & out.keys():
+                out["minimum"] = -SAFE_INT
         return out
 
     return walk(schema)
