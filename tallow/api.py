@@ -95,9 +95,10 @@ class LLM:
         self.path = str(path)
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
+        self.device = resolve_device(device)
         self.memory = plan_memory(self.gguf, ctx if isinstance(ctx, int) and ctx >= 16 else None,  # type: ignore[arg-type]
                                   default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX,
-                                  kv_dtype=kv_dtype)
+                                  kv_dtype=kv_dtype, device=self.device)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf)
         self.gguf.drop_vocabulary()
@@ -107,7 +108,6 @@ class LLM:
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.memory.check()  # refuse before loading weights, never mid-answer
-        self.device = resolve_device(device)
         self.model = build_model(self.gguf, self.spec, linear_mode, self.device)
         self.gguf.release_pages()
         _return_freed_heap()

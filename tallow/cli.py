@@ -196,8 +196,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .registry import resolve_model
 
     path = resolve_model(args.model_pos or args.model, pull_missing=False)
+    device = args.device or "cpu"  # resolving "the GPU if any" would import torch: plan stays header-only
+    if device != "cpu":
+        from .api import resolve_device
+
+        device = resolve_device(device)
     plan = plan_memory(path, args.ctx, args.mem_budget if args.mem_budget is not None else default_budget(), args.reserve,
-                       kv_dtype=args.kv_dtype)
+                       kv_dtype=args.kv_dtype, device=device)
     if args.ctx is not None and not 16 <= args.ctx <= plan.spec.context_length:
         raise UsageError(f"--ctx must be between 16 and the model's {plan.spec.context_length} tokens, not {args.ctx}.")
     print(plan.describe())
@@ -282,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="the memory account for a model and context, without loading weights")
     p.add_argument("model_pos", nargs="?", metavar="MODEL")
     _add_model_arg(p)
+    p.add_argument("--device", default=None, help="plan for cpu (default) or cuda[:N] (GPU memory against its free memory)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
     _add_memory_args(p)
     p.set_defaults(func=cmd_plan)

@@ -257,6 +257,52 @@ def runtime_bytes(header: GGUFFile) -> int:
     )
 
 
+# ------------------------------------------------------------------------------ on a GPU
+
+# Quant types the GPU keeps as GGUF byte planes (kernels/triton/planes.py repacks the blocks'
+# bytes one for one); every other matrix is dequantized at load: F32/F16 to fp32, the rest bf16.
+GPU_PLANE_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})
+# The CUDA context, cuBLAS workspaces and Triton's loaded kernels, which torch's free-memory
+# figure does not yet include when the plan is made (measured on the H200: ~0.5 GiB).
+GPU_RUNTIME = 512 * MiB
+
+
+def gpu_weights_bytes(header: GGUFFile) -> int:
+    """Bytes of the weights in GPU memory (kernels/gpu/linear.py): byte planes of the file's
+    blocks, dense copies of types without a kernel, fp32 norms and biases; a tied output
+    projection holds a second copy of the embedding's planes."""
+    total = 0
+    for t in header.tensors.values():
+        if len(t.shape) >= 2 and t.n_rows > 1:
+            if t.qtype in GPU_PLANE_TYPES:
+                size = t.n_bytes
+            else:
+                size = t.n_rows * t.n_cols * (4 if t.qtype in (QT.F32, QT.F16) else 2)
+            total += size * (2 if t.name == "token_embd.weight" and "output.weight" not in header.tensors else 1)
+        else:
+            total += t.n_rows * t.n_cols * 4
+    return total
+
+
+def gpu_scratch_bytes(spec: ModelSpec, header: GGUFFile, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                      kv_dtype: str = "f16") -> int:
+    """GPU transients: the bf16 buffer prefill dequantizes each matrix into (sized for the
+    largest, kernels/gpu/linear.Scratch), and one prefill chunk's activations twice — the
+    eager pass that warms a graph up and the prefill graphs' shared memory pool — with the
+    CPU account's per-chunk formula (scratch_bytes, without the heap's x2 and the CPU tiles)."""
+    largest = max((t.n_rows * t.n_cols for t in header.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1), default=0)
+    one_chunk = (scratch_bytes(spec, n_ctx, prefill_chunk, kv_dtype) - PREFILL_DEQUANT_SCRATCH) // 2
+    return largest * 2 + 2 * one_chunk
+
+
+def gpu_free_bytes(device: str) -> int:
+    """Free memory on the GPU now, as the driver reports it."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
 # ------------------------------------------------------------------------------ the plan
 
 
@@ -281,6 +327,7 @@ class MemoryPlan:
     linear_mode: str | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     kv_dtype: str = "f16"
+    device: str = "cpu"  # on a GPU: weights, KV and scratch are GPU memory, the budget the GPU's
 
     @property
     def resident(self) -> int:
@@ -313,11 +360,17 @@ class MemoryPlan:
         """The same plan at another context (only KV, scratch and prefix cache change)."""
         if self.spec is None:
             raise ValueError("this plan has no spec to re-plan from")
+        if self.device.startswith("cuda"):
+            scratch = gpu_scratch_bytes(self.spec, self.header, n_ctx, self.prefill_chunk, self.kv_dtype)
+            prefix = 0
+        else:
+            scratch = scratch_bytes(self.spec, n_ctx, self.prefill_chunk, self.kv_dtype)
+            prefix = prefix_cache_bytes(self.spec, n_ctx, self.kv_dtype)
         return MemoryPlan(
             self.model, n_ctx, self.weights, kv_bytes(self.spec, n_ctx, self.kv_dtype, self.prefill_chunk),
-            scratch_bytes(self.spec, n_ctx, self.prefill_chunk, self.kv_dtype),
-            prefix_cache_bytes(self.spec, n_ctx, self.kv_dtype), self.runtime, self.reserve, self.budget, self.budget_text,
+            scratch, prefix, self.runtime, self.reserve, self.budget, self.budget_text,
             self.kv_bytes_per_token, self.spec, self.header, self.linear_mode, self.prefill_chunk, self.kv_dtype,
+            self.device,
         )
 
     def largest_fitting_ctx(self) -> int:
@@ -368,7 +421,8 @@ class MemoryPlan:
             n_ring = sum(1 for sl in slots if sl < self.n_ctx)
             if n_ring:
                 rings = f"; {n_ring} of {len(slots)} layers sliding-window rings of {min(slots)} slots"
-        lines = [f"memory plan for {self.model} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
+        where = f" in {self.device} memory" if self.device.startswith("cuda") else ""
+        lines = [f"memory plan for {self.model}{where} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
                  f" bytes per token over all layers{rings}):"]
         lines += [f"  {name:<{width}}  {fmt_bytes(n):>10}" for name, n in rows]
         lines.append(f"  {'total':<{width}}  {fmt_bytes(self.total + self.reserve):>10}")
@@ -404,7 +458,7 @@ def mem_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def parse_size(text: str | int | float | None, what: str = "--mem-budget") -> tuple[int | None, str]:
+def parse_size(text: str | int | float | None, what: str = "--mem-budget", available=None) -> tuple[int | None, str]:
     """'3GiB', '1.5G', '800MB', '80%' (of MemAvailable now) or a byte count -> (bytes, description).
 
     Decimal units (GB) are powers of 1000 and binary ones (GiB) powers of 1024, as `free` does.
@@ -423,8 +477,9 @@ def parse_size(text: str | int | float | None, what: str = "--mem-budget") -> tu
     if m.group(2) == "%":
         if not 0 < number <= 100:
             raise UsageError(f"{what} as a fraction must be between 0% and 100%, not {text!r}.")
-        avail = mem_available()
-        return int(avail * number / 100), f"{number:g}% of {fmt_bytes(avail)} available"
+        avail = (available or mem_available)()
+        where = "free on the GPU" if available is not None else "available"
+        return int(avail * number / 100), f"{number:g}% of {fmt_bytes(avail)} {where}"
     return int(number * _UNITS[m.group(2)]), ""
 
 
@@ -438,26 +493,32 @@ def plan_memory(
     spec: ModelSpec | None = None,
     default_ctx: int = 4096,
     kv_dtype: str | None = None,
+    device: str = "cpu",
 ) -> MemoryPlan:
     """The account for a GGUF file (path or scanned header) at a context, against a budget.
 
     mem_budget None means no limit (the plan is only described); the API applies
-    `default_budget()` when the user gave none.
+    `default_budget()` when the user gave none. On a GPU (device "cuda[:N]") the account is
+    of GPU memory — weights as planes, KV, dequant scratch and prefill activations, the CUDA
+    runtime — and a budget given as a fraction is of the GPU's free memory. (The host then
+    holds only the tokenizer and the mapped file's pages, released after loading.)
     """
     header = scan_header(source) if isinstance(source, (str, os.PathLike)) else source  # or an open GGUFFile
     spec = spec or spec_from_gguf(header)  # type: ignore[arg-type]  # duck-typed header
     ctx = n_ctx or min(spec.context_length, default_ctx)
-    budget, budget_text = parse_size(mem_budget, "--mem-budget")
-    reserve_bytes, _ = parse_size(reserve, "--reserve")
+    on_gpu = device.startswith("cuda")
+    available = (lambda: gpu_free_bytes(device)) if on_gpu else None
+    budget, budget_text = parse_size(mem_budget, "--mem-budget", available)
+    reserve_bytes, _ = parse_size(reserve, "--reserve", available)
     kv_dtype = kv_dtype_arg(kv_dtype) or default_kv_dtype(header)
     return MemoryPlan(
         model=os.path.basename(header.path),
         n_ctx=ctx,
-        weights=weights_bytes(header, linear_mode),
+        weights=gpu_weights_bytes(header) if on_gpu else weights_bytes(header, linear_mode),
         kv=kv_bytes(spec, ctx, kv_dtype, prefill_chunk),
-        scratch=scratch_bytes(spec, ctx, prefill_chunk, kv_dtype),
-        prefix_cache=prefix_cache_bytes(spec, ctx, kv_dtype),
-        runtime=runtime_bytes(header),
+        scratch=gpu_scratch_bytes(spec, header, ctx, prefill_chunk, kv_dtype) if on_gpu else scratch_bytes(spec, ctx, prefill_chunk, kv_dtype),
+        prefix_cache=0 if on_gpu else prefix_cache_bytes(spec, ctx, kv_dtype),
+        runtime=GPU_RUNTIME if on_gpu else runtime_bytes(header),
         reserve=reserve_bytes or 0,
         budget=budget,
         budget_text=budget_text,
@@ -467,6 +528,7 @@ def plan_memory(
         linear_mode=linear_mode,
         prefill_chunk=prefill_chunk,
         kv_dtype=kv_dtype,
+        device=device,
     )
 
 
