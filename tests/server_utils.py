@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -49,3 +50,20 @@ class LiveServer:
         self.worker.stop()
         self.server.should_exit = True
         self.thread.join(10)
+
+
+@contextmanager
+def serve_model(model_id: str, ctx: int, timeout: float = 120):
+    """A live server on the real model `model_id` and an openai client for it (the model must
+    exist: require_model skips or fails the test otherwise)."""
+    import openai
+
+    import tallow
+
+    path = require_model(model_id)
+    server = LiveServer(lambda: tallow.LLM(path, ctx=ctx), model_id, str(path))
+    try:
+        server.wait_ready(timeout)
+        yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from server_utils import LiveServer, require_model  # noqa: E402
+from server_utils import serve_model  # noqa: E402
 
 MODEL = "smollm2-135m"
 LIGHT = {
@@ -35,15 +35,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def live():
-    path = require_model(MODEL)
-    import tallow
-
-    server = LiveServer(lambda: tallow.LLM(path, ctx=512), MODEL, str(path))
-    try:
-        server.wait_ready(120)
-        yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    finally:
-        server.stop()
+    with serve_model(MODEL, ctx=512) as pair:
+        yield pair
 
 
 def _schemas(tools):

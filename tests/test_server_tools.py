@@ -11,7 +11,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_utils import LiveServer, require_model  # noqa: E402
+from server_utils import LiveServer, require_model, serve_model  # noqa: E402
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
 WEATHER_TOOL = {
@@ -65,15 +65,8 @@ def test_tool_history_renders_through_the_qwen_template():
 
 @pytest.fixture(scope="module")
 def qwen():
-    path = require_model(QWEN)
-    import tallow
-
-    server = LiveServer(lambda: tallow.LLM(path, ctx=1024), QWEN, str(path))
-    try:
-        server.wait_ready(300)
-        yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-    finally:
-        server.stop()
+    with serve_model(QWEN, ctx=1024, timeout=300) as pair:
+        yield pair
 
 
 @pytest.mark.slow

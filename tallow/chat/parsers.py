@@ -287,11 +287,12 @@ class ToolCallParser:
         if self._fence == "other":
             out.content += block
         else:
-            self._fenced_block(self._fence_open + block, out)
+            self._calls_or_text(self._fence_open + block, out)
         self._fence = None
         return True
 
-    def _fenced_block(self, text: str, out: ParsedDelta) -> None:
+    def _calls_or_text(self, text: str, out: ParsedDelta) -> None:
+        """`text` as tool calls to declared tools if it holds any, else as content."""
         calls = _generic_calls(text, self.tool_names)
         if calls:
             self.calls.extend(calls)
@@ -303,16 +304,11 @@ class ToolCallParser:
         out = ParsedDelta()
         held, self._buf = self._buf, ""
         if self._generic:
-            calls = _generic_calls(held, self.tool_names)
-            if calls:
-                self.calls.extend(calls)
-                out.tool_calls.extend(calls)
-            else:
-                out.content += held
+            self._calls_or_text(held, out)
             return out
         if self._fence == "json":  # ended inside a held fence (max_tokens): a complete call still counts
             self._fence = None
-            self._fenced_block(self._fence_open + held + ("" if held.rstrip().endswith(FENCE) else "\n" + FENCE), out)
+            self._calls_or_text(self._fence_open + held + ("" if held.rstrip().endswith(FENCE) else "\n" + FENCE), out)
             if not out.tool_calls:
                 out.content = self._fence_open + held
             return out
