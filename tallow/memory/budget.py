@@ -262,8 +262,9 @@ def runtime_bytes(header: GGUFFile) -> int:
 # Quant types the GPU keeps as GGUF byte planes (kernels/triton/planes.py repacks the blocks'
 # bytes one for one); every other matrix is dequantized at load: F32/F16 to fp32, the rest bf16.
 GPU_PLANE_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})
-# The CUDA context, cuBLAS workspaces and Triton's loaded kernels, which torch's free-memory
-# figure does not yet include when the plan is made (measured on the H200: ~0.5 GiB).
+# An allowance for what the free-memory figure does not yet include when the plan is made:
+# cuBLAS workspaces, Triton's loaded kernels, the decode graph's pool. Not yet measured (the
+# CUDA context itself exists by then: mem_get_info creates it).
 GPU_RUNTIME = 512 * MiB
 
 
