@@ -11,6 +11,7 @@ each (add, norm; silu, mul), so over 30 layers they are a fifth of a small model
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -67,15 +68,12 @@ class LazyInput:
     def take(self):
         """The prologue for one GEMV: the first taker also writes the residual sum."""
         pro = self.prologue
-        if pro.sum_out is not None:
-            self.prologue = type(pro)(pro.kind, pro.weight, pro.eps, pro.residual, None)
+        self.prologue = replace(pro, sum_out=None)
         return pro
 
     def materialize(self) -> torch.Tensor:
         if self._value is None:
-            self._value = self._run(self.prologue.sum_out is not None)
-            self.prologue = type(self.prologue)(self.prologue.kind, self.prologue.weight, self.prologue.eps,
-                                                self.prologue.residual, None)
+            self._value = self._run(self.take().sum_out is not None)
         return self._value
 
 

@@ -222,6 +222,12 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
     in page faults, so the account counts the heap as it behaves by default.
     """
+    return 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec) + PREFILL_DEQUANT_SCRATCH
+
+
+def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                           kv_dtype: str = "f16") -> int:
+    """The residual stream plus the larger block phase of one prefill chunk (scratch_bytes' table)."""
     c = min(prefill_chunk, n_ctx)
     n = n_ctx
     h, hkv, hd = spec.n_heads, spec.n_kv_heads, max(spec.head_dim, spec.v_head_dim)
@@ -230,8 +236,12 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     if KV_SCALE_BYTES[kv_dtype]:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
-    logits = spec.vocab_size * 4 * 4
-    return 2 * (residual + max(attention, mlp)) + logits + PREFILL_DEQUANT_SCRATCH
+    return residual + max(attention, mlp)
+
+
+def logits_bytes(spec: ModelSpec) -> int:
+    """The last position's logits plus the sampler's sort."""
+    return spec.vocab_size * 4 * 4
 
 
 # kernels/cpu/dequant_matmul.py's shared tiles at their cap: SCRATCH_ELEMENTS bf16 weights plus
@@ -290,10 +300,9 @@ def gpu_scratch_bytes(spec: ModelSpec, header: GGUFFile, n_ctx: int, prefill_chu
     """GPU transients: the bf16 buffer prefill dequantizes each matrix into (sized for the
     largest, kernels/gpu/linear.Scratch), and one prefill chunk's activations twice — the
     eager pass that warms a graph up and the prefill graphs' shared memory pool — with the
-    CPU account's per-chunk formula (scratch_bytes, without the heap's x2 and the CPU tiles)."""
+    CPU account's per-chunk formula (chunk_activation_bytes), and the logits."""
     largest = max((t.n_rows * t.n_cols for t in header.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1), default=0)
-    one_chunk = (scratch_bytes(spec, n_ctx, prefill_chunk, kv_dtype) - PREFILL_DEQUANT_SCRATCH) // 2
-    return largest * 2 + 2 * one_chunk
+    return largest * 2 + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
 
 
 def gpu_free_bytes(device: str) -> int:

@@ -42,6 +42,7 @@ class _BoundKV:
         self.k_scale, self.v_scale = kv.k_scale, kv.v_scale
         self.caps, self.dtype, self.scaled = kv.caps, kv.dtype, kv.scaled
         self.view = kv.view
+        self._slots: dict[int, torch.Tensor] = {}  # ring size -> position % ring, once per step
 
     def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kv.store_at(layer, self.position, k, v)
@@ -56,10 +57,9 @@ class _BoundKV:
         cap = k.shape[1]
         if cap >= self.kv.n_ctx:
             return k, v, self.position
-        slots = self.__dict__.setdefault("_slots", {})
-        if cap not in slots:
-            slots[cap] = torch.remainder(self.position, cap)
-        return k, v, slots[cap]
+        if cap not in self._slots:
+            self._slots[cap] = torch.remainder(self.position, cap)
+        return k, v, self._slots[cap]
 
 
 class _FusedAttentionInputs:

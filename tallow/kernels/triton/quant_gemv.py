@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
+from .rmsnorm import row_rstd
 
 __all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "Prologue", "SUPPORTED"]
 
@@ -61,17 +62,7 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 def _prologue(x_row, a_row, s_row, K, eps, first, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
     rstd = 1.0
     if PRO == 1 or PRO == 2:
-        acc = tl.zeros((1024,), dtype=tl.float32)
-        for off in range(0, K, 1024):
-            e = off + tl.arange(0, 1024)
-            msk = e < K
-            v = tl.load(x_row + e, mask=msk, other=0.0).to(tl.float32)
-            if PRO == 1:
-                v += tl.load(a_row + e, mask=msk, other=0.0).to(tl.float32)
-                if WRITE_SUM:
-                    tl.store(s_row + e, v, mask=msk & first)
-            acc += v * v
-        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / K + eps)
+        rstd = row_rstd(x_row, a_row, s_row, K, eps, first, PRO == 1, WRITE_SUM, 1024)
     return rstd
 
 

@@ -17,20 +17,29 @@ __all__ = ["rmsnorm", "rmsnorm_reference"]
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym, ssm,
-                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def row_rstd(x_row, res_row, sum_row, D, eps, write, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """1 / RMS of one row x (+ residual), writing the sum to sum_row where `write` holds (the
+    GEMV prologues in quant_gemv.py share this pass, so both norms round alike)."""
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for off in range(0, D, BLOCK):
         e = off + tl.arange(0, BLOCK)
         msk = e < D
-        v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
+        v = tl.load(x_row + e, mask=msk, other=0.0).to(tl.float32)
         if HAS_RES:
-            v += tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
+            v += tl.load(res_row + e, mask=msk, other=0.0).to(tl.float32)
             if WRITE_SUM:
-                tl.store(sum_ptr + row * ssm + e, v, mask=msk)
+                tl.store(sum_row + e, v, mask=msk & write)
         acc += v * v
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+    return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym, ssm,
+                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    rstd = row_rstd(x_ptr + row * sxm, res_ptr + row * srm, sum_ptr + row * ssm, D, eps, True,
+                    HAS_RES, WRITE_SUM, BLOCK)
     for off in range(0, D, BLOCK):
         e = off + tl.arange(0, BLOCK)
         msk = e < D
