@@ -91,7 +91,7 @@ class LLM:
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
         (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
         t0 = time.perf_counter()
-        bound_heap()  # large temporaries go back to the OS when freed: the peak stays the planned one
+        bound_heap()  # one malloc arena (and, opt-in, large temporaries unmapped on free): the peak stays the planned one
         self.path = str(path)
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
