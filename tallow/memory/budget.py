@@ -222,7 +222,16 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
     in page faults, so the account counts the heap as it behaves by default.
     """
-    return 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec) + PREFILL_DEQUANT_SCRATCH
+    return (2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec) + PREFILL_DEQUANT_SCRATCH
+            + TORCH_CODE_PAGES)
+
+
+# torch's code paged into the process by loading and the first prefill (file-backed, counted in
+# its resident size): smollm2 at ctx 2048, the same packages, measured 21 MiB of file-backed
+# growth where torch's libraries were cold in the page cache and 52 MiB where they had just been
+# installed (a fault then maps whole cached neighbourhoods). The runtime constants were fitted
+# on the cold case; this adds half the difference, so either case lands within 10% (2026-11-29).
+TORCH_CODE_PAGES = 16 * MiB
 
 
 def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
