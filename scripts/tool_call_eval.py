@@ -1,6 +1,6 @@
 """Issue 6's tool-call and JSON targets, measured through the Python API (the server's code path).
 
-    python scripts/tool_call_eval.py [--models DIR] [--required 100] [--auto 20] [--json 2]
+    python scripts/tool_call_eval.py [--models DIR] [--required 100] [--auto 100] [--json 2]
 
 1. tool_choice "required": N varied requests over four tools with nested argument schemas on
    qwen2.5-coder-1.5b-instruct; a call is valid when it names a declared tool and its arguments
@@ -59,7 +59,7 @@ REQUIRED_PROMPTS = (
     + [f"Find {x} under {p} dollars{' that are in stock' if i % 2 else ''}." for i, (x, p) in enumerate(zip(THINGS * 5, range(20, 520, 20)))]
     + [f"Tell {p} that {m}." for p, m in zip(PEOPLE * 5, itertools.cycle(["dinner is at eight", "the build is green", "I am running late", "the package arrived", "we won the match"]))]
 )
-AUTO_PROMPTS = [
+AUTO_PROMPTS_WRITTEN = [
     "Please schedule lunch with Bob tomorrow, 2026-12-03 at 12:00.",
     "It's freezing in the bedroom, set it to 22 celsius.",
     "Search the shop for a kettle under 40 dollars.",
@@ -81,6 +81,58 @@ AUTO_PROMPTS = [
     "Is there a standing desk in the catalogue under 300 dollars?",
     "Tell Chen the server is back up.",
 ]
+# 80 more, generated like REQUIRED_PROMPTS but worded differently (questions, complaints,
+# notes-to-self, imperatives), 20 per tool, each template filled with 4 different values.
+EVENT_TITLES = ["Design review", "Piano lesson", "Quarterly planning", "Car service", "Book club", "Vet appointment", "Board sync", "Haircut", "Parent-teacher meeting", "Release retro"]
+EVENT_TEMPLATES = [
+    "Could you put '{title}' in my calendar for {date} at {time}?",
+    "I have {title} on {date} at {time}, with {person}. Add it to my schedule.",
+    "Don't let me forget: {title}, {date}, {time}. Create the event.",
+    "Please book '{title}' on {date} starting {time} and invite {person}.",
+    "New calendar entry please: {title} at {time} on {date}.",
+]
+THERMO_TEMPLATES = [
+    "Could you warm the {room} up to {value} degrees {unit}?",
+    "It's way too hot in the {room}; bring it down to {value} {unit}.",
+    "I'd like the {room} thermostat at {value} {unit} tonight.",
+    "Change the {room} temperature to {value} {unit}, please.",
+    "Adjust the heating in the {room} so it targets {value} degrees {unit}.",
+]
+SHOP_ITEMS = ["a cast iron pan", "a rain jacket", "a bike helmet", "a mechanical pencil set", "a travel backpack", "an electric toothbrush", "a bluetooth speaker", "a chess board", "a water bottle", "a laptop stand"]
+SHOP_TEMPLATES = [
+    "Do you have {item} for less than {price} dollars?",
+    "I'm shopping for {item}; check the catalogue, budget {price} dollars.",
+    "Show me {item} that is in stock right now.",
+    "Look up {item} in the store, nothing above {price} dollars.",
+    "Can you find {item} in the shop's catalogue?",
+]
+NOTES = ["the train is delayed", "lunch is on me today", "the keys are under the mat", "the demo moved to Friday", "I fixed the failing test", "call me back when you can", "the invoice was paid", "the meeting room changed to B2"]
+MESSAGE_TEMPLATES = [
+    "Drop {person} a line: {note}.",
+    "Ping {person} and say {note}, high priority.",
+    "Could you text {person} that {note}?",
+    "Notify {person} right away: {note}.",
+    "Write to {person}, low priority, that {note}.",
+]
+
+
+def _generated_auto_prompts() -> list[str]:
+    prompts = []
+    for i, template in enumerate(EVENT_TEMPLATES * 4):
+        date, time_ = f"2027-01-{(11 * i) % 28 + 1:02d}", f"{8 + (3 * i) % 11:02d}:{(15 * i) % 60:02d}"
+        prompts.append(template.format(title=EVENT_TITLES[i % len(EVENT_TITLES)], date=date, time=time_, person=PEOPLE[(3 * i + i // 5) % len(PEOPLE)]))
+    for i, template in enumerate(THERMO_TEMPLATES * 4):
+        unit = ("celsius", "fahrenheit")[(i // 5) % 2]
+        value = 16 + i // 2 if unit == "celsius" else 60 + i
+        prompts.append(template.format(room=ROOMS[(3 * i + i // 5) % 4], value=value, unit=unit))
+    for i, template in enumerate(SHOP_TEMPLATES * 4):
+        prompts.append(template.format(item=SHOP_ITEMS[(i + i // 5) % len(SHOP_ITEMS)], price=15 + 25 * (i % 9)))
+    for i, template in enumerate(MESSAGE_TEMPLATES * 4):
+        prompts.append(template.format(person=PEOPLE[(i + i // 5) % len(PEOPLE)], note=NOTES[i % len(NOTES)]))
+    return prompts
+
+
+AUTO_PROMPTS = AUTO_PROMPTS_WRITTEN + _generated_auto_prompts()
 JSON_SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}}, "required": ["name", "age"]},
     {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}, "population": {"type": "integer"}, "landmarks": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, "required": ["city", "country", "landmarks"]},
@@ -120,17 +172,20 @@ def required_eval(llm, n: int, max_tokens: int) -> dict:
     return {"requests": n, "valid_answers": valid, "answers_with_calls": answers_with_calls, "calls": calls, "tokens": tokens, "s": round(time.perf_counter() - t0, 1)}
 
 
-def auto_eval(llm, triggered: bool, max_tokens: int) -> dict:
+def auto_eval(llm, triggered: bool, n: int, max_tokens: int) -> dict:
     os.environ["TALLOW_GRAMMAR_AUTO"] = "1" if triggered else "0"
     with_calls = valid = 0
-    for prompt in AUTO_PROMPTS:
+    prompts = AUTO_PROMPTS[:n]
+    for prompt in prompts:
         out = llm.chat([{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="auto", max_tokens=max_tokens)
         with_calls += bool(out.tool_calls)
         valid += bool(out.tool_calls) and all(valid_call(c) for c in out.tool_calls)
         if not out.tool_calls:
-            print(f"  no call (triggered={triggered}):", prompt, "->", repr(out.text[:120]), flush=True)
+            print(f"  no call (triggered={triggered}):", prompt, "->", repr(out.text[:120]), out.finish_reason, flush=True)
+        elif not all(valid_call(c) for c in out.tool_calls):
+            print(f"  invalid call (triggered={triggered}):", prompt, "->", [(c.name, c.arguments[:120]) for c in out.tool_calls], flush=True)
     os.environ.pop("TALLOW_GRAMMAR_AUTO", None)
-    return {"prompts": len(AUTO_PROMPTS), "with_tool_calls": with_calls, "valid": valid}
+    return {"prompts": len(prompts), "with_tool_calls": with_calls, "valid": valid}
 
 
 def json_eval(llm, per_schema: int, max_tokens: int) -> dict:
@@ -154,6 +209,7 @@ def main() -> None:
     ap.add_argument("--models", default="/root/models")
     ap.add_argument("--required", type=int, default=100)
     ap.add_argument("--json", type=int, default=2, help="prompts per schema")
+    ap.add_argument("--auto", type=int, default=len(AUTO_PROMPTS), help=f"tool_choice auto prompts (at most {len(AUTO_PROMPTS)})")
     ap.add_argument("--skip-auto", action="store_true")
     ap.add_argument("--skip-json", action="store_true")
     ap.add_argument("--json-models", default="qwen2.5-coder-1.5b-instruct,smollm2-135m,gemma3-270m")
@@ -165,15 +221,17 @@ def main() -> None:
     results = {}
     json_models = args.json_models.split(",") if not args.skip_json else []
     qwen = None
-    if args.required or not args.skip_auto or "qwen2.5-coder-1.5b-instruct" in json_models:
+    if args.required or (args.auto and not args.skip_auto) or "qwen2.5-coder-1.5b-instruct" in json_models:
         qwen = tallow.load(f"{args.models}/qwen2.5-coder-1.5b-instruct.gguf", ctx=2048, progress=False)
     if args.required:
         results["required"] = required_eval(qwen, args.required, 120)
         print("required:", results["required"], flush=True)
-    if not args.skip_auto:
-        results["auto_triggered"] = auto_eval(qwen, True, 100)
+    if args.skip_auto:
+        args.auto = 0
+    if args.auto:
+        results["auto_triggered"] = auto_eval(qwen, True, args.auto, 100)
         print("auto with triggered grammar:", results["auto_triggered"], flush=True)
-        results["auto_free"] = auto_eval(qwen, False, 100)
+        results["auto_free"] = auto_eval(qwen, False, args.auto, 100)
         print("auto without it:", results["auto_free"], flush=True)
     results["json_schema"] = {}
     for name in json_models:
