@@ -38,7 +38,7 @@ DEFAULT_CTX = 4096
 class Completion:
     text: str
     tokens: list[int]
-    finish_reason: str  # "stop" (EOG token or stop string) | "length"
+    finish_reason: str  # "stop" (EOG token or stop string; also a grammar's answer closed to fit max_tokens, see stats.grammar_steered) | "length"
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
@@ -229,8 +229,11 @@ class LLM:
         sampling.setdefault("temperature", 0.0)
         params = SamplingParams(**sampling)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        # Compiled here, not in the generator: a bad schema is an error at call time.
-        constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source) if spec else None
+        # Compiled here, not in the generator: a bad schema is an error at call time. Its budget
+        # is what the engine will sample, the end-of-generation token included: max_tokens, or
+        # fewer when the context fills first (the engine stops once the prompt and answer reach n_ctx).
+        budget = min(max_tokens, self.n_ctx - len(ids) + 1)
+        constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source, budget) if spec else None
         deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs, constraint)
         if stream:
             return deltas
@@ -280,6 +283,8 @@ class LLM:
             tail = emit + matcher.flush()
             if tail:
                 yield tail
+        if constraint is not None:
+            stats.grammar_steered = constraint.steered
 
 
 def resolve_device(device: str | None) -> str:

@@ -78,6 +78,7 @@ def _print_stats(llm) -> None:
         f" (reused {s.reused_tokens}{f', {s.reused_from_disk} from disk' if s.reused_from_disk else ''}, saved ~{s.saved_s * 1000:.0f} ms) | prefill {s.prefill_tokens} tok in {s.prefill_s * 1000:.1f} ms"
         f" = {s.prefill_tok_s:.1f} tok/s | decode {s.decode_tokens} tok in {s.decode_s * 1000:.1f} ms"
         f" = {s.decode_tok_s:.1f} tok/s{_drafts(s)} | TTFT {s.ttft_s * 1000:.1f} ms | finish: {s.finish_reason}"
+        f"{f' (closed early: {s.grammar_steered} tokens steered to fit max_tokens)' if s.grammar_steered else ''}"
     )
 
 

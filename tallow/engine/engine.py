@@ -37,6 +37,7 @@ class GenerationStats:
     finish_reason: str = ""
     draft_tokens: int = 0  # prompt-lookup drafts verified (speculative decoding)
     accepted_tokens: int = 0  # of those, drafts that became generated tokens
+    grammar_steered: int = 0  # tokens a grammar chose over the model's to end inside max_tokens (grammar/closing.py)
 
     @property
     def prefill_tok_s(self) -> float:

@@ -8,13 +8,16 @@ it is as cheap per token, compiles lazily, and takes Lark with inline JSON schem
 tokens and lazy (triggered) rules — exactly what tool calls in a model's own syntax need.
 
 TALLOW_GRAMMAR=0 switches constrained decoding off: a request that needs it gets a clear
-error (a 400 from the server) rather than a silently unconstrained answer.
+error (a 400 from the server) rather than a silently unconstrained answer. Given the answer's
+token budget, the constraint also steers it to end, valid, inside the budget (closing.py;
+TALLOW_GRAMMAR_CLOSE=0 lets max_tokens cut it instead).
 """
 
 from __future__ import annotations
 
 import os
 
+from .closing import closing_enabled, closing_vocab
 from .constraint import GrammarConstraint
 from .errors import GrammarError
 from .spec import GrammarSpec
@@ -27,9 +30,11 @@ def grammar_enabled() -> bool:
     return os.environ.get("TALLOW_GRAMMAR", "1") != "0"
 
 
-def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_source: str = "") -> GrammarConstraint | None:
+def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_source: str = "",
+                     budget: int | None = None) -> GrammarConstraint | None:
     """The constraint for a request, or None when it asks for free text (incl. tool_choice auto
-    with the triggered grammar switched off)."""
+    with the triggered grammar switched off). `budget`: the samples the answer may take, its
+    end-of-generation token included (None: no closing)."""
     if not grammar_enabled():
         if spec.needs_constraint():
             raise GrammarError(f"{spec.describe()} needs constrained decoding, which is switched off here (TALLOW_GRAMMAR=0).", spec.param())
@@ -37,4 +42,6 @@ def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_sou
     grammar = spec.lark(tokenizer, template_source)
     if grammar is None:
         return None
-    return GrammarConstraint(grammar_tokenizer(tokenizer), grammar, vocab_size, spec.param())
+    ll = grammar_tokenizer(tokenizer)
+    closing = closing_vocab(tokenizer, ll.vocab_size) if budget is not None and closing_enabled() else None
+    return GrammarConstraint(ll, grammar, vocab_size, spec.param(), budget, closing)

@@ -297,6 +297,7 @@ class Worker:
                     "predicted_per_second": stats.decode_tok_s,
                     "draft_n": stats.draft_tokens,  # speculative decoding, as llama.cpp's server names them
                     "draft_n_accepted": stats.accepted_tokens,
+                    "grammar_steered_n": stats.grammar_steered,  # > 0: a constrained answer was closed early to fit max_tokens
                     "ttft_ms": stats.ttft_s * 1000,
                 },
             },
