@@ -58,6 +58,9 @@ from collections import deque
 
 import torch
 
+from ..layers import attend_keys, fast_paths_enabled
+from ..models.base import DecoderModel
+
 K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)
 NGRAM_MAX, NGRAM_MIN = 3, 1
 ACCEPT_PRIOR = 0.5  # acceptance rate of an n-gram size before any of its drafts were verified
@@ -125,14 +128,29 @@ class PromptLookup:
 
 
 def _exact_verifier(model):
-    """A shallow copy of `model` (weights shared) whose attention runs one query at a time through
-    the model's own one-token `attend`, so each row is computed as a decode step computes it."""
+    """A shallow copy of `model` (weights shared) whose attention runs one query at a time as the
+    model's own one-token `attend` computes it, so each row is computed as a decode step computes it."""
+    spec = model.spec
+    own_attend = type(model).attend is DecoderModel.attend
 
     def attend(index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
-        if q.shape[0] == 1:
+        n = q.shape[0]
+        if n == 1:
             return model.attend(index, q, kv, start)
         # The K/V of all the rows are stored already; query i at start+i sees keys 0..start+i.
-        return torch.cat([model.attend(index, q[i : i + 1], kv, start + i) for i in range(q.shape[0])])
+        window = spec.layers[index].sliding_window
+        begins = [max(0, start + i + 1 - window) if window else 0 for i in range(n)]
+        lo, end = begins[0], start + n
+        if not (own_attend and q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]):
+            return torch.cat([model.attend(index, q[i : i + 1], kv, start + i) for i in range(n)])
+        # DecoderModel.attend's one-query fast path reads keys begin..end-1 of the pool as float32
+        # (decode_attention or kv.view: a float copy, dequantized for int8/fp8) and calls
+        # attend_keys. Converting once for all n queries and slicing gives the same elements, and
+        # SDPA over a slice gives the same bits as over a contiguous copy (tests check it): this
+        # saves n - 1 copies of the window per layer.
+        keys, values = kv.view(index, lo, end)  # (n_kv_heads, end - lo, head_dim) float32
+        return torch.cat([attend_keys(q[i : i + 1], keys[:, b - lo : start + i + 1 - lo], values[:, b - lo : start + i + 1 - lo],
+                                      spec.attn_scale, spec.attn_logit_softcap) for i, b in enumerate(begins)])
 
     verifier = copy.copy(model)
     verifier.attend = attend
