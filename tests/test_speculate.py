@@ -66,6 +66,19 @@ def test_prompt_lookup_takes_the_longest_latest_match():
     assert PromptLookup().draft([1, 2, 1], 0) == (0, [])
 
 
+def test_prompt_lookup_prefers_the_match_that_reaches_furthest_back():
+    """Of an n-gram's latest occurrences, the one whose match with the context's end is longest
+    (an id in a table row vs the same id in a sentence); the length comes back with the draft."""
+    lookup = PromptLookup()
+    ctx = [7, 8, 1, 2, 3, 4, 5, 0, 9, 1, 2, 3, 6, 6, 0, 9, 1, 2, 3, 6, 7, 8, 1, 2, 3]
+    assert lookup.draft(ctx, 2) == (5, [4, 5])  # 7 8 1 2 3 matches at 0, only 1 2 3 or 9 1 2 3 later
+    ctx += [4, 5, 0]
+    assert lookup.draft(ctx, 3) == (8, [9, 1, 2])  # all of 7 8 1 2 3 4 5 0 at 0; the later "6 0" only 1
+    long = list(range(100, 140))
+    assert PromptLookup().draft(long + [1] + long, 1) == (speculate.MATCH_MAX, [1])  # followed back at most MATCH_MAX
+    assert [speculate.match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 3, 4, 4, 8, 8, 16]
+
+
 def _tiny_engine(tmp_path, arch="llama", qtype=QT.Q4_0, n_ctx=128):
     gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=qtype))
     spec = spec_from_gguf(gf)
@@ -347,10 +360,31 @@ def test_k_follows_measured_costs_and_acceptance(tmp_path):
     engine, _ = _tiny_engine(tmp_path)
     s = Speculation(engine, GenerationStats())
     s.cost.update({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 3.0, 6: 3.2, 7: 3.4, 8: 3.6})  # 4-row blocks
-    s.accept[3], s.accept[1] = 0.9, 0.1
+    s.accept[3], s.accept[1] = [0.9, 0.9], [0.1, 0.1]
     assert s._choose_k(3, 7) == 3  # 1 + .9 + .81 + .73 = 3.4 tokens in 1.6: better than 8 rows in 3.6
     assert s._choose_k(3, 2) == 2  # only two drafts available
     picks = [s._choose_k(1, 7) for _ in range(2 * speculate.PROBE_EVERY)]
     assert picks.count(1) == 2 and picks.count(0) == len(picks) - 2
+    # The same first rate, but a copy that stays on track once it starts makes longer drafts pay:
+    # 1 + .4 (1 + .95 + .95^2) = 2.14 tokens in 1.6 beats 1.4 in 1.2; without the streak
+    # (.4 throughout) 1.62 in 1.6 does not.
+    s.accept[8] = [0.4, 0.95]
+    assert s._choose_k(8, 7) == 3 and s._choose_k(12, 7) == 3  # lengths 8..15: one class
+    s.accept[8] = [0.4, 0.4]
+    assert s._choose_k(8, 7) == 1
     s.cost.clear()
     assert s._choose_k(3, 7) == 0  # a plain step first, to measure t(1)
+
+
+def test_acceptance_is_learned_per_match_class_first_and_further(tmp_path):
+    """A round's first draft updates its class's first rate, later drafts the further rate."""
+    engine, _ = _tiny_engine(tmp_path)
+    s = Speculation(engine, GenerationStats())
+    s.round_class, s.round_index = 4, 0
+    for accepted in (True, True, False):
+        s._learn(accepted)
+    w = speculate.ACCEPT_WEIGHT
+    first, further = s.accept[4]
+    assert first == pytest.approx((1 - w) * 0.5 + w)
+    assert further == pytest.approx((1 - w) * ((1 - w) * 0.5 + w))
+    assert s.accept[3] == [speculate.ACCEPT_PRIOR] * 2
