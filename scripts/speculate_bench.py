@@ -1,8 +1,11 @@
 """Decode speed with and without prompt-lookup speculation, greedy, on input-grounded and open work.
 
-    python scripts/speculate_bench.py [-m qwen2.5-coder-1.5b-instruct smollm2-135m] [-n 160] [-r 3] [--json]
+    python scripts/speculate_bench.py [-m qwen2.5-coder-1.5b-instruct smollm2-135m] [-t TASK ...] [-n 160] [-r 3] [--json]
 
-Tasks: tool calls that copy names and ids from a device list in the system prompt; editing a
+Tasks: tool calls that copy names and ids from a device list in the system prompt, once as free
+text (the tools described in the prompt: what tool_choice "auto" leaves to the model) and once
+as an agent loop through the tools API with tool_choice "required" (the grammar forces a call;
+8 turns, each adding the model's call and an "ok" result to the conversation); editing a
 code snippet (the function repeated with a variable renamed); open-ended prose. Each run is a
 fresh request (KV pool reset) at temperature 0; runs with and without speculation alternate so
 that a busy machine slows both alike. Reports the median decode tok/s of each, the speedup, the
@@ -16,6 +19,7 @@ import json
 import os
 import statistics
 import sys
+from dataclasses import dataclass
 
 DEVICES = """\
 | id | name | room | kind |
@@ -38,6 +42,28 @@ TOOLS_SYSTEM = f"""You are the home assistant of a smart home. You act only thro
 - lock(device_id: string, locked: boolean)
 Answer with one JSON object per line and nothing else, for example:
 {{"name": "set_light", "arguments": {{"device_id": "lt-kit-0193", "brightness": 40}}}}
+Use only these devices, with their exact ids:
+{DEVICES}"""
+
+DEVICE_ID = "^[a-z]{2}-[a-z]{3}-[0-9]{4}$"  # the ids' format, as a harness would declare it
+
+
+def _tool(name: str, description: str, value: str, value_schema: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {"device_id": {"type": "string", "pattern": DEVICE_ID}, value: value_schema},
+        "required": ["device_id", value]}}}
+
+
+# The same four tools for the API (tools=..., tool_choice="required": an agent harness that forces
+# calls; the grammar then constrains every token and drafts must pass its mask).
+TOOLS = [
+    _tool("set_light", "Set a light's brightness (0 = off).", "brightness", {"type": "integer", "minimum": 0, "maximum": 100}),
+    _tool("set_blinds", "Set blinds' position (0 = closed).", "position", {"type": "integer", "minimum": 0, "maximum": 100}),
+    _tool("set_thermostat", "Set a thermostat's target temperature.", "celsius", {"type": "number"}),
+    _tool("lock", "Lock or unlock a lock.", "locked", {"type": "boolean"}),
+]
+DEVICES_SYSTEM = f"""You are the home assistant of a smart home. Act through the tools: in one answer, make every
+call the request needs, one call per device.
 Use only these devices, with their exact ids:
 {DEVICES}"""
 
@@ -67,35 +93,74 @@ CODE = '''def summarize_orders(orders, currency="EUR"):
 '''
 
 TASKS = {
+    # tools described in the system prompt, free text: what tool_choice "auto" leaves to the model
     "tool calls": [{"role": "system", "content": TOOLS_SYSTEM}, {"role": "user", "content": TOOLS_USER}],
+    "tool calls, required": [{"role": "system", "content": DEVICES_SYSTEM}, {"role": "user", "content": TOOLS_USER}],
     "code edit": [{"role": "user", "content": "Repeat this function exactly, but rename the variable `entry` to "
                    "`stats` everywhere. Answer with the code only.\n\n```python\n" + CODE + "```"}],
     "prose": [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in "
                "a bottle. Make it vivid and original."}],
 }
-INPUT_GROUNDED = ("tool calls", "code edit")
+AGENT_TASK = "tool calls, required"  # an agent loop: tools API, tool_choice "required", AGENT_TURNS turns
+AGENT_TURNS, AGENT_TURN_TOKENS = 8, 60  # one turn per device of the routine; a call is ~35 tokens
+INPUT_GROUNDED = ("tool calls", "tool calls, required", "code edit")
 
 
-def run(llm, messages, enabled: bool, max_tokens: int):
+@dataclass
+class RunStats:
+    """What one run decoded, summed over its requests (an agent run is several turns)."""
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def add(self, stats) -> None:
+        self.decode_tokens += stats.decode_tokens
+        self.decode_s += stats.decode_s
+        self.draft_tokens += stats.draft_tokens
+        self.accepted_tokens += stats.accepted_tokens
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def run(llm, task: str, enabled: bool, max_tokens: int) -> tuple[list[int], RunStats]:
+    """One run of `task`, from a fresh KV pool. The agent task is AGENT_TURNS requests: each turn
+    the model's calls and an "ok" result per call join the conversation (ids fixed so that every
+    run renders the same prompt), and the next turn reuses the pool's prefix."""
     os.environ["TALLOW_SPECULATE"] = "1" if enabled else "0"
     llm.engine.reset()  # every run a fresh request: the same prefill, a decode measured from cold
-    out = llm.chat(messages, max_tokens=max_tokens, temperature=0.0)
-    return out.tokens, out.stats
+    total, tokens = RunStats(), []
+    if task != AGENT_TASK:
+        out = llm.chat(TASKS[task], max_tokens=max_tokens, temperature=0.0)
+        total.add(out.stats)
+        return out.tokens, total
+    messages = list(TASKS[task])
+    for turn in range(AGENT_TURNS):
+        out = llm.chat(messages, tools=TOOLS, tool_choice="required", max_tokens=AGENT_TURN_TOKENS, temperature=0.0)
+        total.add(out.stats)
+        tokens += out.tokens
+        calls = [{"id": f"call_{turn}_{j}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for j, c in enumerate(out.tool_calls)]
+        messages.append({"role": "assistant", "content": out.text, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls]
+    return tokens, total
 
 
-def bench_model(name: str, max_tokens: int, reps: int) -> list[dict]:
+def bench_model(name: str, tasks: list[str], max_tokens: int, reps: int) -> list[dict]:
     import tallow
 
     llm = tallow.load(name, ctx=2048, progress=False)
     rows = []
-    for task, messages in TASKS.items():
-        run(llm, messages, True, 8)  # warm-up
+    for task in tasks:
+        run(llm, task, True, 8)  # warm-up
         speeds = {False: [], True: []}
         drafted = accepted = 0
         texts = {}
         for _ in range(reps):
             for enabled in (False, True):
-                tokens, stats = run(llm, messages, enabled, max_tokens)
+                tokens, stats = run(llm, task, enabled, max_tokens)
                 speeds[enabled].append(stats.decode_tok_s)
                 texts.setdefault(enabled, tokens)
                 if texts[enabled] != tokens:
@@ -122,11 +187,12 @@ def main() -> int:
     ap.add_argument("-m", "--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct", "smollm2-135m"])
     ap.add_argument("-n", "--max-tokens", type=int, default=160)
     ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("-t", "--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     print("| model | task | tokens | plain tok/s | speculative tok/s | speedup | acceptance | same text |", file=sys.stderr)
     print("|---|---|---:|---:|---:|---:|---:|---|", file=sys.stderr)
-    rows = [r for name in args.models for r in bench_model(name, args.max_tokens, args.reps)]
+    rows = [r for name in args.models for r in bench_model(name, args.tasks, args.max_tokens, args.reps)]
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0 if all(r["identical"] for r in rows) else 1
