@@ -150,3 +150,12 @@ def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
     separate, model = run()
     assert not model.ops.lazy
     assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_rows_equal_fused_steps(arch, tmp_path):
+    """Speculative verification with the GPU's ops: m rows in one pass, the fused Q/K norm + RoPE
+    + K/V write launched per row, are bit for bit m fused decode steps."""
+    from test_graph_step import check_rows_equal_steps
+
+    check_rows_equal_steps(arch, tmp_path, TritonOps())

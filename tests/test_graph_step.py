@@ -28,3 +28,36 @@ def test_forward_step_equals_forward(arch, tmp_path):
     ])
     assert torch.equal(steps, eager)
     assert all(torch.equal(a, b) for a, b in zip(step_kv.k, eager_kv.k))
+
+
+def check_rows_equal_steps(arch: str, tmp_path, ops=None) -> None:
+    """m consecutive tokens in one pass (speculative verification) give bit for bit the logits and
+    the cache of m decode steps, with quantized (row-exact) matrices; gemma3 past its window."""
+    from gguf import GGMLQuantizationType
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=GGMLQuantizationType.Q8_0))
+    spec = spec_from_gguf(gf)
+    model = build_model(gf, spec)
+    if ops is not None:
+        model.ops = ops
+    for table in model.rope.values():
+        table.ensure(64)
+    ids = tiny_prompt(24)
+    step_kv, rows_kv = KVPool(spec, 64), KVPool(spec, 64)
+
+    def step(kv, t, i):
+        return model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), kv)
+
+    steps = torch.cat([step(step_kv, t, i) for i, t in enumerate(ids)])
+    got, i = [], 0
+    for m in (1, 3, 5, 2, 7, 6):  # 24 tokens in passes of several sizes
+        got.append(step(rows_kv, ids[i], i) if m == 1 else model.forward_rows(
+            torch.tensor(ids[i : i + m]), torch.arange(i, i + m), torch.arange(i + 1, i + m + 1, dtype=torch.int32), rows_kv))
+        i += m
+    assert torch.equal(torch.cat(got), steps)
+    assert all(torch.equal(a, b) for a, b in zip(rows_kv.k + rows_kv.v, step_kv.k + step_kv.v))
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_forward_rows_equals_steps(arch, tmp_path):
+    check_rows_equal_steps(arch, tmp_path)

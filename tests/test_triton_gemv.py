@@ -109,3 +109,13 @@ def test_gemv_prologue_equals_the_op_then_the_product(name: str, kind: str) -> N
         y = quant_gemv(gu, w, prologue=Prologue(kind))
         want = quant_gemv(glu(gu[:, :k], gu[:, k:], kind), w)
     assert float((y - want).norm() / want.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
+def test_gemv_rows_are_computed_independently(name: str) -> None:
+    """Speculative verification on the GPU relies on it: m rows in one launch give bit for bit
+    the m one-row products (the launch config must not depend on m)."""
+    g = torch.Generator().manual_seed(9)
+    w = pack_planes(random_raw(name, 24, 512, g), name, 512)
+    x = torch.randn(5, 512, generator=g)
+    assert torch.equal(quant_gemv(x, w), torch.cat([quant_gemv(x[i : i + 1], w) for i in range(5)]))

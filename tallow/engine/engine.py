@@ -20,7 +20,7 @@ from ..memory.kv_pool import KVPool
 from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
-from .speculate import Speculation, speculation_enabled
+from .speculate import K_MAX, Speculation, speculation_enabled
 
 
 @dataclass
@@ -78,6 +78,7 @@ class Engine:
         self.kv = KVPool(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
+        self._row_graphs = None  # CUDA graphs of speculative verification passes by size (GPU only)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
@@ -127,6 +128,24 @@ class Engine:
         logits = self._graph.step(token, position)
         self.kv.mark_written(position)
         self.kv.tokens.append(token)
+        return logits
+
+    def decode_rows(self, tokens: list[int]) -> torch.Tensor:
+        """Run 2..8 tokens at the next positions in one pass (verifying speculative drafts);
+        logits (m, vocab), row i bit-identical to decode_step's for token i where the model's
+        matrices are row-exact (speculate.rows_are_exact). On the GPU a replayed CUDA graph per
+        pass size (graphs.RowGraphs), elsewhere the eager model.forward_rows."""
+        start = len(self.kv.tokens)
+        if self.model.device.type != "cuda":
+            positions = torch.arange(start, start + len(tokens))
+            logits = self.model.forward_rows(torch.tensor(tokens), positions, (positions + 1).int(), self.kv)
+        else:
+            if self._row_graphs is None:
+                from .graphs import RowGraphs
+
+                self._row_graphs = RowGraphs(self.model, self.kv, self.model.device, K_MAX + 1)
+            logits = self._row_graphs.run(tokens, start)
+        self.kv.tokens.extend(tokens)
         return logits
 
     def prefill_chunk_at(self, chunk: list[int], start: int) -> torch.Tensor:

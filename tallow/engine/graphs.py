@@ -77,6 +77,66 @@ class GraphDecoder:
         return int(self.next_token.item())
 
 
+class RowGraphs:
+    """Verification passes of speculative decoding: m = 2..max_rows consecutive decode tokens in
+    one replayed graph of model.forward_rows, one graph per m, captured on first use.
+
+    Each row comes out bit for bit as a replay of the one-token GraphDecoder would compute it
+    (forward_rows: the GEMVs read the weights once for all rows but compute each row alone;
+    attention runs row by row through the step's own kernels), so accepting drafts by comparing
+    them with the tokens these rows yield leaves greedy text exactly as plain decoding writes
+    it. A pass costs little more than one step: decode is bound by reading the weights.
+    """
+
+    def __init__(self, model, kv: KVPool, device: torch.device, max_rows: int):
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.max_rows = max_rows
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all sizes: one replays at a time
+        self.graphs: dict[int, tuple] = {}
+
+    def _capture(self, m: int, inputs: torch.Tensor):
+        tokens, positions = inputs[0], inputs[1]
+
+        def run():
+            return self.model.forward_rows(tokens, positions, positions.int() + 1, self.kv)
+
+        # Warm-up on a side stream with the real inputs (their K/V writes are the replay's own).
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = run()
+        return graph, logits
+
+    def run(self, tokens: list[int], start: int) -> torch.Tensor:
+        """Logits (m, vocab) of `tokens` at positions start.., writing their K/V there. The
+        caller updates kv.tokens."""
+        m = len(tokens)
+        if not 2 <= m <= self.max_rows or start + m > self.kv.n_ctx:
+            raise ValueError(f"a verification pass takes 2..{self.max_rows} tokens inside the context, got {m} at {start}")
+        host = torch.tensor([tokens, list(range(start, start + m))], dtype=torch.long).pin_memory()
+        if not graphs_enabled():  # TALLOW_CUDA_GRAPHS=0: the same pass, eagerly
+            inputs = host.to(self.device)
+            logits = self.model.forward_rows(inputs[0], inputs[1], inputs[1].int() + 1, self.kv)
+            self.kv.mark_written(start + m - 1)
+            return logits
+        if m not in self.graphs:
+            inputs = torch.empty((2, m), dtype=torch.long, device=self.device)  # outlives the graph
+            inputs.copy_(host)
+            self.graphs[m] = (inputs, *self._capture(m, inputs))
+        inputs, graph, logits = self.graphs[m]
+        inputs.copy_(host, non_blocking=True)
+        graph.replay()
+        self.kv.mark_written(start + m - 1)
+        return logits.clone()  # the pool is shared: the next size's replay may reuse this memory
+
+
 def prefill_graphs_enabled() -> bool:
     return graphs_enabled() and os.environ.get("TALLOW_PREFILL_GRAPHS", "1") != "0"
 

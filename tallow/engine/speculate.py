@@ -33,11 +33,17 @@ rows. So verification runs the model with attention done query by query through 
 own one-token `attend`, and its logits are bit-identical to k+1 decode steps (tests check it):
 greedy text with speculation is the text without it.
 
+Exactness on the GPU. Decode replays a CUDA graph of one token; verification replays a graph
+per pass size m = k+1 (engine.decode_rows, graphs.RowGraphs) of model.forward_rows: the Triton
+GEMVs read each weight once for all m rows but compute every row in programs of its own with
+the launch config of one row, and attention (with the fused Q/K norm + RoPE + K/V write) runs
+row by row through the one-token step's kernels. So row i is bit for bit what the decode graph
+gives after i accepted drafts (tests check it in Triton's interpreter; scripts/gpu_check.py on
+the GPU), and a pass costs about one step: decode is bound by reading the weights.
+
 Where that exactness does not hold, speculation is off by default: models with dense float
-matrices (F.linear rounds one row and many rows differently), and the GPU, whose decode replays
-a CUDA graph with kernels other than the eager multi-token ones. Until a graph per k exists
-there, TALLOW_SPECULATE=1 turns it on anyway (the eager forward verifies: the same text up to
-near-ties). TALLOW_SPECULATE=0 turns it off everywhere.
+matrices (F.linear and cuBLAS round one row and many rows differently). TALLOW_SPECULATE=1 turns
+it on anyway (the same text up to near-ties); TALLOW_SPECULATE=0 turns it off everywhere.
 
 Choosing k. Whether drafting pays depends on two measured things: how often drafts are right
 and what a pass of m tokens costs. Acceptance is kept per match class c (the match's length:
@@ -90,16 +96,21 @@ ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g"})
 
 
 def rows_are_exact(model) -> bool:
-    """Whether every matrix of `model` runs in a row-exact CPU kernel (see ROW_EXACT_KINDS)."""
+    """Whether every matrix of `model` runs in a row-exact kernel: on the CPU see
+    ROW_EXACT_KINDS; on the GPU the Triton GEMV (every row its own programs, one launch config
+    for any number of rows; `dense` layers go through cuBLAS, whose GEMV and GEMM round apart)."""
+    linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
+    if model.device.type == "cuda":
+        parts = [p for t in linears for p in getattr(t, "parts", [t])]
+        return all(str(p.kind).startswith("triton_") and p.use_gemv for p in parts)
     if model.device.type != "cpu":
         return False
-    linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
 
 
 def speculation_enabled(model) -> bool:
-    """TALLOW_SPECULATE=0 off, =1 on; by default on where verification is bit-exact: the CPU
-    with row-exact kernels (see the module doc)."""
+    """TALLOW_SPECULATE=0 off, =1 on; by default on where verification is bit-exact: row-exact
+    kernels, on the CPU or the GPU (see the module doc)."""
     env = os.environ.get("TALLOW_SPECULATE", "").strip().lower()
     if env in ("0", "false", "no", "off"):
         return False
@@ -195,6 +206,7 @@ class Speculation:
         self.engine = engine
         self.stats = stats
         self.lookup = PromptLookup()
+        self.on_gpu = engine.model.device.type == "cuda"
         self.verifier = _exact_verifier(engine.model)
         self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
         self.round_class = 0  # match class of the draft being verified
@@ -229,7 +241,10 @@ class Speculation:
         if not draft:
             logits = self.engine.decode_step(token)
         else:
-            rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
+            if self.on_gpu:  # a replayed graph per pass size (graphs.RowGraphs)
+                rows = self.engine.decode_rows([token, *draft])
+            else:
+                rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
             self.round_class, self.round_index = match_class(length), 0
             self.stats.draft_tokens += len(draft)
             self.pending.extend(zip(draft, rows[1:]))

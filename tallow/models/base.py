@@ -218,3 +218,23 @@ class DecoderModel:
             x, delta = step.block(layer, x, delta, position, bound_kv, 0)
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
         return softcap_logits(self.output(h), self.spec.final_logit_softcap)
+
+    # -- m consecutive decode steps in one pass (verifying speculative drafts) ---------------
+    @torch.inference_mode()
+    def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool) -> torch.Tensor:
+        """Tokens (m,) at `positions` (m,) = p..p+m-1 with `seq_lens` (m,) int32 = positions + 1,
+        all on the device; returns logits (m, vocab), row i bit-identical to what forward_step
+        gives for token i after tokens 0..i-1: the weights are read once for all rows, while
+        attention runs row by row through the one-token step's own hooks (step.bind_rows).
+        Graph-safe like forward_step. The caller keeps `kv.tokens`."""
+        from .step import bind_rows
+
+        step, bound_kv = bind_rows(self, positions, seq_lens, kv)
+        x = self.embedding(tokens)  # (m, dim)
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        delta = None
+        for layer in self.layers:
+            x, delta = step.block(layer, x, delta, positions, bound_kv, 0)
+        _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
+        return softcap_logits(self.output(h), self.spec.final_logit_softcap)

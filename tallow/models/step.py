@@ -96,9 +96,10 @@ class _FusedAttentionInputs:
 class _BoundAttention:
     """Attention of the one query over seq_len cached keys, with static scratch per layer."""
 
-    def __init__(self, model, seq_len: torch.Tensor):
+    def __init__(self, model, seq_len: torch.Tensor, row: int = 0):
         self.model = model
         self.seq_len = seq_len
+        self.row = row  # rows of one verification pass need outputs of their own (bind_rows)
         if not hasattr(model, "_step_scratch"):
             model._step_scratch = {}
 
@@ -110,12 +111,13 @@ class _BoundAttention:
             from ..kernels.triton.decode_attention import default_splits, make_scratch
 
             n_heads = q.shape[1]
-            scratch = self.model._step_scratch.get(index)
+            key = (index, self.row)
+            scratch = self.model._step_scratch.get(key)
             if scratch is None:
                 splits = default_splits(k_cache.shape[0], k_cache.shape[1])
                 out = torch.empty((n_heads, spec.v_head_dim), dtype=torch.float32, device=q.device)
                 scratch = (splits, out, make_scratch(n_heads, splits, spec.head_dim, q.device))
-                self.model._step_scratch[index] = scratch
+                self.model._step_scratch[key] = scratch
             splits, out, buffers = scratch
             # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
             # are read with their per-position scales.
@@ -160,11 +162,39 @@ def bind_chunk(model, positions: torch.Tensor, start: torch.Tensor, kv: KVPool):
     return step, _BoundKV(kv, positions)
 
 
-def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
+def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool, row: int = 0):
     """A shallow copy of `model` (weights shared) whose hooks use the device position."""
     step = copy.copy(model)
     step.rope = {base: _BoundRotary(table, position) for base, table in model.rope.items()}
-    step.attend = _BoundAttention(model, seq_len)
+    step.attend = _BoundAttention(model, seq_len, row)
     if model.ops.fused_step:
         step.attention_inputs = _FusedAttentionInputs(model, step, position)
     return step, _BoundKV(kv, position)
+
+
+class _RowByRow:
+    """`attention_inputs` and `attend` of m consecutive tokens, each row through the hooks of its
+    own one-token step (bind_step at position + i). Everything else in a block (the GEMVs, the
+    norms, the GLU) computes each row on its own already, so the m rows come out bit for bit as
+    m decode steps would compute them: what verifying speculative drafts needs."""
+
+    def __init__(self, model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
+        self.rows = [bind_step(model, positions[i : i + 1], seq_lens[i : i + 1], kv, row=i)
+                     for i in range(positions.shape[0])]
+
+    def attention_inputs(self, w, qkv: torch.Tensor, kv, start: int) -> torch.Tensor:
+        return torch.cat([step.attention_inputs(w, qkv[i : i + 1], row_kv, 0)
+                          for i, (step, row_kv) in enumerate(self.rows)])
+
+    def attend(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
+        return torch.cat([step.attend(index, q[i : i + 1], row_kv, 0) for i, (step, row_kv) in enumerate(self.rows)])
+
+
+def bind_rows(model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
+    """`bind_step` for m consecutive decode tokens at `positions` (m,) with `seq_lens` (m,) =
+    positions + 1, on the device: a shallow copy of `model` whose attention runs row by row."""
+    rows = _RowByRow(model, positions, seq_lens, kv)
+    step = copy.copy(model)
+    step.attention_inputs = rows.attention_inputs
+    step.attend = rows.attend
+    return step, rows.rows[0][1]

@@ -18,9 +18,9 @@ c*64+j in its low nibbles and c*64+32+j in its high ones), so instead of shuffli
 element order, each part of the tile loads x at the matching offsets: a sum over K does not
 care about order.
 
-M > 1 (speculative verification, short batches): each (row tile, m) pair is its own program,
-with m varying fastest in the launch order, so the M programs reading one row tile run side
-by side and the repeated reads of W come from L2, not DRAM.
+M > 1 (speculative verification, short batches): one program reads and dequantizes its tile
+once for all M <= 8 rows, keeping an accumulator per row updated by the same code for any M,
+so each row is bit for bit its one-row product (decode and verification agree exactly).
 
 Numerics: fp32 weights bit-identical to the reference's (up to fma contraction), fp32
 products and sums; only the summation order differs from `x @ dequantize(W).T`, so the
@@ -82,211 +82,236 @@ def _x(x_row, a_row, w_ptr, offs, mask, rstd, K, PRO: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------------------
+# Weight tiles, one function per quant type. Each rebuilds the fp32 weights of one K step of
+# BLOCKS GGUF blocks for BLOCK_N rows as up to four tiles w0..w3 (BN, G, J) whose elements pair
+# with x at xoff, xoff + S, xoff + 2S, xoff + 3S ((G, J) offsets, xmask masking a ragged tail).
+# The kernel below multiplies them with each activation row.
+# ------------------------------------------------------------------------------------------
+
 # Q4_K: 256-element blocks; per block dm (d, dmin fp16), 12 bytes of 6-bit (scale, min) x 8,
 # 128 bytes of nibbles in 4 chunks of 32 bytes: chunk c, byte j -> element c*64+j (low nibble),
 # c*64+32+j (high nibble); sub-block (32 elements) 2c and 2c+1.
-# ------------------------------------------------------------------------------------------
-
 @triton.jit
-def _q4_k_gemv_kernel(x_ptr, qs_ptr, sc_ptr, dm_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
-    pid = tl.program_id(0)
-    m = pid % M
-    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)  # clamp: loads stay unmasked along rows
-    nb = K // 256
-    G: tl.constexpr = BLOCKS * 4  # 32-byte chunks per step
-    g = tl.arange(0, G)
+def _q4_k_tiles(qs_ptr, sc_ptr, dm_ptr, rows, kb, nb, G: tl.constexpr):
+    g = tl.arange(0, G)  # G = BLOCKS * 4 chunks of 32 bytes per step
     j = tl.arange(0, 32)
-    x_row = x_ptr + m * stride_xm
-    a_row = a_ptr + m * stride_am
-    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
-    acc = tl.zeros((BLOCK_N, G, 32), dtype=tl.float32)
-    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
-        chunk = kb * 4 + g  # (G,) chunk index within the row
-        ok = chunk < nb * 4
-        chunk = tl.where(ok, chunk, 0)
-        blk = chunk // 4
-        q = tl.load(qs_ptr + rows[:, None, None] * (nb * 128) + chunk[None, :, None] * 32 + j[None, None, :],
-                    mask=ok[None, :, None], other=0).to(tl.int32)  # (BN, G, 32)
-        # 6-bit scale/min of sub-blocks s_lo = 2*(c%4) and s_hi = s_lo + 1
-        sbase = sc_ptr + rows[:, None] * (nb * 12) + blk[None, :] * 12  # (BN, G)
-        s_lo = (chunk % 4) * 2
-        s_hi = s_lo + 1
-        d = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2).to(tl.float32)
-        dmin = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2 + 1).to(tl.float32)
-        # s_lo is 0,2 (< 4) or 4,6 (>= 4); s_hi likewise 1,3 or 5,7: same branch for both
-        low = s_lo[None, :] < 4
-        a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
-        b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
-        c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
-        a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
-        b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
-        c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
-        sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
-        mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
-        sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
-        mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
-        dl_lo = d * sc_lo.to(tl.float32)
-        ml_lo = dmin * mn_lo.to(tl.float32)
-        dl_hi = d * sc_hi.to(tl.float32)
-        ml_hi = dmin * mn_hi.to(tl.float32)
-        xoff = chunk[:, None] * 64 + j[None, :]  # (G, 32) element of the low nibble
-        x_lo = _x(x_row, a_row, w_ptr, xoff, ok[:, None], rstd, K, PRO)
-        x_hi = _x(x_row, a_row, w_ptr, xoff + 32, ok[:, None], rstd, K, PRO)
-        w_lo = (q & 15).to(tl.float32) * dl_lo[:, :, None] - ml_lo[:, :, None]
-        w_hi = (q >> 4).to(tl.float32) * dl_hi[:, :, None] - ml_hi[:, :, None]
-        acc += w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+    chunk = kb * 4 + g  # (G,) chunk index within the row
+    ok = chunk < nb * 4
+    chunk = tl.where(ok, chunk, 0)
+    blk = chunk // 4
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 128) + chunk[None, :, None] * 32 + j[None, None, :],
+                mask=ok[None, :, None], other=0).to(tl.int32)  # (BN, G, 32)
+    # 6-bit scale/min of sub-blocks s_lo = 2*(c%4) and s_hi = s_lo + 1
+    sbase = sc_ptr + rows[:, None] * (nb * 12) + blk[None, :] * 12  # (BN, G)
+    s_lo = (chunk % 4) * 2
+    s_hi = s_lo + 1
+    d = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2).to(tl.float32)
+    dmin = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2 + 1).to(tl.float32)
+    # s_lo is 0,2 (< 4) or 4,6 (>= 4); s_hi likewise 1,3 or 5,7: same branch for both
+    low = s_lo[None, :] < 4
+    a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
+    b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
+    c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
+    a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
+    b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
+    c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
+    sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
+    mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
+    sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
+    mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+    dl_lo = d * sc_lo.to(tl.float32)
+    ml_lo = dmin * mn_lo.to(tl.float32)
+    dl_hi = d * sc_hi.to(tl.float32)
+    ml_hi = dmin * mn_hi.to(tl.float32)
+    w_lo = (q & 15).to(tl.float32) * dl_lo[:, :, None] - ml_lo[:, :, None]
+    w_hi = (q >> 4).to(tl.float32) * dl_hi[:, :, None] - ml_hi[:, :, None]
+    xoff = chunk[:, None] * 64 + j[None, :]  # (G, 32) element of the low nibble; the high one is +32
+    return w_lo, w_hi, w_lo, w_lo, xoff, ok[:, None]
 
 
-# ------------------------------------------------------------------------------------------
 # Q6_K: 256-element blocks; ql 128 bytes, qh 64 bytes, 16 int8 scales, d fp16.
 # Element e = half*128 + r*32 + t (half 0..1, r 0..3, t 0..31):
 #   low 4 bits: ql[half*64 + (r%2)*32 + t], nibble r//2;  high 2 bits: qh[half*32 + t] >> 2r;
 #   scale index e // 16 = half*8 + r*2 + t//16.
 # The tile splits t = hh*16 + jj so one 16-element run shares a scale: index h = 2*g + hh with
 # g = block*2 + half the "half-block" of the row.
-# ------------------------------------------------------------------------------------------
-
 @triton.jit
-def _q6_k_gemv_kernel(x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
-    pid = tl.program_id(0)
-    m = pid % M
-    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    nb = K // 256
-    H: tl.constexpr = BLOCKS * 4  # 16-byte runs per step
-    hidx = tl.arange(0, H)
+def _q6_k_tiles(ql_ptr, qh_ptr, sc_ptr, d_ptr, rows, kb, nb, H: tl.constexpr):
+    hidx = tl.arange(0, H)  # H = BLOCKS * 4 runs of 16 bytes per step
     jj = tl.arange(0, 16)
-    x_row = x_ptr + m * stride_xm
-    a_row = a_ptr + m * stride_am
-    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
-    acc = tl.zeros((BLOCK_N, H, 16), dtype=tl.float32)
-    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
-        h = kb * 4 + hidx
-        ok = h < nb * 4
-        h = tl.where(ok, h, 0)
-        g = h // 2
-        hh = h % 2
-        boff = (g * 64 + hh * 16)[None, :, None] + jj[None, None, :]  # (1, H, 16)
-        lrow = ql_ptr + rows[:, None, None] * (nb * 128)
-        qa = tl.load(lrow + boff, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 0, 2
-        qb = tl.load(lrow + boff + 32, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 1, 3
-        qhv = tl.load(qh_ptr + rows[:, None, None] * (nb * 64) + (g * 32 + hh * 16)[None, :, None]
-                      + jj[None, None, :], mask=ok[None, :, None], other=0).to(tl.int32)
-        d = tl.load(d_ptr + rows[:, None] * nb + (g // 2)[None, :]).to(tl.float32)  # (BN, H)
-        srow = sc_ptr + rows[:, None] * (nb * 16) + (g * 8 + hh)[None, :]
-        dl0 = d * tl.load(srow).to(tl.float32)
-        dl1 = d * tl.load(srow + 2).to(tl.float32)
-        dl2 = d * tl.load(srow + 4).to(tl.float32)
-        dl3 = d * tl.load(srow + 6).to(tl.float32)
-        q0 = ((qa & 15) | ((qhv & 3) << 4)) - 32
-        q1 = ((qb & 15) | (((qhv >> 2) & 3) << 4)) - 32
-        q2 = ((qa >> 4) | (((qhv >> 4) & 3) << 4)) - 32
-        q3 = ((qb >> 4) | (((qhv >> 6) & 3) << 4)) - 32
-        xoff = (g * 128 + hh * 16)[:, None] + jj[None, :]  # (H, 16)
-        xm = ok[:, None]
-        x0 = _x(x_row, a_row, w_ptr, xoff, xm, rstd, K, PRO)
-        x1 = _x(x_row, a_row, w_ptr, xoff + 32, xm, rstd, K, PRO)
-        x2 = _x(x_row, a_row, w_ptr, xoff + 64, xm, rstd, K, PRO)
-        x3 = _x(x_row, a_row, w_ptr, xoff + 96, xm, rstd, K, PRO)
-        acc += (dl0[:, :, None] * q0.to(tl.float32)) * x0[None, :, :]
-        acc += (dl1[:, :, None] * q1.to(tl.float32)) * x1[None, :, :]
-        acc += (dl2[:, :, None] * q2.to(tl.float32)) * x2[None, :, :]
-        acc += (dl3[:, :, None] * q3.to(tl.float32)) * x3[None, :, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+    h = kb * 4 + hidx
+    ok = h < nb * 4
+    h = tl.where(ok, h, 0)
+    g = h // 2
+    hh = h % 2
+    boff = (g * 64 + hh * 16)[None, :, None] + jj[None, None, :]  # (1, H, 16)
+    lrow = ql_ptr + rows[:, None, None] * (nb * 128)
+    qa = tl.load(lrow + boff, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 0, 2
+    qb = tl.load(lrow + boff + 32, mask=ok[None, :, None], other=0).to(tl.int32)  # r = 1, 3
+    qhv = tl.load(qh_ptr + rows[:, None, None] * (nb * 64) + (g * 32 + hh * 16)[None, :, None]
+                  + jj[None, None, :], mask=ok[None, :, None], other=0).to(tl.int32)
+    d = tl.load(d_ptr + rows[:, None] * nb + (g // 2)[None, :]).to(tl.float32)  # (BN, H)
+    srow = sc_ptr + rows[:, None] * (nb * 16) + (g * 8 + hh)[None, :]
+    dl0 = d * tl.load(srow).to(tl.float32)
+    dl1 = d * tl.load(srow + 2).to(tl.float32)
+    dl2 = d * tl.load(srow + 4).to(tl.float32)
+    dl3 = d * tl.load(srow + 6).to(tl.float32)
+    q0 = ((qa & 15) | ((qhv & 3) << 4)) - 32
+    q1 = ((qb & 15) | (((qhv >> 2) & 3) << 4)) - 32
+    q2 = ((qa >> 4) | (((qhv >> 4) & 3) << 4)) - 32
+    q3 = ((qb >> 4) | (((qhv >> 6) & 3) << 4)) - 32
+    xoff = (g * 128 + hh * 16)[:, None] + jj[None, :]  # (H, 16); r = 1..3 at +32, +64, +96
+    return (dl0[:, :, None] * q0.to(tl.float32), dl1[:, :, None] * q1.to(tl.float32),
+            dl2[:, :, None] * q2.to(tl.float32), dl3[:, :, None] * q3.to(tl.float32), xoff, ok[:, None])
 
 
-# ------------------------------------------------------------------------------------------
 # Q8_0: 32-element blocks; d fp16, 32 int8 codes in element order. w = q * d.
-# ------------------------------------------------------------------------------------------
-
 @triton.jit
-def _q8_0_gemv_kernel(x_ptr, qs_ptr, d_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
-    pid = tl.program_id(0)
-    m = pid % M
-    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    nb = K // 32
-    bi = tl.arange(0, BLOCKS)
+def _q8_0_tiles(qs_ptr, d_ptr, rows, kb, nb, BLOCKS: tl.constexpr):
+    blk = kb + tl.arange(0, BLOCKS)
     j = tl.arange(0, 32)
-    x_row = x_ptr + m * stride_xm
-    a_row = a_ptr + m * stride_am
-    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 32), dtype=tl.float32)
-    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
-        blk = kb + bi
-        ok = blk < nb
-        blk = tl.where(ok, blk, 0)
-        q = tl.load(qs_ptr + rows[:, None, None] * K + blk[None, :, None] * 32 + j[None, None, :],
-                    mask=ok[None, :, None], other=0)
-        d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
-        xv = _x(x_row, a_row, w_ptr, blk[:, None] * 32 + j[None, :], ok[:, None], rstd, K, PRO)
-        acc += (q.to(tl.float32) * d[:, :, None]) * xv[None, :, :]
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+    ok = blk < nb
+    blk = tl.where(ok, blk, 0)
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 32) + blk[None, :, None] * 32 + j[None, None, :],
+                mask=ok[None, :, None], other=0)
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
+    w = q.to(tl.float32) * d[:, :, None]
+    return w, w, w, w, blk[:, None] * 32 + j[None, :], ok[:, None]
 
 
-# ------------------------------------------------------------------------------------------
 # Q4_0 / Q4_1 / Q5_0: 32-element blocks, 16 code bytes: byte j -> element j (low nibble) and
 # j+16 (high nibble). Q4_0: d*(q-8); Q4_1: d*q + m; Q5_0: d*((q | bit<<4) - 16), bit j of qh.
-# One kernel, the variant chosen by a constexpr.
+@triton.jit
+def _q4_x_tiles(qs_ptr, d_ptr, aux_ptr, rows, kb, nb, BLOCKS: tl.constexpr, VARIANT: tl.constexpr):
+    # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
+    blk = kb + tl.arange(0, BLOCKS)
+    jj = tl.arange(0, 16)
+    ok = blk < nb
+    blk = tl.where(ok, blk, 0)
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + jj[None, None, :],
+                mask=ok[None, :, None], other=0).to(tl.int32)
+    sidx = rows[:, None] * nb + blk[None, :]
+    d = tl.load(d_ptr + sidx).to(tl.float32)[:, :, None]
+    lo = q & 15
+    hi = q >> 4
+    if VARIANT == 0:
+        w_lo = d * (lo - 8).to(tl.float32)
+        w_hi = d * (hi - 8).to(tl.float32)
+    elif VARIANT == 1:
+        mn = tl.load(aux_ptr + sidx).to(tl.float32)[:, :, None]
+        w_lo = d * lo.to(tl.float32) + mn
+        w_hi = d * hi.to(tl.float32) + mn
+    else:
+        qh = tl.load(aux_ptr + sidx)[:, :, None]
+        b_lo = (qh >> jj[None, None, :]) & 1
+        b_hi = (qh >> (jj[None, None, :] + 16)) & 1
+        w_lo = d * ((lo | (b_lo << 4)) - 16).to(tl.float32)
+        w_hi = d * ((hi | (b_hi << 4)) - 16).to(tl.float32)
+    return w_lo, w_hi, w_lo, w_lo, blk[:, None] * 32 + jj[None, :], ok[:, None]
+
+
+# ------------------------------------------------------------------------------------------
+# The kernel: one program per BLOCK_N output rows, for all ROWS (1..8) activation rows at once,
+# so a verification pass of speculative decoding reads and dequantizes each weight byte once
+# for all its tokens. Row r has its own accumulator, updated by the same code whatever ROWS is
+# (helpers below, unrolled by constexpr `r < ROWS`), so row r of a ROWS-row product is bit for
+# bit the one-row product of x[r]: what makes verified drafts exact.
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _q4_x_gemv_kernel(x_ptr, qs_ptr, d_ptr, aux_ptr, y_ptr, N, K, M, stride_xm, stride_ym,
-                      a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
-                      VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr):
-    # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
+def _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first,
+              r: tl.constexpr, ROWS: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
+    rstd = 1.0
+    if r < ROWS:
+        rstd = _prologue(x_ptr + r * stride_xm, a_ptr + r * stride_am, s_ptr + r * stride_sm, K, eps, first,
+                         PRO, WRITE_SUM)
+    return rstd
+
+
+@triton.jit
+def _row_fma(acc, w0, w1, w2, w3, xoff, xmask, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, rstd, K,
+             r: tl.constexpr, ROWS: tl.constexpr, PRO: tl.constexpr, T: tl.constexpr, S: tl.constexpr):
+    if r < ROWS:
+        x_row = x_ptr + r * stride_xm
+        a_row = a_ptr + r * stride_am
+        t = w0 * _x(x_row, a_row, w_ptr, xoff, xmask, rstd, K, PRO)[None, :, :]
+        if T > 1:
+            t += w1 * _x(x_row, a_row, w_ptr, xoff + S, xmask, rstd, K, PRO)[None, :, :]
+        if T > 2:
+            t += w2 * _x(x_row, a_row, w_ptr, xoff + 2 * S, xmask, rstd, K, PRO)[None, :, :]
+            t += w3 * _x(x_row, a_row, w_ptr, xoff + 3 * S, xmask, rstd, K, PRO)[None, :, :]
+        acc += t
+    return acc
+
+
+@triton.jit
+def _row_store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
+    if r < ROWS:
+        tl.store(y_ptr + r * stride_ym + rows, tl.sum(tl.sum(acc, axis=2), axis=1), mask=row_ok)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
+                 a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
+                 QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                 STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
+                 T: tl.constexpr, S: tl.constexpr):
+    # QT 0: Q4_K, 1: Q6_K, 2: Q8_0, 3/4/5: Q4_0/Q4_1/Q5_0. BLOCK_K: elements per GGUF block.
     pid = tl.program_id(0)
-    m = pid % M
-    rows = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    nb = K // 32
-    bi = tl.arange(0, BLOCKS)
-    jj = tl.arange(0, 16)
-    x_row = x_ptr + m * stride_xm
-    a_row = a_ptr + m * stride_am
-    rstd = _prologue(x_row, a_row, s_ptr + m * stride_sm, K, eps, pid // M == 0, PRO, WRITE_SUM)
-    acc = tl.zeros((BLOCK_N, BLOCKS, 16), dtype=tl.float32)
+    rows = tl.minimum(rows, N - 1).to(tl.int64)  # clamp: loads stay unmasked along rows
+    nb = K // BLOCK_K
+    first = pid == 0  # the program that writes the prologue's residual sum
+    r0 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 0, ROWS, PRO, WRITE_SUM)
+    r1 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 1, ROWS, PRO, WRITE_SUM)
+    r2 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 2, ROWS, PRO, WRITE_SUM)
+    r3 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 3, ROWS, PRO, WRITE_SUM)
+    r4 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 4, ROWS, PRO, WRITE_SUM)
+    r5 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 5, ROWS, PRO, WRITE_SUM)
+    r6 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 6, ROWS, PRO, WRITE_SUM)
+    r7 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 7, ROWS, PRO, WRITE_SUM)
+    acc0 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc5 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc6 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
+    acc7 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
-        blk = kb + bi
-        ok = blk < nb
-        blk = tl.where(ok, blk, 0)
-        q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + jj[None, None, :],
-                    mask=ok[None, :, None], other=0).to(tl.int32)
-        sidx = rows[:, None] * nb + blk[None, :]
-        d = tl.load(d_ptr + sidx).to(tl.float32)[:, :, None]
-        lo = q & 15
-        hi = q >> 4
-        xoff = blk[:, None] * 32 + jj[None, :]
-        x_lo = _x(x_row, a_row, w_ptr, xoff, ok[:, None], rstd, K, PRO)[None, :, :]
-        x_hi = _x(x_row, a_row, w_ptr, xoff + 16, ok[:, None], rstd, K, PRO)[None, :, :]
-        if VARIANT == 0:
-            acc += (d * (lo - 8).to(tl.float32)) * x_lo + (d * (hi - 8).to(tl.float32)) * x_hi
-        elif VARIANT == 1:
-            mn = tl.load(aux_ptr + sidx).to(tl.float32)[:, :, None]
-            acc += (d * lo.to(tl.float32) + mn) * x_lo + (d * hi.to(tl.float32) + mn) * x_hi
+        if QT == 0:
+            w0, w1, w2, w3, xoff, xm = _q4_k_tiles(p0, p1, p2, rows, kb, nb, G)
+        elif QT == 1:
+            w0, w1, w2, w3, xoff, xm = _q6_k_tiles(p0, p1, p2, p3, rows, kb, nb, G)
+        elif QT == 2:
+            w0, w1, w2, w3, xoff, xm = _q8_0_tiles(p0, p1, rows, kb, nb, G)
         else:
-            qh = tl.load(aux_ptr + sidx)[:, :, None]
-            b_lo = (qh >> jj[None, None, :]) & 1
-            b_hi = (qh >> (jj[None, None, :] + 16)) & 1
-            acc += (d * ((lo | (b_lo << 4)) - 16).to(tl.float32)) * x_lo
-            acc += (d * ((hi | (b_hi << 4)) - 16).to(tl.float32)) * x_hi
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    tl.store(y_ptr + m * stride_ym + rows, y, mask=row_ok)
+            w0, w1, w2, w3, xoff, xm = _q4_x_tiles(p0, p1, p2, rows, kb, nb, G, QT - 3)
+        acc0 = _row_fma(acc0, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r0, K, 0, ROWS, PRO, T, S)
+        acc1 = _row_fma(acc1, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r1, K, 1, ROWS, PRO, T, S)
+        acc2 = _row_fma(acc2, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r2, K, 2, ROWS, PRO, T, S)
+        acc3 = _row_fma(acc3, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r3, K, 3, ROWS, PRO, T, S)
+        acc4 = _row_fma(acc4, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r4, K, 4, ROWS, PRO, T, S)
+        acc5 = _row_fma(acc5, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r5, K, 5, ROWS, PRO, T, S)
+        acc6 = _row_fma(acc6, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r6, K, 6, ROWS, PRO, T, S)
+        acc7 = _row_fma(acc7, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r7, K, 7, ROWS, PRO, T, S)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc0, 0, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc1, 1, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc2, 2, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc3, 3, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc4, 4, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc5, 5, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc6, 6, ROWS)
+    _row_store(y_ptr, stride_ym, rows, row_ok, acc7, 7, ROWS)
+
+
+# Per type: kernel code, elements per GGUF block, and the tile layout (G per BLOCKS, J, terms T
+# at stride S) that its tile function returns.
+_LAYOUT = {"Q4_K": (0, 256, 4, 32, 2, 32), "Q6_K": (1, 256, 4, 16, 4, 32), "Q8_0": (2, 32, 1, 32, 1, 0),
+           "Q4_0": (3, 32, 1, 16, 2, 16), "Q4_1": (4, 32, 1, 16, 2, 16), "Q5_0": (5, 32, 1, 16, 2, 16)}
+_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),
+           "Q4_0": ("qs", "d"), "Q4_1": ("qs", "d", "m"), "Q5_0": ("qs", "d", "qh")}
 
 
 # ------------------------------------------------------------------------------------------
@@ -344,6 +369,8 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m_rows = x2.shape[0]
+    if not 1 <= m_rows <= 8:
+        raise ValueError(f"quant_gemv takes 1 to 8 rows, got {m_rows}.")
     if out is None:
         out = torch.empty((m_rows, w.n), dtype=torch.float32, device=x2.device)
     a = prologue.residual if pro == 1 else x2
@@ -351,22 +378,14 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     sum_out = prologue.sum_out if pro == 1 and prologue.sum_out is not None else None
     s_t = sum_out if sum_out is not None else x2
     block_n, blocks, warps, stages = config or gemv_config(w.qtype, w.n, w.k)
-    grid = (triton.cdiv(w.n, block_n) * m_rows,)
-    p = w.planes
-    common = dict(BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, num_warps=warps, PRO=pro,
-                  WRITE_SUM=sum_out is not None)
-    args = (w.n, w.k, m_rows, x2.stride(0), out.stride(0), a, wt, s_t, a.stride(0), s_t.stride(0),
-            float(prologue.eps) if prologue is not None else 0.0)
-    if w.qtype == "Q4_K":
-        _q4_k_gemv_kernel[grid](x2, p["qs"], p["scales"], p["dm"], out, *args, **common)
-    elif w.qtype == "Q6_K":
-        _q6_k_gemv_kernel[grid](x2, p["ql"], p["qh"], p["sc"], p["d"], out, *args, **common)
-    elif w.qtype == "Q8_0":
-        _q8_0_gemv_kernel[grid](x2, p["qs"], p["d"], out, *args, **common)
-    else:
-        variant = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2}[w.qtype]
-        aux = p["d"] if variant == 0 else (p["m"] if variant == 1 else p["qh"])
-        _q4_x_gemv_kernel[grid](x2, p["qs"], p["d"], aux, out, *args, VARIANT=variant, **common)
+    qt, block_k, g_per, j, terms, stride = _LAYOUT[w.qtype]
+    planes = [w.planes[name] for name in _PLANES[w.qtype]]
+    planes += [planes[0]] * (4 - len(planes))  # unused pointer slots
+    _gemv_kernel[(triton.cdiv(w.n, block_n),)](
+        x2, *planes, out, w.n, w.k, x2.stride(0), out.stride(0), a, wt, s_t, a.stride(0), s_t.stride(0),
+        float(prologue.eps) if prologue is not None else 0.0, PRO=pro, WRITE_SUM=sum_out is not None,
+        QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
+        G=blocks * g_per, J=j, T=terms, S=stride, num_warps=warps)
     return out.reshape(w.n) if squeeze else out
 
 
