@@ -9,7 +9,8 @@
    (default) and without it (TALLOW_GRAMMAR_AUTO=0): how many answers carry tool_calls, and
    how many of those are valid.
 3. response_format json_schema over a set of schemas on all three models: how many outputs
-   parse and validate.
+   parse and validate, how many were closed early to fit max_tokens (grammar/closing.py) and
+   what the closing cost per sampled token.
 Greedy decoding (temperature 0) throughout, so a rerun gives the same counts. This measures
 validity, not speed: it runs on one torch thread by default.
 """
@@ -25,6 +26,7 @@ import time
 import jsonschema
 
 import tallow
+from tallow.grammar.constraint import GrammarConstraint
 
 TOOLS = [
     {"type": "function", "function": {
@@ -140,6 +142,14 @@ JSON_SCHEMAS = [
     {"$defs": {"item": {"type": "object", "properties": {"product": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}, "required": ["product", "qty"]}},
      "type": "object", "properties": {"customer": {"type": "string"}, "items": {"type": "array", "items": {"$ref": "#/$defs/item"}, "minItems": 1, "maxItems": 3}}, "required": ["customer", "items"]},
     {"type": "object", "properties": {"title": {"type": "string", "maxLength": 60}, "done": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": ["home", "work", "urgent"]}}}, "required": ["title", "done", "tags"]},
+    # Added with budget-aware closing: deeper nesting, unbounded arrays and strings, optional keys.
+    {"$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["street", "city"]}},
+     "type": "object", "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/address"}, "work": {"$ref": "#/$defs/address"}, "phones": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "home", "phones"]},
+    {"type": "object", "properties": {"recipe": {"type": "string"}, "servings": {"type": "integer", "minimum": 1, "maximum": 12},
+     "ingredients": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "amount": {"type": "number"}, "unit": {"enum": ["g", "ml", "cup", "tbsp", "piece"]}}, "required": ["name", "amount", "unit"]}, "minItems": 2},
+     "steps": {"type": "array", "items": {"type": "string"}}}, "required": ["recipe", "servings", "ingredients", "steps"]},
+    {"type": "object", "properties": {"summary": {"type": "string"}, "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 1}, "scores": {"type": "object", "properties": {"clarity": {"type": "number", "minimum": 0, "maximum": 1}, "accuracy": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["clarity"]},
+     "language": {"enum": ["en", "fr", "de"]}}, "required": ["summary", "keywords", "scores", "language"]},
 ]
 JSON_PROMPTS = ["Describe an example as JSON.", "Make up a realistic record and give it as JSON."]
 
@@ -189,19 +199,34 @@ def auto_eval(llm, triggered: bool, n: int, max_tokens: int) -> dict:
 
 
 def json_eval(llm, per_schema: int, max_tokens: int) -> dict:
-    ok = total = truncated = 0
+    ok = total = truncated = closed = tokens = 0
+    closing_s = [0.0]
+    close = GrammarConstraint._close_within_budget
+
+    def timed_close(self, x):  # the closing's own cost per token, measured in place
+        t0 = time.perf_counter()
+        close(self, x)
+        closing_s[0] += time.perf_counter() - t0
+
+    GrammarConstraint._close_within_budget = timed_close
     for schema in JSON_SCHEMAS:
         for prompt in JSON_PROMPTS[:per_schema]:
             rf = {"type": "json_schema", "json_schema": {"name": "record", "schema": schema}}
             out = llm.chat([{"role": "user", "content": prompt + " Fields: " + ", ".join(schema["properties"])}], response_format=rf, max_tokens=max_tokens)
             total += 1
             truncated += out.finish_reason == "length"
+            closed += out.stats.grammar_steered > 0
+            tokens += len(out.tokens) + (out.finish_reason == "stop")
+            if out.stats.grammar_steered:
+                print(f"  closed early ({out.stats.grammar_steered} tokens steered):", repr(out.text[-100:]), flush=True)
             try:
                 jsonschema.validate(json.loads(out.text), schema)
                 ok += 1
             except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
                 print("  invalid json:", repr(out.text[:160]), out.finish_reason, type(exc).__name__, flush=True)
-    return {"outputs": total, "valid": ok, "cut_by_max_tokens": truncated}
+    GrammarConstraint._close_within_budget = close
+    return {"outputs": total, "valid": ok, "cut_by_max_tokens": truncated, "closed_early": closed, "sampled_tokens": tokens,
+            "closing_us_per_token": round(closing_s[0] / max(tokens, 1) * 1e6, 1)}
 
 
 def main() -> None:

@@ -31,10 +31,10 @@ def grammar_enabled() -> bool:
 
 
 def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_source: str = "",
-                     budget: int | None = None) -> GrammarConstraint | None:
+                     budget: int | None = None, greedy: bool = False) -> GrammarConstraint | None:
     """The constraint for a request, or None when it asks for free text (incl. tool_choice auto
     with the triggered grammar switched off). `budget`: the samples the answer may take, its
-    end-of-generation token included (None: no closing)."""
+    end-of-generation token included (None: no closing); `greedy`: the decoding is."""
     if not grammar_enabled():
         if spec.needs_constraint():
             raise GrammarError(f"{spec.describe()} needs constrained decoding, which is switched off here (TALLOW_GRAMMAR=0).", spec.param())
@@ -44,4 +44,4 @@ def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_sou
         return None
     ll = grammar_tokenizer(tokenizer)
     closing = closing_vocab(tokenizer, ll.vocab_size) if budget is not None and closing_enabled() else None
-    return GrammarConstraint(ll, grammar, vocab_size, spec.param(), budget, closing)
+    return GrammarConstraint(ll, grammar, vocab_size, spec.param(), budget, closing, greedy)

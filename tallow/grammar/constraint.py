@@ -6,7 +6,7 @@ import llguidance
 import numpy as np
 import torch
 
-from .closing import CANDIDATES, LIMIT, MARGIN, REFRESH, WATCH, ClosingVocab, closing_path
+from .closing import CANDIDATES, LIMIT, MARGIN, REFRESH, ClosingVocab, closing_path
 from .errors import GrammarError, engine_message
 
 
@@ -21,10 +21,12 @@ class GrammarConstraint:
     With a `budget` (the samples the answer may take, its end-of-generation token included) and
     the `closing` vocabulary, the mask also steers the answer to end inside the budget
     (closing.py); `steered` counts the tokens where that overruled the model's first choice.
+    `greedy`: only the likeliest token that fits needs keeping (sampling keeps every one that
+    fits among the CANDIDATES likeliest).
     """
 
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer, grammar: str, vocab_size: int, param: str | None = None,
-                 budget: int | None = None, closing: ClosingVocab | None = None) -> None:
+                 budget: int | None = None, closing: ClosingVocab | None = None, greedy: bool = False) -> None:
         self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"The grammar cannot be used: {engine_message(self.matcher.get_error())}.", param)
@@ -35,7 +37,11 @@ class GrammarConstraint:
         self.budget = budget if closing is not None else None
         self.closing = closing
         self.eos = ll_tokenizer.eos_token
+        self.greedy = greedy
         self.estimate = 0  # the closing policy's latest count of tokens to the end
+        self._path: list[int] | None = None  # the closing policy's path from the state after `_path_at` tokens
+        self._path_at = -1
+        self._after: dict[int, list[int]] = {}  # paths from after each candidate that fits, this step
         self.steered = 0
 
     def _allowed_bits(self) -> np.ndarray:
@@ -67,30 +73,46 @@ class GrammarConstraint:
         """Near the end of the budget, keep only the likeliest tokens after which the closing
         policy still ends the answer in time (or else the policy's own token)."""
         room = self.budget - self.tokens - 1  # tokens that fit before the end-of-generation token
-        if room > self.estimate + WATCH and self.tokens % REFRESH:
-            return  # far from the end: no simulation, no cost
-        path = closing_path(self.matcher, self.closing, min(room, LIMIT) + WATCH)
-        self.estimate = len(path) if path is not None else min(room, LIMIT) + WATCH
+        if self._path_at != self.tokens:
+            if room > self.estimate + MARGIN + REFRESH and self.tokens % REFRESH:
+                return  # far from the end: no simulation, no cost
+            self._path, self._path_at = closing_path(self.matcher, self.closing, min(room, LIMIT) + MARGIN), self.tokens
+        path = self._path
+        self.estimate = len(path) if path is not None else min(room, LIMIT) + MARGIN
         if path is None or room > len(path) + MARGIN:
             return
-        top = np.argpartition(x, -CANDIDATES)[-CANDIDATES:]  # O(vocab), not a full sort
-        likeliest = top[np.argsort(-x[top], kind="stable")]
-        keep = [int(t) for t in likeliest if np.isfinite(x[t]) and self._fits(int(t), room)]
+        keep: dict[int, float] = {}  # token -> its logit
+        first = int(np.argmax(x))
+        for _ in range(CANDIDATES):  # argmax after argmax: a partition of 262k logits costs ~8 ms
+            t = int(np.argmax(x))
+            if not np.isfinite(x[t]) or (keep and self.greedy):
+                break  # nothing allowed left, or greedy has its token
+            if self._fits(t, room):
+                keep[t] = float(x[t])
+            x[t] = -np.inf
         if not keep:
-            keep = [path[0] if path else self.eos]
-        self.steered += int(np.argmax(x)) not in keep
-        kept = x[keep].copy()
+            keep = {path[0] if path else self.eos: 0.0}
+        self.steered += first not in keep
         x[:] = -np.inf
-        x[keep] = kept
+        x[list(keep)] = list(keep.values())
 
     def _fits(self, token: int, room: int) -> bool:
-        """Whether the closing policy still ends the answer within `room` tokens after `token`."""
+        """Whether the closing policy still ends the answer within `room` tokens after `token`
+        (its path is kept: if `token` is taken, the next step needs no simulation)."""
+        if token in self._after:
+            return True
         m = self.matcher.deep_copy()
         if not m.consume_token(token):
             return False
-        return m.is_stopped() or closing_path(m, self.closing, room - 1) is not None
+        path = [] if m.is_stopped() else closing_path(m, self.closing, room - 1)
+        if path is not None:
+            self._after[token] = path
+        return path is not None
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token} after {self.tokens} tokens: {self.matcher.get_error()}")
         self.tokens += 1
+        if token in self._after:
+            self._path, self._path_at = self._after[token], self.tokens
+        self._after = {}
