@@ -85,8 +85,8 @@ class LLM:
         kv_dtype: str | None = None,
     ):
         """device: "cpu", "cuda" or "cuda:N"; default $TALLOW_DEVICE, else cuda when a GPU is present.
-        kv_dtype: "f16", "bf16", "int8" or "fp8" (default: int8 for models measured to keep
-        greedy text identical to f16, else f16; see memory/budget.default_kv_dtype).
+        kv_dtype: "f16", "bf16", "int8" or "fp8" (default f16, or $TALLOW_KV_DTYPE; see
+        memory/budget.default_kv_dtype).
         mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
         (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
@@ -233,7 +233,7 @@ class LLM:
         # is what the engine will sample, the end-of-generation token included: max_tokens, or
         # fewer when the context fills first (the engine stops once the prompt and answer reach n_ctx).
         budget = min(max_tokens, self.n_ctx - len(ids) + 1)
-        constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source, budget) if spec else None
+        constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source, budget, params.greedy) if spec else None
         deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs, constraint)
         if stream:
             return deltas

@@ -45,7 +45,7 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kv-dtype", default=None, help="KV cache storage: f16, bf16, int8 or fp8 (default: int8 where measured to keep greedy text identical, else f16)")
+    p.add_argument("--kv-dtype", default=None, help="KV cache storage: f16, bf16, int8 or fp8 (default: f16, or $TALLOW_KV_DTYPE)")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,9 +89,45 @@ def _drafts(s) -> str:
     return f" (drafts: {s.accepted_tokens}/{s.draft_tokens} accepted = {s.acceptance_rate:.0%})"
 
 
+def _read_text(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag} cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}.") from None
+
+
+def _constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """--json / --json-schema / --grammar as the API's response_format / grammar, checked before
+    the model loads so a bad schema costs no wait."""
+    from .grammar import GrammarError, GrammarSpec
+
+    kwargs: dict[str, Any] = {}
+    if args.json:
+        kwargs["response_format"] = {"type": "json_object"}
+    if args.json_schema is not None:
+        inline = args.json_schema.lstrip().startswith("{")
+        text = args.json_schema if inline else _read_text("--json-schema", args.json_schema)
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as exc:
+            where = "" if inline else f" in {args.json_schema!r}"
+            raise UsageError(f"--json-schema{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
+        kwargs["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
+    if args.grammar is not None:
+        kwargs["grammar"] = _read_text("--grammar", args.grammar)
+    try:
+        GrammarSpec(**kwargs).lark(None, "")  # needs no tokenizer without tools
+    except GrammarError as exc:  # it names the API's field; name the flag instead
+        flag = "--grammar" if args.grammar is not None else "--json-schema"
+        raise UsageError(str(exc).replace(f"'{exc.param}'", flag)) from None
+    return kwargs
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    constraint = _constraint(args)
     llm = _load(args)
-    kwargs = dict(max_tokens=args.max_tokens, stream=True, stop=args.stop, **_sampling(args))
+    kwargs = dict(max_tokens=args.max_tokens, stream=True, stop=args.stop, **constraint, **_sampling(args))
     if args.raw:
         deltas = llm.generate(args.prompt, **kwargs)
     else:
@@ -228,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
     p.add_argument("--system", default=None, help="system message (chat mode)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="the answer is one JSON object (response_format json_object)")
+    shape.add_argument("--json-schema", default=None, metavar="FILE_OR_JSON", help="the answer is JSON valid under this schema (a file, or the schema inline)")
+    shape.add_argument("--grammar", default=None, metavar="FILE", help="the answer follows this grammar file (Lark, or GBNF with a root rule)")
     _add_sampling_args(p)
     _add_memory_args(p)
     _add_device_arg(p)

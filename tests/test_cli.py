@@ -68,6 +68,42 @@ def test_bad_flags_are_one_sentence_exit_2(smollm2, args, needle):
     assert needle in r.stderr
 
 
+def test_run_constrained_output_flags(smollm2, tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+    r = _tallow("run", "-m", smollm2, "-p", "Pick a digit.", "-n", "16", "--json-schema", json.dumps(schema))
+    assert r.returncode == 0, r.stderr
+    n = json.loads(r.stdout)["n"]
+    assert isinstance(n, int) and 0 <= n <= 9
+    grammar = tmp_path / "yes_no.gbnf"
+    grammar.write_text('root ::= "yes" | "no"\n')
+    r = _tallow("run", "-m", smollm2, "-p", "Is the sky blue?", "-n", "8", "--grammar", str(grammar))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("yes", "no")
+    r = _tallow("run", "-m", smollm2, "-p", "A JSON object:", "-n", "24", "--json", "--raw")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout), dict)  # closed within -n 24, not cut
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--json-schema", "missing.json"], "--json-schema cannot read 'missing.json'"),
+        (["--json-schema", "{nope"], "--json-schema is not valid JSON"),
+        (["--json-schema", '{"type": "array", "uniqueItems": true}'], "cannot be enforced by constrained decoding: Unimplemented keys: [\"uniqueItems\"]"),
+        (["--grammar", "missing.lark"], "--grammar cannot read 'missing.lark'"),
+        (["--grammar", "BAD_GRAMMAR"], "--grammar is neither Lark nor valid GBNF"),
+        (["--json", "--grammar", "x"], "not allowed with argument --json"),
+    ],
+)
+def test_bad_constraint_flags_are_one_sentence_exit_2(smollm2, tmp_path, flags, needle):
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= (\n")
+    r = _tallow("run", "-m", smollm2, "-p", "hi", *[str(bad) if f == "BAD_GRAMMAR" else f for f in flags])
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert needle in r.stderr
+
+
 def test_unknown_model_name():
     r = _tallow("run", "-m", "no-such-model", "-p", "hi")
     assert r.returncode == 2
