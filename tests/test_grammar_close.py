@@ -82,3 +82,15 @@ def test_sampled_answers_and_raw_grammars_close_too(smollm2):
         jsonschema.validate(json.loads(out.text), TODO)
     out = smollm2.generate("A long list of fruits:", max_tokens=8, grammar='start: " " item (", " item)* "."\nitem: /[a-z]+/')
     assert out.finish_reason == "stop" and out.text.endswith("."), out.text
+
+
+def test_forced_tool_calls_close_but_free_text_is_left_alone(smollm2):
+    tools = [{"type": "function", "function": {"name": "tag_items", "parameters": {
+        "type": "object", "properties": {"tags": TODO["properties"]["tags"]}, "required": ["tags"]}}}]
+    ask = [{"role": "user", "content": "Tag my todo list with as many tags as possible."}]
+    out = smollm2.chat(ask, tools=tools, tool_choice="required", max_tokens=20)
+    assert out.finish_reason == "stop" and len(out.tool_calls) == 1, out.text
+    jsonschema.validate(json.loads(out.tool_calls[0].arguments), tools[0]["function"]["parameters"])
+    # tool_choice auto promises no grammar: prose at max_tokens is cut, not ended early
+    out = smollm2.chat([{"role": "user", "content": "Write a long poem."}], tools=tools, tool_choice="auto", max_tokens=10)
+    assert out.finish_reason == "length" and out.stats.grammar_steered == 0

@@ -43,5 +43,7 @@ def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_sou
     if grammar is None:
         return None
     ll = grammar_tokenizer(tokenizer)
-    closing = closing_vocab(tokenizer, ll.vocab_size) if budget is not None and closing_enabled() else None
+    # Only answers promised to follow the grammar are closed: under tool_choice auto the answer is
+    # free text until a call opens, and ending prose early would only hide that it was cut.
+    closing = closing_vocab(tokenizer, ll.vocab_size) if budget is not None and closing_enabled() and spec.needs_constraint() else None
     return GrammarConstraint(ll, grammar, vocab_size, spec.param(), budget, closing, greedy)
