@@ -18,8 +18,9 @@ may end, by playing that policy on a copy of the matcher, without the model:
 Once the room left is within MARGIN tokens of that count, the model's likeliest tokens are kept
 only if the policy can still close after them; if none can, the policy's own token is taken.
 Following the policy never raises its own count, so the answer ends valid, with its
-end-of-generation token, inside the budget (unless one token raised the count by more than
-MARGIN before steering began, or the policy needs more than the whole budget). TALLOW_GRAMMAR_CLOSE=0 switches this off.
+end-of-generation token, inside the budget — unless one token raised the count by more than
+MARGIN before steering began, or the policy needs more than the whole budget (then it is cut
+as before). TALLOW_GRAMMAR_CLOSE=0 switches this off.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 
-MARGIN = 24  # steer once the room left is within this many tokens of the count: more than one
-# token can add (`, {"` opening an object with required keys adds ~10-20)
+MARGIN = 24  # steer within this many tokens of the count: more than one token can add to it
+# (`, {"` opening an object with required keys adds ~10-20)
 REFRESH = 16  # count every token within MARGIN + REFRESH of the end, else every REFRESH tokens
 CANDIDATES = 4  # the model's likeliest allowed tokens checked per steered step
 LIMIT = 256  # the longest closing simulated; past it the count is taken as unknown
