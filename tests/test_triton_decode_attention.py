@@ -118,3 +118,20 @@ def test_scaled_cache_needs_its_scales() -> None:
     k = torch.zeros(2, 16, 64, dtype=torch.int8)
     with pytest.raises(ValueError):
         decode_attention(q, k, k, torch.tensor([4], dtype=torch.int32), 0.1)
+
+
+@pytest.mark.parametrize("window,n_slots", [(0, 96), (24, 40)])
+def test_query_rows_equal_one_token_calls(window: int, n_slots: int) -> None:
+    """R consecutive query tokens in one launch (speculative verification): row r is bit for bit
+    a one-token call at length seq_len + r, on a plain cache and on a sliding-window ring."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(5, 8, 64, generator=g)
+    k = torch.randn(2, n_slots, 64, generator=g).half()
+    v = torch.randn(2, n_slots, 64, generator=g).half()
+    rows = decode_attention(q, k, v, torch.tensor([37], dtype=torch.int32), 0.125, window, n_splits=4, block_t=32)
+    singles = [decode_attention(q[r], k, v, torch.tensor([37 + r], dtype=torch.int32), 0.125, window, n_splits=4,
+                                block_t=32) for r in range(5)]
+    assert rows.shape == (5, 8, 64)
+    assert torch.equal(rows, torch.stack(singles))
+    ref = decode_attention_reference(q[4], k, v, 41, 0.125, window)
+    assert (rows[4] - ref).norm() / ref.norm() < 2e-3

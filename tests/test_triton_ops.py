@@ -71,6 +71,29 @@ def test_rope_at_device_position_into_cache(style: str, rot, norm: bool) -> None
     assert k_cache[:, 4].abs().sum() == 0 and k_cache[:, 6].abs().sum() == 0
 
 
+def test_rope_token_rows_equal_one_token_calls() -> None:
+    """R consecutive tokens in one launch (speculative verification), rows of one qkv buffer as
+    the decode step has them: bit for bit R one-token calls, keys and values in their slots."""
+    g = torch.Generator().manual_seed(12)
+    nq, nk, d, n_ctx, rows = 4, 2, 64, 16, 3
+    qkv = torch.randn(rows, (nq + 2 * nk) * d, generator=g)
+    q = qkv[:, : nq * d].view(rows, nq, d)
+    k = qkv[:, nq * d : (nq + nk) * d].view(rows, nk, d)
+    v = qkv[:, (nq + nk) * d :].view(rows, nk, d)
+    ang = torch.rand(n_ctx, d // 2, generator=g) * 6
+    cos, sin = ang.cos(), ang.sin()
+    qn, kn = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    caches = [torch.zeros(nk, n_ctx, d, dtype=torch.float16) for _ in range(4)]
+    pos = torch.tensor([7, 8, 9], dtype=torch.int32)
+    slot = pos % 8  # a ring of 8 slots
+    qo, _ = rope(q, k, cos, sin, pos, "neox", k_cache=caches[0], v=v, v_cache=caches[1], q_norm=qn, k_norm=kn, slot=slot)
+    singles = [rope(q[r], k[r], cos, sin, pos[r : r + 1], "neox", k_cache=caches[2], v=v[r], v_cache=caches[3],
+                    q_norm=qn, k_norm=kn, slot=slot[r : r + 1])[0] for r in range(rows)]
+    assert qo.shape == (rows, nq, d) and torch.equal(qo, torch.stack(singles))
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[1][:, 1], v[2].half())  # position 9 in slot 1
+
+
 @pytest.mark.parametrize("kind", ["swiglu", "geglu"])
 @pytest.mark.parametrize("m,f", [(2, 1536), (1, 1000)])
 def test_glu_from_concatenated_gate_up(kind: str, m: int, f: int) -> None:

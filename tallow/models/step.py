@@ -63,69 +63,74 @@ class _BoundKV:
 
 
 class _FusedAttentionInputs:
-    """`attention_inputs` for one decode token in one Triton launch per layer: per-head Q/K
-    RMSNorm, RoPE at the device position, K and V written into the cache row; the model's own
-    method (bound hooks, torch) where the launch does not apply."""
+    """`attention_inputs` for decode tokens (one, or the consecutive rows of a verification pass)
+    in one Triton launch per layer: per-head Q/K RMSNorm, RoPE at the device positions, K and V
+    written into the cache rows; `fallback` (the model's own method with bound hooks, torch)
+    where the launch does not apply."""
 
-    def __init__(self, model, step, position: torch.Tensor):
+    def __init__(self, model, fallback, position: torch.Tensor):
         self.model = model
         self.position = position
-        self.fallback = type(model).attention_inputs.__get__(step)
+        self.fallback = fallback
 
     def __call__(self, w, qkv: torch.Tensor, kv: _BoundKV, start: int) -> torch.Tensor:
         spec, layer = self.model.spec, self.model.spec.layers[w.index]
         nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
         rows = kv.cache_rows(w.index)
-        if rows is None or spec.v_head_dim != hd or qkv.shape[0] != 1 or qkv.stride(-1) != 1:
+        if rows is None or spec.v_head_dim != hd or qkv.stride(-1) != 1:
             return self.fallback(w, qkv, kv, start)
         from ..kernels.triton.rope import rope
 
         k_cache, v_cache, slot = rows
         table = self.model.rope[layer.rope_base]
-        flat = qkv[0]
-        q = flat[: nh * hd].view(nh, hd)
-        k = flat[nh * hd : (nh + nkv) * hd].view(nkv, hd)
-        v = flat[(nh + nkv) * hd :].view(nkv, hd)
+        n = qkv.shape[0]
+        q = qkv[:, : nh * hd].view(n, nh, hd)
+        k = qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
+        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, hd)
         norms = w.get("attn_qk_norm")
         q_out, _ = rope(q, k, table.cos, table.sin, self.position, table.style, rot_dim=table.rope_dim,
                         k_cache=k_cache, v=v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
                         q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[nh])
-        return q_out.view(1, nh, hd)
+        return q_out  # (n, nh, hd)
 
 
 class _BoundAttention:
-    """Attention of the one query over seq_len cached keys, with static scratch per layer."""
+    """Attention of the decode queries (one, or the consecutive rows of a verification pass:
+    row i over seq_len + i keys) with static scratch per layer and row count; `fallback` runs
+    several rows one by one where the Triton kernel does not apply."""
 
-    def __init__(self, model, seq_len: torch.Tensor, row: int = 0):
+    def __init__(self, model, seq_len: torch.Tensor, fallback=None):
         self.model = model
         self.seq_len = seq_len
-        self.row = row  # rows of one verification pass need outputs of their own (bind_rows)
+        self.fallback = fallback
         if not hasattr(model, "_step_scratch"):
             model._step_scratch = {}
 
     def __call__(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
         spec, layer = self.model.spec, self.model.spec.layers[index]
         k_cache, v_cache = kv.k[index], kv.v[index]
+        n = q.shape[0]
         if q.is_cuda and spec.attn_logit_softcap is None:
             from ..kernels.triton.decode_attention import decode_attention as triton_decode_attention
             from ..kernels.triton.decode_attention import default_splits, make_scratch
 
             n_heads = q.shape[1]
-            key = (index, self.row)
-            scratch = self.model._step_scratch.get(key)
+            scratch = self.model._step_scratch.get((index, n))
             if scratch is None:
                 splits = default_splits(k_cache.shape[0], k_cache.shape[1])
-                out = torch.empty((n_heads, spec.v_head_dim), dtype=torch.float32, device=q.device)
-                scratch = (splits, out, make_scratch(n_heads, splits, spec.head_dim, q.device))
-                self.model._step_scratch[key] = scratch
+                out = torch.empty((n, n_heads, spec.v_head_dim), dtype=torch.float32, device=q.device)
+                scratch = (splits, out, make_scratch(n * n_heads, splits, spec.head_dim, q.device))
+                self.model._step_scratch[(index, n)] = scratch
             splits, out, buffers = scratch
             # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
             # are read with their per-position scales.
-            triton_decode_attention(q[0].contiguous(), k_cache, v_cache, self.seq_len, spec.attn_scale,
+            triton_decode_attention(q.contiguous(), k_cache, v_cache, self.seq_len, spec.attn_scale,
                                     layer.sliding_window or 0, n_splits=splits, out=out, scratch=buffers,
                                     k_scale=kv.k_scale[index] if kv.scaled else None,
                                     v_scale=kv.v_scale[index] if kv.scaled else None)
-            return out.reshape(1, -1)
+            return out.reshape(n, -1)
+        if n > 1:
+            return self.fallback(index, q, kv, start)
         # CPU (tests) or soft-capped attention: the torch kernel, at a host-known length.
         end = int(self.seq_len.item())
         if kv.dtype in (torch.float16, torch.bfloat16, torch.float32) and kv.caps[index] == kv.kv.n_ctx:
@@ -162,39 +167,43 @@ def bind_chunk(model, positions: torch.Tensor, start: torch.Tensor, kv: KVPool):
     return step, _BoundKV(kv, positions)
 
 
-def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool, row: int = 0):
+def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
     """A shallow copy of `model` (weights shared) whose hooks use the device position."""
     step = copy.copy(model)
     step.rope = {base: _BoundRotary(table, position) for base, table in model.rope.items()}
-    step.attend = _BoundAttention(model, seq_len, row)
+    step.attend = _BoundAttention(model, seq_len)
     if model.ops.fused_step:
-        step.attention_inputs = _FusedAttentionInputs(model, step, position)
+        step.attention_inputs = _FusedAttentionInputs(model, type(model).attention_inputs.__get__(step), position)
     return step, _BoundKV(kv, position)
 
 
 class _RowByRow:
     """`attention_inputs` and `attend` of m consecutive tokens, each row through the hooks of its
-    own one-token step (bind_step at position + i). Everything else in a block (the GEMVs, the
-    norms, the GLU) computes each row on its own already, so the m rows come out bit for bit as
-    m decode steps would compute them: what verifying speculative drafts needs."""
+    own one-token step (bind_step at position + i): the exact fallback of a verification pass
+    where the multi-row kernels do not apply (CPU, torch ops, quantized KV writes)."""
 
     def __init__(self, model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
-        self.rows = [bind_step(model, positions[i : i + 1], seq_lens[i : i + 1], kv, row=i)
-                     for i in range(positions.shape[0])]
+        self.rows = [bind_step(model, positions[i : i + 1], seq_lens[i : i + 1], kv) for i in range(positions.shape[0])]
 
     def attention_inputs(self, w, qkv: torch.Tensor, kv, start: int) -> torch.Tensor:
         return torch.cat([step.attention_inputs(w, qkv[i : i + 1], row_kv, 0)
                           for i, (step, row_kv) in enumerate(self.rows)])
 
     def attend(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
-        return torch.cat([step.attend(index, q[i : i + 1], row_kv, 0) for i, (step, row_kv) in enumerate(self.rows)])
+        # .clone(): a row's output may live in the layer's static scratch, reused by the next row
+        return torch.cat([step.attend(index, q[i : i + 1], row_kv, 0).clone() for i, (step, row_kv) in enumerate(self.rows)])
 
 
 def bind_rows(model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
     """`bind_step` for m consecutive decode tokens at `positions` (m,) with `seq_lens` (m,) =
-    positions + 1, on the device: a shallow copy of `model` whose attention runs row by row."""
+    positions + 1, on the device. Everything in a block but attention (GEMVs, norms, GLU)
+    computes each row on its own already; attention runs through the same kernels as the
+    one-token step, launched once for all rows (row i at position + i), or row by row where
+    they do not apply. So the m rows are bit for bit what m decode steps compute."""
     rows = _RowByRow(model, positions, seq_lens, kv)
     step = copy.copy(model)
+    step.attend = _BoundAttention(model, seq_lens[:1], fallback=rows.attend)
     step.attention_inputs = rows.attention_inputs
-    step.attend = rows.attend
-    return step, rows.rows[0][1]
+    if model.ops.fused_step:
+        step.attention_inputs = _FusedAttentionInputs(model, rows.attention_inputs, positions)
+    return step, _BoundKV(kv, positions)

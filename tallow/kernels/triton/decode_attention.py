@@ -47,13 +47,14 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr,
-                  stride_qh, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
+                  stride_qr, stride_qh, n_heads, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
                   qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_T: tl.constexpr, SCALED: tl.constexpr):
     kvh = tl.program_id(0)
     s = tl.program_id(1)
-    L = tl.load(len_ptr).to(tl.int32)
+    r = tl.program_id(2)  # query row: consecutive tokens, row r sees one more key than row r - 1
+    L = tl.load(len_ptr).to(tl.int32) + r
     start = tl.where(window > 0, tl.maximum(L - window, 0), 0)
     per = tl.cdiv(tl.cdiv(L - start, n_splits), BLOCK_T) * BLOCK_T
     lo = start + s * per
@@ -64,7 +65,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
     hmask = gi < GROUP
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
-    q = tl.load(q_ptr + head[:, None] * stride_qh + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + head[:, None] * stride_qh + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
     if SCALED:
         q = q.to(tl.float16)  # int8/fp8 codes are exact in fp16; their scales multiply the scores
     else:
@@ -98,16 +99,19 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    row = head.to(tl.int64) * n_splits + s  # (GP,) partial slot of each head
+    row = (r * n_heads + head).to(tl.int64) * n_splits + s  # (GP,) partial slot of each head
     tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None])
     tl.store(ml_ptr + row * 2, m_i, mask=hmask)
     tl.store(ml_ptr + row * 2 + 1, l_i, mask=hmask)
 
 
 @triton.jit
-def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_oh,
+def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
                   NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    h = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1).to(tl.int64)
+    out_ptr += r * stride_or
+    hh = tl.program_id(0).to(tl.int64)
+    h = r * n_heads + hh
     si = tl.arange(0, NS)
     dd = tl.arange(0, BLOCK_D)
     m = tl.load(ml_ptr + (h * NS + si) * 2)  # (NS,)
@@ -116,7 +120,7 @@ def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_oh,
     w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
     acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out_ptr + h * stride_oh + dd, o, mask=dd < D)
+    tl.store(out_ptr + hh * stride_oh + dd, o, mask=dd < D)
 
 
 def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_t: int = 64) -> int:
@@ -135,21 +139,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scratch: tuple[torch.Tensor, torch.Tensor] | None = None, block_t: int = 64,
                      num_warps: int = 4, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one query token over the first `seq_len` positions of the cache.
+    """Attention of one query token over the first `seq_len` positions of the cache, or of R
+    consecutive tokens (q (R, n_heads, head_dim): row r over the first seq_len + r positions,
+    each row computed exactly as a one-token call at its length computes it).
 
     q (n_heads, head_dim); k_cache, v_cache (n_kv_heads, n_slots, head_dim); seq_len int32 (1,)
     on q's device. Position t is read from slot t % n_slots: a cache with n_slots >= the
     context is a plain cache, a smaller one a sliding-window ring (then window <= n_slots).
     int8 or float8_e4m3fn caches come with k_scale, v_scale (n_kv_heads, n_slots) float32: the
     value of a code is code * scale of its position and head.
-    Returns float32 (n_heads, head_dim) (into `out` if given). For CUDA graphs,
+    Returns float32 (n_heads, head_dim), or (R, n_heads, head_dim) (into `out` if given). For CUDA graphs,
     pass `out` and `scratch` (from `make_scratch`) so the launch allocates nothing."""
-    n_heads, d = q.shape
+    q3 = q if q.dim() == 3 else q.unsqueeze(0)
+    n_rows, n_heads, d = q3.shape
     n_kv, n_ctx, d_k = k_cache.shape
     if d_k != d or v_cache.shape != k_cache.shape or n_heads % n_kv:
         raise ValueError(f"decode_attention: q {tuple(q.shape)}, K {tuple(k_cache.shape)}, "
                          f"V {tuple(v_cache.shape)} do not fit (GQA needs n_heads % n_kv_heads == 0).")
-    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(1) != 1:
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q3.stride(2) != 1:
         raise ValueError("decode_attention: the head_dim axis of q, K and V must be contiguous.")
     scaled = k_cache.dtype in (torch.int8, torch.float8_e4m3fn)
     if scaled != (k_scale is not None) or (k_scale is None) != (v_scale is None):
@@ -164,25 +171,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"n_splits must be a power of two, got {n_splits}.")
     block_d = triton.next_power_of_2(d)
     if scratch is None:
-        scratch = make_scratch(n_heads, n_splits, d, q.device)
+        scratch = make_scratch(n_rows * n_heads, n_splits, d, q.device)
     part, ml = scratch
     if out is None:
-        out = torch.empty((n_heads, d), dtype=torch.float32, device=q.device)
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    out3 = out if out.dim() == 3 else out.unsqueeze(0)
     ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)  # unused pointers when not scaled
-    _split_kernel[(n_kv, n_splits)](
-        q, k_cache, v_cache, ks, vs, seq_len, part, ml,
-        q.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+    _split_kernel[(n_kv, n_splits, n_rows)](
+        q3, k_cache, v_cache, ks, vs, seq_len, part, ml,
+        q3.stride(0), q3.stride(1), n_heads, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         k_scale.stride(0) if scaled else 0,
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
         SCALED=scaled, num_warps=num_warps)
-    _merge_kernel[(n_heads,)](part, ml, out, out.stride(0), NS=n_splits, D=d, BLOCK_D=block_d,
-                              num_warps=4)
+    _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
+                                     BLOCK_D=block_d, num_warps=4)
     return out
 
 
 def make_scratch(n_heads: int, n_splits: int, head_dim: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs (n_heads, n_splits, BLOCK_D) and (max, sum) pairs (n_heads, n_splits, 2), fp32."""
+    """Partial outputs (n_heads, n_splits, BLOCK_D) and (max, sum) pairs (n_heads, n_splits, 2), fp32
+    (n_heads = rows x heads for a call with several query rows)."""
     block_d = triton.next_power_of_2(head_dim)
     return (torch.empty((n_heads, n_splits, block_d), dtype=torch.float32, device=device),
             torch.empty((n_heads, n_splits, 2), dtype=torch.float32, device=device))

@@ -53,12 +53,17 @@ def _rope_row(src, nw, dst, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
 
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr, qo_ptr, ko_ptr, vo_ptr,
-                 NQ, D, ROT_HALF, eps, sq, sk, sv, sqo, sko_h, sko_t, svo_h, svo_t, stab,
+                 NQ, D, ROT_HALF, eps, sq, sk, sv, sqo, sko_h, sko_t, svo_h, svo_t, stab, sqr, skr, svr, sqor,
                  NEOX: tl.constexpr, QNORM: tl.constexpr, KNORM: tl.constexpr, COPY_V: tl.constexpr,
                  BLOCK_D: tl.constexpr):
     h = tl.program_id(0)
-    pos = tl.load(pos_ptr).to(tl.int64)
-    slot = tl.load(slot_ptr).to(tl.int64)  # the cache row: pos, or pos % ring for a ring buffer
+    r = tl.program_id(1)  # token row (several consecutive tokens: speculative verification)
+    q_ptr += r * sqr
+    k_ptr += r * skr
+    v_ptr += r * svr
+    qo_ptr += r * sqor
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    slot = tl.load(slot_ptr + r).to(tl.int64)  # the cache row: pos, or pos % ring for a ring buffer
     if h < NQ:
         _rope_row(q_ptr + h * sq, qn_ptr, qo_ptr + h * sqo, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
                   NEOX, QNORM, BLOCK_D)
@@ -79,27 +84,36 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          v_cache: torch.Tensor | None = None, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
          eps: float = 1e-6, slot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q (n_heads, D), k (n_kv, D) (last dims contiguous); pos int32 (1,) on the device; `slot`
-    (1,) the cache row to write (default: pos). Returns (q_out, k_out or k_cache)."""
-    nq, d = q.shape
-    nk = k.shape[0]
+    (1,) the cache row to write (default: pos). Returns (q_out, k_out or k_cache).
+    R consecutive tokens in one launch: q (R, n_heads, D), k and v (R, n_kv, D), pos and slot
+    (R,); each row is computed as a one-token call computes it (k_out is not taken then)."""
+    rows = q.shape[0] if q.dim() == 3 else 1
+    q3, k3 = q.reshape(rows, *q.shape[-2:]), k.reshape(rows, *k.shape[-2:])
+    nq, d = q3.shape[1:]
+    nk = k3.shape[1]
     rot = d if rot_dim is None else rot_dim
     if rot % 2 or rot > d or cos.shape[1] * 2 != rot:
         raise ValueError(f"rope: rot_dim {rot}, head_dim {d}, tables {tuple(cos.shape)} do not fit.")
     if q_out is None:
-        q_out = torch.empty((nq, d), dtype=torch.float32, device=q.device)
+        q_out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    qo3 = q_out.reshape(rows, nq, d)
     to_cache = k_cache is not None
     if to_cache:
         ko, sko_h, sko_t = k_cache, k_cache.stride(0), k_cache.stride(1)
     else:
+        if rows > 1:
+            raise ValueError("rope: several token rows write their keys into a cache (k_cache).")
         if k_out is None:
             k_out = torch.empty((nk, d), dtype=torch.float32, device=q.device)
         ko, sko_h, sko_t = k_out, k_out.stride(0), 0
     copy_v = v is not None and v_cache is not None
+    v3 = v.reshape(rows, *v.shape[-2:]) if copy_v else q3
     vo = v_cache if copy_v else q_out
-    _rope_kernel[(nq + nk,)](
-        q, k, v if copy_v else q, cos, sin, pos, pos if slot is None else slot, q_norm if q_norm is not None else q, k_norm if k_norm is not None else q,
-        q_out, ko, vo, nq, d, rot // 2, float(eps), q.stride(0), k.stride(0), v.stride(0) if copy_v else 0,
-        q_out.stride(0), sko_h, sko_t, vo.stride(0) if copy_v else 0, vo.stride(1) if copy_v else 0, cos.stride(0),
+    _rope_kernel[(nq + nk, rows)](
+        q3, k3, v3, cos, sin, pos, pos if slot is None else slot, q_norm if q_norm is not None else q, k_norm if k_norm is not None else q,
+        qo3, ko, vo, nq, d, rot // 2, float(eps), q3.stride(1), k3.stride(1), v3.stride(1) if copy_v else 0,
+        qo3.stride(1), sko_h, sko_t, vo.stride(0) if copy_v else 0, vo.stride(1) if copy_v else 0, cos.stride(0),
+        q3.stride(0), k3.stride(0), v3.stride(0), qo3.stride(0),
         NEOX=style == "neox", QNORM=q_norm is not None, KNORM=k_norm is not None, COPY_V=copy_v,
         BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2)
     return q_out, ko
