@@ -27,23 +27,24 @@ from tallow.grammar.constraint import GrammarConstraint
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "hobbies": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "age", "hobbies"]}
 
-times: list[float] = []
-_mask, _advance = GrammarConstraint.mask, GrammarConstraint.advance
+times: list[float] = []  # per committed token: prepare + mask + advance, thread CPU seconds
+_pending = [0.0]
+_prepare, _mask, _advance = GrammarConstraint.prepare, GrammarConstraint.mask, GrammarConstraint.advance
 
 
-def timed_mask(self, logits):
-    t0 = time.thread_time()
-    _mask(self, logits)
-    times.append(time.thread_time() - t0)
+def _timed(fn, commit: bool = False):
+    def run(self, *args):
+        t0 = time.thread_time()
+        fn(self, *args)
+        _pending[0] += time.thread_time() - t0
+        if commit:
+            times.append(_pending[0])
+            _pending[0] = 0.0
+    return run
 
 
-def timed_advance(self, token):
-    t0 = time.thread_time()
-    _advance(self, token)
-    times[-1] += time.thread_time() - t0
-
-
-GrammarConstraint.mask, GrammarConstraint.advance = timed_mask, timed_advance
+GrammarConstraint.prepare, GrammarConstraint.mask = _timed(_prepare), _timed(_mask)
+GrammarConstraint.advance = _timed(_advance, commit=True)
 
 
 def walk(paths: list[str]) -> None:
@@ -94,6 +95,7 @@ for path in sys.argv[1:] or ["/root/models/qwen2.5-coder-1.5b-instruct.gguf", "/
     ):
         llm.chat(msgs, max_tokens=4, **kw)  # warm: grammar tokenizer built and cached
         times.clear()
+        _pending[0] = 0.0
         out = llm.chat(msgs, max_tokens=64, **kw)
         ms = [t * 1000 for t in times]
         decode = out.stats.decode_s / max(out.stats.decode_tokens, 1) * 1000

@@ -302,6 +302,8 @@ class Sampler:
             # Plain greedy needs only the argmax: take it where the logits are (on the GPU, one
             # small kernel and 8 bytes back instead of the whole vocabulary copied to the host).
             return greedy(logits)
+        if self.constraint is not None and hasattr(self.constraint, "prepare"):
+            self.constraint.prepare()  # on the CPU while the GPU finishes the logits (the copy below waits)
         x = self._constrain(logits.detach().to(device="cpu", dtype=torch.float32))
         x = apply_penalties(x, history, p)
         if p.greedy:

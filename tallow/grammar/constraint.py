@@ -43,9 +43,21 @@ class GrammarConstraint:
         self._path_at = -1
         self._after: dict[int, list[int]] = {}  # paths from after each candidate that fits, this step
         self.steered = 0
+        self._ready: np.ndarray | None = None  # the mask `prepare` computed, valid while tokens == _ready_at
+        self._ready_at = -1
+
+    def prepare(self) -> None:
+        """Compute the next mask now. The sampler calls this before it copies the logits off the
+        GPU, so the mask is built on the CPU while the GPU still runs the decode step."""
+        self._ready, self._ready_at = self._compute_bits(), self.tokens
 
     def _allowed_bits(self) -> np.ndarray:
         """Bool array (grammar vocabulary,): which tokens the grammar accepts next."""
+        if self._ready_at == self.tokens:
+            return self._ready
+        return self._compute_bits()
+
+    def _compute_bits(self) -> np.ndarray:
         if self.matcher.is_error():
             raise RuntimeError(f"grammar state is broken: {self.matcher.get_error()}")
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
