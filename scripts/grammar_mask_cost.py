@@ -12,7 +12,8 @@ the triggered grammar, which is the costliest grammar we build: free text checke
 three negated regexes) and the constraint's `mask` and `advance` calls are timed inside the
 real decode loop, in thread CPU time (the mask runs on the sampling thread; CPU time is not
 inflated when a busy machine preempts us). Reported per committed token: mask+advance ms, decode
-ms (wall: the engine's own decode_s / decode_tokens), and their ratio.
+ms (wall: the engine's own decode_s / decode_tokens), their ratio, and a checksum of the tokens
+(two runs under different switches, e.g. TALLOW_GPU_MASK=0, must print the same).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import zlib
 
 import tallow
 from tallow.grammar.constraint import GrammarConstraint
@@ -84,8 +86,8 @@ if sys.argv[1:2] == ["--walk"]:
     walk(sys.argv[2:] or [f"/root/models/{n}.gguf" for n in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")])
     sys.exit(0)
 
-print("| model | vocab | grammar | tokens | mask+advance ms/token (median / mean / max) | decode ms/token | mask / decode |")
-print("|---|---:|---|---:|---:|---:|---:|")
+print("| model | vocab | grammar | tokens | mask+advance ms/token (median / mean / max) | decode ms/token | mask / decode | tokens crc |")
+print("|---|---:|---|---:|---:|---:|---:|---:|")
 for path in sys.argv[1:] or ["/root/models/qwen2.5-coder-1.5b-instruct.gguf", "/root/models/gemma3-270m.gguf"]:
     llm = tallow.LLM(path, ctx=1024)
     name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
@@ -99,4 +101,4 @@ for path in sys.argv[1:] or ["/root/models/qwen2.5-coder-1.5b-instruct.gguf", "/
         out = llm.chat(msgs, max_tokens=64, **kw)
         ms = [t * 1000 for t in times]
         decode = out.stats.decode_s / max(out.stats.decode_tokens, 1) * 1000
-        print(f"| {name} | {llm.spec.vocab_size} | {label} | {len(ms)} | {statistics.median(ms):.3f} / {statistics.mean(ms):.3f} / {max(ms):.3f} | {decode:.1f} | {statistics.mean(ms) / decode:.1%} |", flush=True)
+        print(f"| {name} | {llm.spec.vocab_size} | {label} | {len(ms)} | {statistics.median(ms):.3f} / {statistics.mean(ms):.3f} / {max(ms):.3f} | {decode:.1f} | {statistics.mean(ms) / decode:.1%} | {zlib.crc32(str(out.tokens).encode()):08x} |", flush=True)

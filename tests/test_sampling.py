@@ -211,3 +211,24 @@ def test_top_k_on_large_vocab_with_ties_at_the_cut() -> None:
     values[[5, 99, 70000]] = 2.0
     got = ids(top_k((torch.arange(100000), values), 6))
     assert got == [5, 99, 70000, 0, 1, 2]
+
+
+def test_masked_greedy_equals_masking_a_host_copy():
+    """The GPU path of constrained greedy decoding (mask words up, argmax where the logits are)
+    picks what masking a copy with -inf and taking its argmax picks: ties to the lowest id,
+    tokens past the mask's words never allowed, the sign bit of a word included."""
+    import numpy as np
+
+    from tallow.sampling import masked_greedy
+
+    g = torch.Generator().manual_seed(4)
+    for vocab, n_bits in ((100, 96), (70, 64), (64, 64)):
+        for _ in range(20):
+            logits = torch.randint(-3, 3, (vocab,), generator=g).float()  # many ties
+            allowed = torch.rand(n_bits, generator=g) < 0.3
+            allowed[31] = True  # bit 31: the sign bit of word 0
+            words = np.packbits(allowed.numpy(), bitorder="little").view(np.int32)
+            want = logits.clone()
+            want[:n_bits][~allowed] = float("-inf")
+            want[n_bits:] = float("-inf")
+            assert masked_greedy(logits, words) == int(torch.argmax(want))

@@ -252,7 +252,11 @@ class Speculation:
         if logits.is_cuda:  # time the work, not its launch (the sampler waits for it anyway)
             torch.cuda.synchronize(logits.device)
         m = len(draft) + 1
-        self.cost[m] = _ema(self.cost.get(m), time.perf_counter() - t0, TIME_WEIGHT)
+        warmed = _WARMED.setdefault(self.engine, set())
+        if m in warmed:
+            self.cost[m] = _ema(self.cost.get(m), time.perf_counter() - t0, TIME_WEIGHT)
+        else:  # a size's first pass captures its CUDA graph (~0.1 s): priced at that, it would never run again
+            warmed.add(m)
         return logits
 
     def _learn(self, accepted: bool) -> None:
@@ -291,6 +295,7 @@ class Speculation:
 
 
 _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> ({m: seconds}, {class: [first, further]})
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> pass sizes run once (not timed)
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:

@@ -43,26 +43,32 @@ class GrammarConstraint:
         self._path_at = -1
         self._after: dict[int, list[int]] = {}  # paths from after each candidate that fits, this step
         self.steered = 0
-        self._ready: np.ndarray | None = None  # the mask `prepare` computed, valid while tokens == _ready_at
-        self._ready_at = -1
+        self._words_at = -1  # the committed-token count `_bits` holds the mask for
 
     def prepare(self) -> None:
         """Compute the next mask now. The sampler calls this before it copies the logits off the
         GPU, so the mask is built on the CPU while the GPU still runs the decode step."""
-        self._ready, self._ready_at = self._compute_bits(), self.tokens
+        self._words()
+
+    def _words(self) -> np.ndarray:
+        """The next mask as llguidance's int32 words (token i is bit i % 32 of word i // 32),
+        computed once per committed token."""
+        if self._words_at != self.tokens:
+            if self.matcher.is_error():
+                raise RuntimeError(f"grammar state is broken: {self.matcher.get_error()}")
+            self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._words_at = self.tokens
+        return self._bits
 
     def _allowed_bits(self) -> np.ndarray:
         """Bool array (grammar vocabulary,): which tokens the grammar accepts next."""
-        if self._ready_at == self.tokens:
-            return self._ready
-        return self._compute_bits()
-
-    def _compute_bits(self) -> np.ndarray:
-        if self.matcher.is_error():
-            raise RuntimeError(f"grammar state is broken: {self.matcher.get_error()}")
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")  # token i is bit i%32 of word i//32
+        bits = np.unpackbits(self._words().view(np.uint8), bitorder="little")
         return bits[: self.n_grammar].view(np.bool_)
+
+    def allowed_words(self) -> np.ndarray:
+        """The next mask as int32 words: what a sampler applies on the GPU (a few KB go up
+        instead of the logits coming down)."""
+        return self._words()
 
     def allowed(self) -> torch.Tensor:
         """Bool tensor (vocab_size,): which tokens the grammar accepts next."""
@@ -81,18 +87,26 @@ class GrammarConstraint:
         if self.budget is not None:
             self._close_within_budget(x)
 
-    def _close_within_budget(self, x: np.ndarray) -> None:
-        """Near the end of the budget, keep only the likeliest tokens after which the closing
-        policy still ends the answer in time (or else the policy's own token)."""
+    def steering(self) -> bool:
+        """Whether this step is close enough to the end of the budget that `mask` steers the
+        choice (and so needs the logits): the closing policy's count, refreshed near the end."""
+        if self.budget is None:
+            return False
         room = self.budget - self.tokens - 1  # tokens that fit before the end-of-generation token
         if self._path_at != self.tokens:
             if room > self.estimate + MARGIN + REFRESH and self.tokens % REFRESH:
-                return  # far from the end: no simulation, no cost
+                return False  # far from the end: no simulation, no cost
             self._path, self._path_at = closing_path(self.matcher, self.closing, min(room, LIMIT) + MARGIN), self.tokens
         path = self._path
         self.estimate = len(path) if path is not None else min(room, LIMIT) + MARGIN
-        if path is None or room > len(path) + MARGIN:
+        return path is not None and room <= len(path) + MARGIN
+
+    def _close_within_budget(self, x: np.ndarray) -> None:
+        """Near the end of the budget, keep only the likeliest tokens after which the closing
+        policy still ends the answer in time (or else the policy's own token)."""
+        if not self.steering():
             return
+        room, path = self.budget - self.tokens - 1, self._path
         keep: dict[int, float] = {}  # token -> its logit
         first = int(np.argmax(x))
         for _ in range(CANDIDATES):  # argmax after argmax: a partition of 262k logits costs ~8 ms
