@@ -24,6 +24,21 @@ def graphs_enabled() -> bool:
     return os.environ.get("TALLOW_CUDA_GRAPHS", "1") != "0"
 
 
+def capture(run, device: torch.device, pool=None):
+    """(graph, run's outputs): `run` warmed up twice on a side stream (Triton compiles, cuBLAS
+    picks algorithms; its K/V writes are the ones a replay makes anyway), then captured."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
+
+
 class GraphDecoder:
     """Replays model.forward_step(token, position, seq_len, kv) for one token at a time."""
 
@@ -50,16 +65,7 @@ class GraphDecoder:
         # (Capturing itself runs nothing.)
         self.position.fill_(min(len(self.kv.tokens), self.kv.n_ctx - 1))
         self.seq_len.fill_(1)
-        # Warm up on a side stream (Triton compiles, cuBLAS picks algorithms), then capture.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits, self.next_token = self._run()
+        self.graph, (self.logits, self.next_token) = capture(self._run, self.device)
 
     def step(self, token: int, position: int) -> torch.Tensor:
         """Run `token` at `position` (writing its K/V); return the logits (vocab,) on the device."""
@@ -102,17 +108,7 @@ class RowGraphs:
         def run():
             return self.model.forward_rows(tokens, positions, positions.int() + 1, self.kv)
 
-        # Warm-up on a side stream with the real inputs (their K/V writes are the replay's own).
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = run()
-        return graph, logits
+        return capture(run, self.device, self.pool)  # warmed up with the real inputs
 
     def run(self, tokens: list[int], start: int) -> torch.Tensor:
         """Logits (m, vocab) of `tokens` at positions start.., writing their K/V there. The
@@ -181,18 +177,7 @@ class PrefillGraphs:
             positions = arange + start
             return self.model.forward_chunk(tokens, positions, start, last, self.kv)
 
-        # Warm-up on a side stream with the real inputs (their K/V writes are the ones the
-        # replay makes anyway), then capture.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = run()
-        return graph, logits
+        return capture(run, self.device, self.pool)  # warmed up with the real inputs
 
     def run(self, chunk: list[int], start: int) -> torch.Tensor | None:
         """Logits (vocab,) of the chunk's last token after writing its K/V at start.., or None

@@ -147,6 +147,17 @@ class DecoderModel:
         return total
 
     # -- forward ---------------------------------------------------------------------------
+    def _blocks(self, step, ids: torch.Tensor, positions: torch.Tensor, kv, start: int):
+        """Embed `ids` and run every block with `step`'s hooks (the model itself, or a copy bound
+        to device positions); returns the residual stream and the last block's pending delta."""
+        x = self.embedding(ids)  # (n, dim)
+        if self.spec.embed_scale != 1.0:
+            x = x * self.spec.embed_scale
+        delta = None
+        for layer in self.layers:
+            x, delta = step.block(layer, x, delta, positions, kv, start)
+        return x, delta
+
     @torch.inference_mode()
     def forward(self, tokens: list[int], start: int, kv: KVPool, all_logits: bool = False) -> torch.Tensor:
         """Run tokens at positions start.. through the model, writing their K/V into kv.
@@ -165,12 +176,7 @@ class DecoderModel:
         positions = torch.arange(start, start + n, device=self.device)
         for table in self.rope.values():
             table.ensure(start + n)
-        x = self.embedding(ids)  # (n, dim)
-        if self.spec.embed_scale != 1.0:
-            x = x * self.spec.embed_scale
-        delta = None
-        for layer in self.layers:
-            x, delta = self.block(layer, x, delta, positions, kv, start)
+        x, delta = self._blocks(self, ids, positions, kv, start)
         if not all_logits:
             x, delta = x[-1:], delta[-1:]
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
@@ -190,12 +196,7 @@ class DecoderModel:
         from .step import bind_chunk
 
         step, bound_kv = bind_chunk(self, positions, start, kv)
-        x = self.embedding(tokens)
-        if self.spec.embed_scale != 1.0:
-            x = x * self.spec.embed_scale
-        delta = None
-        for layer in self.layers:
-            x, delta = step.block(layer, x, delta, positions, bound_kv, 0)
+        x, delta = self._blocks(step, tokens, positions, bound_kv, 0)
         x, delta = x.index_select(0, last), delta.index_select(0, last)
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
         return softcap_logits(self.output(h), self.spec.final_logit_softcap)
@@ -210,12 +211,7 @@ class DecoderModel:
         from .step import bind_step
 
         step, bound_kv = bind_step(self, position, seq_len, kv)
-        x = self.embedding(token)  # (1, dim)
-        if self.spec.embed_scale != 1.0:
-            x = x * self.spec.embed_scale
-        delta = None
-        for layer in self.layers:
-            x, delta = step.block(layer, x, delta, position, bound_kv, 0)
+        x, delta = self._blocks(step, token, position, bound_kv, 0)
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
         return softcap_logits(self.output(h), self.spec.final_logit_softcap)
 
@@ -230,11 +226,6 @@ class DecoderModel:
         from .step import bind_rows
 
         step, bound_kv = bind_rows(self, positions, seq_lens, kv)
-        x = self.embedding(tokens)  # (m, dim)
-        if self.spec.embed_scale != 1.0:
-            x = x * self.spec.embed_scale
-        delta = None
-        for layer in self.layers:
-            x, delta = step.block(layer, x, delta, positions, bound_kv, 0)
+        x, delta = self._blocks(step, tokens, positions, bound_kv, 0)
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
         return softcap_logits(self.output(h), self.spec.final_logit_softcap)
