@@ -242,9 +242,9 @@ def masked_greedy_enabled() -> bool:
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
-def masked_greedy(logits: torch.Tensor, words: np.ndarray) -> int:
+def masked_greedy(logits: torch.Tensor, words: np.ndarray, n_tokens: int | None = None) -> int:
     """Argmax over the tokens allowed by a bitmask (token i is bit i % 32 of int32 word i // 32;
-    tokens past the mask are not allowed), computed where the logits are: on the GPU a few KB
+    tokens from `n_tokens` on, or past the mask, are not allowed), computed where the logits are: on the GPU a few KB
     go up instead of the vocabulary's logits coming down (0.6-1 MB). The same token as masking a
     host copy with -inf and taking its argmax (lowest id on ties). TALLOW_GPU_MASK=0 turns it off."""
     shifts = _SHIFTS.get(logits.device)
@@ -252,7 +252,7 @@ def masked_greedy(logits: torch.Tensor, words: np.ndarray) -> int:
         shifts = _SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
     w = torch.from_numpy(words).to(logits.device)
     allowed = ((w[:, None] >> shifts) & 1).view(-1).bool()  # (32 * n_words,)
-    n = min(allowed.shape[0], logits.shape[0])
+    n = min(allowed.shape[0], logits.shape[0], allowed.shape[0] if n_tokens is None else n_tokens)
     x = torch.full_like(logits, float("-inf"), dtype=torch.float32)
     x[:n] = torch.where(allowed[:n], logits[:n].float(), float("-inf"))
     return int(torch.argmax(x))
@@ -331,7 +331,7 @@ class Sampler:
             self.constraint.prepare()  # on the CPU while the GPU finishes the logits (the copy below waits)
             if p.greedy and not p.penalties_active and logits.is_cuda and not self.constraint.steering() \
                     and masked_greedy_enabled():
-                token = masked_greedy(logits, self.constraint.allowed_words())
+                token = masked_greedy(logits, self.constraint.allowed_words(), self.constraint.n_grammar)
                 self.advance(token)
                 return token
         x = self._constrain(logits.detach().to(device="cpu", dtype=torch.float32))

@@ -232,3 +232,6 @@ def test_masked_greedy_equals_masking_a_host_copy():
             want[:n_bits][~allowed] = float("-inf")
             want[n_bits:] = float("-inf")
             assert masked_greedy(logits, words) == int(torch.argmax(want))
+            cut = n_bits - 7  # a grammar vocabulary shorter than the mask's words
+            want[cut:] = float("-inf")
+            assert masked_greedy(logits, words, cut) == int(torch.argmax(want))

@@ -388,3 +388,34 @@ def test_acceptance_is_learned_per_match_class_first_and_further(tmp_path):
     assert first == pytest.approx((1 - w) * 0.5 + w)
     assert further == pytest.approx((1 - w) * ((1 - w) * 0.5 + w))
     assert s.accept[3] == [speculate.ACCEPT_PRIOR] * 2
+
+
+def test_grammar_forced_tokens_are_drafted(smollm2, monkeypatch):
+    """Under tool_choice "required" the tokens the grammar forces (key names, separators) are
+    drafted ahead of the lookup's guesses, every one of them accepted, and the answer is the one
+    without speculation (the default controller: no always_draft)."""
+    llm = smollm2
+    tools = [{"type": "function", "function": {"name": "lock", "description": "Lock or unlock a door.", "parameters": {
+        "type": "object", "properties": {"device_id": {"type": "string"}, "locked": {"type": "boolean"}},
+        "required": ["device_id", "locked"]}}}]
+    messages = [{"role": "user", "content": "Lock the front door, device lk-fro-0017."}]
+    forced = []
+    original = Speculation._forced
+
+    def recording_forced(self, cap):
+        out = original(self, cap)
+        forced.append(len(out))
+        return out
+
+    monkeypatch.setattr(Speculation, "_forced", recording_forced)
+    runs = {}
+    for enabled in ("0", "1"):
+        monkeypatch.setenv("TALLOW_SPECULATE", enabled)
+        llm.engine.reset()
+        out = llm.chat(messages, tools=tools, tool_choice="required", max_tokens=48)
+        runs[enabled] = (out.tokens, out.finish_reason, out.stats)
+    assert runs["1"][:2] == runs["0"][:2]
+    assert [c.name for c in llm.chat(messages, tools=tools, tool_choice="required", max_tokens=48).tool_calls] == ["lock"]
+    stats = runs["1"][2]
+    assert sum(forced) >= 8  # '"name": "', '", "arguments": {"', ... came from the grammar
+    assert stats.accepted_tokens >= sum(forced)  # each forced draft was accepted

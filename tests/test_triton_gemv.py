@@ -111,11 +111,22 @@ def test_gemv_prologue_equals_the_op_then_the_product(name: str, kind: str) -> N
     assert float((y - want).norm() / want.norm()) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
-def test_gemv_rows_are_computed_independently(name: str) -> None:
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("prologue", [None, "norm+residual"])
+def test_gemv_rows_are_computed_independently(name: str, prologue) -> None:
     """Speculative verification on the GPU relies on it: m rows in one launch give bit for bit
-    the m one-row products (the launch config must not depend on m)."""
+    the m one-row products (an accumulator per row, the same code for any m), the norm
+    prologue's per-row statistics included."""
+    from tallow.kernels.triton.quant_gemv import Prologue
+
     g = torch.Generator().manual_seed(9)
     w = pack_planes(random_raw(name, 24, 512, g), name, 512)
-    x = torch.randn(5, 512, generator=g)
-    assert torch.equal(quant_gemv(x, w), torch.cat([quant_gemv(x[i : i + 1], w) for i in range(5)]))
+    x = torch.randn(8, 512, generator=g)
+    res, nw = torch.randn(8, 512, generator=g), torch.rand(512, generator=g)
+
+    def product(rows: slice) -> torch.Tensor:
+        if prologue is None:
+            return quant_gemv(x[rows], w)
+        return quant_gemv(x[rows], w, prologue=Prologue("norm", nw, 1e-6, res[rows], torch.empty_like(x[rows])))
+
+    assert torch.equal(product(slice(0, 8)), torch.cat([product(slice(i, i + 1)) for i in range(8)]))

@@ -139,6 +139,7 @@ class Engine:
         if self.model.device.type != "cuda":
             positions = torch.arange(start, start + len(tokens))
             logits = self.model.forward_rows(torch.tensor(tokens), positions, (positions + 1).int(), self.kv)
+            self.kv.mark_written(start + len(tokens) - 1)
         else:
             if self._row_graphs is None:
                 from .graphs import RowGraphs
@@ -236,7 +237,7 @@ class Engine:
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
-        speculation = Speculation(self, stats) if speculation_enabled(self.model) else None
+        speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculation_enabled(self.model) else None
         t_decode = time.perf_counter()
         try:
             for i in range(max_tokens):

@@ -95,6 +95,10 @@ class RowGraphs:
     """
 
     def __init__(self, model, kv: KVPool, device: torch.device, max_rows: int):
+        from ..kernels.gpu.linear import GEMV_MAX_ROWS
+
+        if max_rows > GEMV_MAX_ROWS:  # more rows would leave the GEMV for cuBLAS: not row-exact
+            raise ValueError(f"verification passes of {max_rows} rows exceed the GEMV's {GEMV_MAX_ROWS}")
         self.model = model
         self.kv = kv
         self.device = device
@@ -102,7 +106,7 @@ class RowGraphs:
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for all sizes: one replays at a time
         self.graphs: dict[int, tuple] = {}
 
-    def _capture(self, m: int, inputs: torch.Tensor):
+    def _capture(self, inputs: torch.Tensor):
         tokens, positions = inputs[0], inputs[1]
 
         def run():
@@ -125,7 +129,7 @@ class RowGraphs:
         if m not in self.graphs:
             inputs = torch.empty((2, m), dtype=torch.long, device=self.device)  # outlives the graph
             inputs.copy_(host)
-            self.graphs[m] = (inputs, *self._capture(m, inputs))
+            self.graphs[m] = (inputs, *self._capture(inputs))
         inputs, graph, logits = self.graphs[m]
         inputs.copy_(host, non_blocking=True)
         graph.replay()

@@ -36,11 +36,11 @@ greedy text with speculation is the text without it.
 
 Exactness on the GPU. Decode replays a CUDA graph of one token; verification replays a graph
 per pass size m = k+1 (engine.decode_rows, graphs.RowGraphs) of model.forward_rows: the Triton
-GEMVs read each weight once for all m rows but compute every row in programs of its own with
-the launch config of one row, and attention (with the fused Q/K norm + RoPE + K/V write) runs
-row by row through the one-token step's kernels. So row i is bit for bit what the decode graph
-gives after i accepted drafts (tests check it in Triton's interpreter; scripts/gpu_check.py on
-the GPU), and a pass costs about one step: decode is bound by reading the weights.
+GEMV dequantizes each weight tile once for all m rows but keeps an accumulator per row, updated
+by the same code whatever m is, and the fused Q/K norm + RoPE + K/V write and the decode
+attention take a row axis (row i at position + i, computed as a one-token launch computes it).
+So row i is bit for bit what the decode graph gives after i accepted drafts (tests check it in
+Triton's interpreter; scripts/gpu_speculate.py on the GPU), and a pass of 4 costs 1.6-1.8 steps.
 
 Where that exactness does not hold, speculation is off by default: models with dense float
 matrices (F.linear and cuBLAS round one row and many rows differently). TALLOW_SPECULATE=1 turns
@@ -99,8 +99,8 @@ ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g"})
 
 def rows_are_exact(model) -> bool:
     """Whether every matrix of `model` runs in a row-exact kernel: on the CPU see
-    ROW_EXACT_KINDS; on the GPU the Triton GEMV (every row its own programs, one launch config
-    for any number of rows; `dense` layers go through cuBLAS, whose GEMV and GEMM round apart)."""
+    ROW_EXACT_KINDS; on the GPU the Triton GEMV (an accumulator per row, the same code for any
+    number of rows; `dense` layers go through cuBLAS, whose GEMV and GEMM round apart)."""
     linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
     if model.device.type == "cuda":
         parts = [p for t in linears for p in getattr(t, "parts", [t])]
@@ -204,15 +204,19 @@ class Speculation:
     """One request's drafting, verification rounds and choice of k. The engine asks
     `next_logits(token, history, room)` where plain decoding would call `decode_step(token)`."""
 
-    def __init__(self, engine, stats) -> None:
+    def __init__(self, engine, stats, constraint=None) -> None:
         self.engine = engine
         self.stats = stats
         self.lookup = PromptLookup()
+        # The sampler's grammar, if any (an llguidance matcher, advanced past each committed
+        # token): the tokens it forces are drafted first.
+        self.matcher = getattr(constraint, "matcher", None)
         self.on_gpu = engine.model.device.type == "cuda"
-        self.verifier = _exact_verifier(engine.model)
+        self.verifier = None if self.on_gpu else _exact_verifier(engine.model)
         self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
         self.round_class = 0  # match class of the draft being verified
         self.round_index = 0  # which of its drafts comes next (0: the first)
+        self.round_forced = 0  # how many of them the grammar forced (not counted in the rates)
         self.skipped = dict.fromkeys(MATCH_CLASSES, 0)
         # Kept per engine across requests (a short answer has no time to learn them): the seconds
         # of a forward pass by its number of tokens, and per match class the acceptance rates
@@ -234,11 +238,15 @@ class Speculation:
             self.engine.kv.truncate(len(history) - 1)  # drop the rejected drafts' positions
             if len(self.engine.kv.tokens) != len(history) - 1:  # a ring lost keys: cannot happen, see below
                 raise RuntimeError("speculative decoding rolled the KV pool back past what its rings hold")
-        # A sliding-window layer is a ring with prefill_chunk - 1 slots beyond its window: writing
-        # at most prefill_chunk drafts ahead and rolling them back never evicts a key that a later
-        # token attends to (kv_pool.reusable), so drafts are capped by the chunk too.
-        length, draft = self.lookup.draft(history, min(K_MAX, room, self.engine.prefill_chunk))
-        draft = draft[: self._choose_k(length, len(draft))]
+        # A sliding-window layer is a ring with prefill_chunk - 1 slots beyond its window: a pass
+        # of at most prefill_chunk tokens (the token and its drafts) never overwrites a key that
+        # one of its own rows or a later token attends to, and rolling it back evicts nothing
+        # needed (kv_pool.reusable), so drafts are capped at prefill_chunk - 1.
+        cap = min(K_MAX, room, self.engine.prefill_chunk - 1)
+        forced = self._forced(cap)
+        # The forced tokens will be committed, so the lookup may index them as context.
+        length, draft = self.lookup.draft(history + forced if forced else history, cap - len(forced)) if len(forced) < cap else (0, [])
+        draft = forced + draft[: self._choose_k(length, len(draft), len(forced))]
         t0 = time.perf_counter()
         if not draft:
             logits = self.engine.decode_step(token)
@@ -247,7 +255,8 @@ class Speculation:
                 rows = self.engine.decode_rows([token, *draft])
             else:
                 rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
-            self.round_class, self.round_index = match_class(length), 0
+            # (length 0: forced drafts only, no rate to learn; any class will do)
+            self.round_class, self.round_index, self.round_forced = match_class(max(length, 1)), 0, len(forced)
             self.stats.draft_tokens += len(draft)
             self.pending.extend(zip(draft, rows[1:]))
             logits = rows[0]
@@ -261,29 +270,44 @@ class Speculation:
             warmed.add(m)
         return logits
 
-    def _learn(self, accepted: bool) -> None:
-        rates = self.accept[self.round_class]
-        which = min(self.round_index, 1)  # the round's first draft, or one after an accepted draft
-        rates[which] = _ema(rates[which], 1.0 if accepted else 0.0, ACCEPT_WEIGHT)
-        self.round_index += 1
+    def _forced(self, cap: int) -> list[int]:
+        """Up to `cap` tokens the grammar forces next (the only ones its mask allows, one after
+        another): drafts that are certain to be sampled, whatever the logits."""
+        if self.matcher is None or cap <= 0:
+            return []
+        return list(self.matcher.compute_ff_tokens())[:cap]
 
-    def _choose_k(self, length: int, available: int) -> int:
-        """The number of drafts (0..available) of a match of `length` tokens with the most
-        expected tokens per second."""
+    def _learn(self, accepted: bool) -> None:
+        lookup_index = self.round_index - self.round_forced
+        self.round_index += 1
+        if lookup_index < 0:
+            return  # a forced draft says nothing about the lookup's rates
+        rates = self.accept[self.round_class]
+        which = min(lookup_index, 1)  # the lookup's first draft, or one after an accepted draft
+        rates[which] = _ema(rates[which], 1.0 if accepted else 0.0, ACCEPT_WEIGHT)
+
+    def _choose_k(self, length: int, available: int, forced: int = 0) -> int:
+        """The number of lookup drafts (0..available) of a match of `length` tokens, after
+        `forced` certain ones, with the most expected tokens per second."""
         if available == 0 or 1 not in self.cost:
             return 0  # no match, or plain decoding not measured yet
         if not GUARD:
             return available
         c = match_class(length)
         (first, further), t1 = self.accept[c], self.cost[1]
-        best_k, best_rate, expected, reach = 0, 1.0 / t1, 1.0, first
+
+        def seconds(m: int) -> float:  # a pass of m tokens, measured or priced from t(1)
+            return self.cost.get(m, t1 * (1 + ROW_PRIOR * (m - 1)))
+
+        expected, reach = 1.0 + forced, first
+        best_k, best_rate = 0, expected / seconds(forced + 1)
         for k in range(1, available + 1):
             expected += reach  # P(drafts 1..k all accepted)
             reach *= further
-            rate = expected / self.cost.get(k + 1, t1 * (1 + ROW_PRIOR * k))
+            rate = expected / seconds(forced + k + 1)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        if best_k == 0:  # not worth it: verify one draft now and then to keep measuring a_c
+        if best_k == 0 and not forced:  # not worth it: verify one draft now and then to keep measuring a_c
             self.skipped[c] += 1
             if self.skipped[c] % PROBE_EVERY == 0:
                 return 1

@@ -136,9 +136,12 @@ def _completes(m: llguidance.LLMatcher, spelled: list[int], in_string: list[int]
     taken = 0
     ok = True
     for t in spelled:
-        ok = m.consume_token(t) and not any(m.validate_tokens([s]) for s in in_string)
-        taken += 1
-        if not ok:
+        if not m.consume_token(t):
+            ok = False
+            break
+        taken += 1  # only tokens the matcher took are rolled back
+        if any(m.validate_tokens([s]) for s in in_string):
+            ok = False
             break
     m.rollback(taken)
     return ok

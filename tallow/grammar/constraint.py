@@ -98,7 +98,9 @@ class GrammarConstraint:
                 return False  # far from the end: no simulation, no cost
             self._path, self._path_at = closing_path(self.matcher, self.closing, min(room, LIMIT) + MARGIN), self.tokens
         path = self._path
-        self.estimate = len(path) if path is not None else min(room, LIMIT) + MARGIN
+        # No path: the policy cannot end within its limit from here; look again every REFRESH
+        # tokens (an estimate of 0), not at every token (each look is a full simulation).
+        self.estimate = len(path) if path is not None else 0
         return path is not None and room <= len(path) + MARGIN
 
     def _close_within_budget(self, x: np.ndarray) -> None:
