@@ -8,6 +8,12 @@ the context's end reaches furthest back (up to MATCH_MAX tokens; ties: the lates
 occurs in a table and in a sentence continues like the place whose preceding words match too.
 No second model, and drafting costs a few dict operations and comparisons per token.
 
+Under a grammar (tool_choice "required", json_schema) the tokens it forces next come first in
+the draft: llguidance's fast-forward tokens (key names, separators: 59% of qwen2.5's and 66% of
+smollm2's tokens on the bench's agent loop) are the only ones the mask allows, so the sampler
+cannot but draw them and they are certain to be accepted; lookup drafts follow them, k chosen
+with the forced ones counted as certain and left out of the acceptance rates.
+
 Verification. The last committed token and k drafts run through the model as one (k+1)-token
 forward pass; row j of its logits is what a decode step would give after draft j. The engine
 then samples from the rows in order, exactly as it samples in plain decoding — one sampler call
@@ -245,7 +251,8 @@ class Speculation:
         cap = min(K_MAX, room, self.engine.prefill_chunk - 1)
         forced = self._forced(cap)
         # The forced tokens will be committed, so the lookup may index them as context.
-        length, draft = self.lookup.draft(history + forced if forced else history, cap - len(forced)) if len(forced) < cap else (0, [])
+        length, draft = (self.lookup.draft(history + forced if forced else history, cap - len(forced))
+                         if len(forced) < cap else (0, []))
         draft = forced + draft[: self._choose_k(length, len(draft), len(forced))]
         t0 = time.perf_counter()
         if not draft:
