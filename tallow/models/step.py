@@ -96,8 +96,13 @@ class _FusedAttentionInputs:
 
 class _BoundAttention:
     """Attention of the decode queries (one, or the consecutive rows of a verification pass:
-    row i over seq_len + i keys) with static scratch per layer and row count; `fallback` runs
-    several rows one by one where the Triton kernel does not apply."""
+    row i over seq_len + i keys) with static scratch; `fallback` runs several rows one by one
+    where the Triton kernel does not apply.
+
+    The scratch (partial outputs, the output) is shared by all layers of one shape: on one
+    stream a layer's merge and output projection finish before the next layer's attention
+    writes them again. Per layer it would cost layers x row counts x (heads x splits x head_dim)
+    floats: 1.3 GB for a qwen3-4b-sized model at a 4096-token context with passes of 1..8 rows."""
 
     def __init__(self, model, seq_len: torch.Tensor, fallback=None):
         self.model = model
@@ -115,13 +120,13 @@ class _BoundAttention:
             from ..kernels.triton.decode_attention import default_splits, make_scratch
 
             n_heads = q.shape[1]
-            scratch = self.model._step_scratch.get((index, n))
+            splits = default_splits(k_cache.shape[0], k_cache.shape[1])
+            key = (n, n_heads, splits)
+            scratch = self.model._step_scratch.get(key)
             if scratch is None:
-                splits = default_splits(k_cache.shape[0], k_cache.shape[1])
                 out = torch.empty((n, n_heads, spec.v_head_dim), dtype=torch.float32, device=q.device)
-                scratch = (splits, out, make_scratch(n * n_heads, splits, spec.head_dim, q.device))
-                self.model._step_scratch[(index, n)] = scratch
-            splits, out, buffers = scratch
+                scratch = self.model._step_scratch[key] = (out, make_scratch(n * n_heads, splits, spec.head_dim, q.device))
+            out, buffers = scratch
             # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
             # are read with their per-position scales.
             triton_decode_attention(q.contiguous(), k_cache, v_cache, self.seq_len, spec.attn_scale,
