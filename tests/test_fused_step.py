@@ -159,3 +159,30 @@ def test_fused_rows_equal_fused_steps(arch, tmp_path):
     from test_graph_step import check_rows_equal_steps
 
     check_rows_equal_steps(arch, tmp_path, TritonOps())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
+    """The GPU's decode attention (the Triton split-K kernel, its scratch shared by every layer of
+    one shape; gemma3's ring layers have another shape) inside decode steps and verification
+    passes: steps match the eager torch forward, rows equal steps bit for bit."""
+    import tallow.models.step as step_module
+    from test_graph_step import check_rows_equal_steps
+
+    monkeypatch.setattr(step_module, "_kernel_attention", lambda q: True)
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf"))
+    spec = spec_from_gguf(gf)
+    model = build_model(gf, spec)
+    ids = tiny_prompt(20)
+    eager_kv, step_kv = KVPool(spec, 64, max_chunk=8), KVPool(spec, 64, max_chunk=8)
+    eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
+    model.ops = TritonOps()
+    for table in model.rope.values():
+        table.ensure(64)
+    steps = torch.cat([
+        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
+        for i, t in enumerate(ids)
+    ])
+    assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
+    assert torch.equal(steps.argmax(-1), eager.argmax(-1))
+    check_rows_equal_steps(arch, tmp_path, TritonOps())

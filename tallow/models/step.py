@@ -94,6 +94,12 @@ class _FusedAttentionInputs:
         return q_out  # (n, nh, hd)
 
 
+def _kernel_attention(q: torch.Tensor) -> bool:
+    """Whether decode attention runs the Triton split-K kernel: on the GPU. (A seam for tests,
+    which run it on the CPU under Triton's interpreter.)"""
+    return q.is_cuda
+
+
 class _BoundAttention:
     """Attention of the decode queries (one, or the consecutive rows of a verification pass:
     row i over seq_len + i keys) with static scratch; `fallback` runs several rows one by one
@@ -115,7 +121,7 @@ class _BoundAttention:
         spec, layer = self.model.spec, self.model.spec.layers[index]
         k_cache, v_cache = kv.k[index], kv.v[index]
         n = q.shape[0]
-        if q.is_cuda and spec.attn_logit_softcap is None:
+        if _kernel_attention(q) and spec.attn_logit_softcap is None:
             from ..kernels.triton.decode_attention import decode_attention as triton_decode_attention
             from ..kernels.triton.decode_attention import default_splits, make_scratch
 
