@@ -29,13 +29,14 @@ from tallow.models import build_model  # noqa: E402
 from tallow.spec import spec_from_gguf  # noqa: E402
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_fused_step_matches_eager_forward(arch, tmp_path):
+def fused_steps_and_eager(arch: str, tmp_path, n_tokens: int, **pool) -> tuple:
+    """(fused decode steps' logits, eager torch forward's logits, their two KV pools) over the
+    same tokens, the steps with the GPU's Triton ops."""
     gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf"))
     spec = spec_from_gguf(gf)
     model = build_model(gf, spec)
-    ids = tiny_prompt(20)
-    eager_kv, step_kv = KVPool(spec, 64), KVPool(spec, 64)
+    ids = tiny_prompt(n_tokens)
+    eager_kv, step_kv = KVPool(spec, 64, **pool), KVPool(spec, 64, **pool)
     eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
     model.ops = TritonOps()  # what a GPU placement picks
     for table in model.rope.values():
@@ -44,6 +45,12 @@ def test_fused_step_matches_eager_forward(arch, tmp_path):
         model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
         for i, t in enumerate(ids)
     ])
+    return steps, eager, step_kv, eager_kv
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fused_step_matches_eager_forward(arch, tmp_path):
+    steps, eager, step_kv, eager_kv = fused_steps_and_eager(arch, tmp_path, 20)
     scale = eager.abs().max()
     assert float((steps - eager).abs().max() / scale) < 1e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
@@ -77,20 +84,8 @@ def test_triton_prefill_matches_torch_prefill(arch, tmp_path):
 def test_fused_step_on_rings_matches_eager(tmp_path):
     """gemma3's sliding-window layers as rings (8 + 15 slots here): the fused step writes K/V at
     position % ring, and decoding past the ring's wrap matches the eager torch forward."""
-    gf = GGUFFile(write_tiny_model("gemma3", tmp_path / "g.gguf"))
-    spec = spec_from_gguf(gf)
-    model = build_model(gf, spec)
-    ids = tiny_prompt(40)
-    eager_kv, step_kv = KVPool(spec, 64, max_chunk=16), KVPool(spec, 64, max_chunk=16)
+    steps, eager, step_kv, _ = fused_steps_and_eager("gemma3", tmp_path, 40, max_chunk=16)
     assert step_kv.has_rings
-    eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
-    model.ops = TritonOps()
-    for table in model.rope.values():
-        table.ensure(64)
-    steps = torch.cat([
-        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
-        for i, t in enumerate(ids)
-    ])
     assert float((steps - eager).abs().max() / eager.abs().max()) < 1e-3
 
 
@@ -170,19 +165,7 @@ def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
     from test_graph_step import check_rows_equal_steps
 
     monkeypatch.setattr(step_module, "_kernel_attention", lambda q: True)
-    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf"))
-    spec = spec_from_gguf(gf)
-    model = build_model(gf, spec)
-    ids = tiny_prompt(20)
-    eager_kv, step_kv = KVPool(spec, 64, max_chunk=8), KVPool(spec, 64, max_chunk=8)
-    eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
-    model.ops = TritonOps()
-    for table in model.rope.values():
-        table.ensure(64)
-    steps = torch.cat([
-        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
-        for i, t in enumerate(ids)
-    ])
+    steps, eager, _, _ = fused_steps_and_eager(arch, tmp_path, 20, max_chunk=8)
     assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
     check_rows_equal_steps(arch, tmp_path, TritonOps())
