@@ -6,13 +6,17 @@ free on machines without triton.
 
   planes.py            repack of raw GGUF blocks into separate byte planes (+ a self-contained
                        torch dequantization of those planes, the device-side reference)
-  quant_gemv.py        decode matrix-vector products (M <= 8), dequant fused, per quant type
+  quant_gemv.py        decode matrix-vector products (M <= 8 rows, each bit-exact as its own
+                       one-row product), dequant fused, one kernel for six quant types
   rmsnorm.py           RMSNorm (+ residual add)
-  rope.py              RoPE norm/neox at a device position (+ q/k head norm, K/V cache write)
+  rope.py              RoPE norm/neox at device positions (+ q/k head norm, K/V cache write),
+                       one token or consecutive rows of a verification pass
   glu.py               SwiGLU / GeGLU (ggml fp16 GELU), gate/up as views of one GEMV output
   argmax.py            two-stage greedy argmax over the vocabulary
   dequant.py           planes -> fp16/bf16 dense weight (scratch for the prefill cuBLAS product)
-  decode_attention.py  split-K flash-decoding attention for one query token (GQA, sliding window)
+  decode_attention.py  split-K flash-decoding attention for one query token or consecutive rows
+                       (GQA, sliding window, rings, int8/fp8 caches)
+  prefill_attention.py flash attention of a prefill chunk over the KV pool (rings, int8/fp8)
   interpreter_compat.py  a shim so TRITON_INTERPRET=1 works under NumPy >= 2.4
 
 Each op module exposes a plain function (`quant_gemv`, `dequantize_to`,
