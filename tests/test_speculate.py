@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 
 from tallow.engine import speculate
 from tallow.engine.engine import Engine, GenerationStats
-from tallow.engine.speculate import PromptLookup, Speculation, _exact_verifier
+from tallow.engine.speculate import PromptLookup, Speculation, exact_verifier
 from tallow.gguf_file import GGUFFile
 from tallow.models import build_model
 from tallow.sampling import Sampler, SamplingParams
@@ -103,7 +103,7 @@ def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeyp
     engine.prefill(prompt, GenerationStats())
     steps = torch.stack([engine.decode_step(t) for t in seq])
     engine.kv.truncate(len(prompt))
-    verifier = _exact_verifier(engine.model)
+    verifier = exact_verifier(engine.model)
     rows = torch.cat([verifier.forward(seq[:5], len(prompt), engine.kv, all_logits=True),
                       verifier.forward(seq[5:], len(prompt) + 5, engine.kv, all_logits=True)])
     assert torch.equal(rows, steps)
@@ -122,7 +122,7 @@ def test_exact_over_wrapped_rings_and_quantized_kv(tmp_path, monkeypatch, always
     assert engine.kv.has_rings
     prompt, seq = list(range(40, 70)), [7, 200, 13, 13, 99, 5, 61, 250, 3, 17, 17, 80]
     engine.prefill(prompt, GenerationStats())
-    verifier = _exact_verifier(engine.model)
+    verifier = exact_verifier(engine.model)
     for i in range(0, len(seq), 4):  # a pass, the way speculation runs it: rewind at most its length
         start = len(prompt) + i
         steps = torch.stack([engine.decode_step(t) for t in seq[i : i + 4]])

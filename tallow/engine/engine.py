@@ -20,7 +20,7 @@ from ..memory.kv_pool import KVPool
 from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
-from .speculate import K_MAX, Speculation, speculation_enabled
+from .speculate import K_MAX, Speculation, exact_verifier, speculation_enabled
 
 
 @dataclass
@@ -79,6 +79,7 @@ class Engine:
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
         self._row_graphs = None  # CUDA graphs of speculative verification passes by size (GPU only)
+        self._verifier = None  # the model with query-by-query attention, for verification passes (CPU)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
@@ -134,18 +135,18 @@ class Engine:
         """Run 2..8 tokens at the next positions in one pass (verifying speculative drafts);
         logits (m, vocab), row i bit-identical to decode_step's for token i where the model's
         matrices are row-exact (speculate.rows_are_exact). On the GPU a replayed CUDA graph per
-        pass size (graphs.RowGraphs), elsewhere the eager model.forward_rows."""
+        pass size (graphs.RowGraphs); elsewhere the eager forward pass with attention query by
+        query, as decode computes it (speculate.exact_verifier)."""
         start = len(self.kv.tokens)
         if self.model.device.type != "cuda":
-            positions = torch.arange(start, start + len(tokens))
-            logits = self.model.forward_rows(torch.tensor(tokens), positions, (positions + 1).int(), self.kv)
-            self.kv.mark_written(start + len(tokens) - 1)
-        else:
-            if self._row_graphs is None:
-                from .graphs import RowGraphs
+            if self._verifier is None:
+                self._verifier = exact_verifier(self.model)
+            return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
+        if self._row_graphs is None:
+            from .graphs import RowGraphs
 
-                self._row_graphs = RowGraphs(self.model, self.kv, self.model.device, K_MAX + 1)
-            logits = self._row_graphs.run(tokens, start)
+            self._row_graphs = RowGraphs(self.model, self.kv, self.model.device, K_MAX + 1)
+        logits = self._row_graphs.run(tokens, start)
         self.kv.tokens.extend(tokens)
         return logits
 

@@ -176,7 +176,7 @@ class PromptLookup:
         return 0, []
 
 
-def _exact_verifier(model):
+def exact_verifier(model):
     """A shallow copy of `model` (weights shared) whose attention runs one query at a time as the
     model's own one-token `attend` computes it, so each row is computed as a decode step computes it."""
     spec = model.spec
@@ -217,8 +217,6 @@ class Speculation:
         # The sampler's grammar, if any (an llguidance matcher, advanced past each committed
         # token): the tokens it forces are drafted first.
         self.matcher = getattr(constraint, "matcher", None)
-        self.on_gpu = engine.model.device.type == "cuda"
-        self.verifier = None if self.on_gpu else _exact_verifier(engine.model)
         self.pending: deque[tuple[int, torch.Tensor]] = deque()  # (draft token, logits after it)
         self.round_class = 0  # match class of the draft being verified
         self.round_index = 0  # which of its drafts comes next (0: the first)
@@ -258,10 +256,7 @@ class Speculation:
         if not draft:
             logits = self.engine.decode_step(token)
         else:
-            if self.on_gpu:  # a replayed graph per pass size (graphs.RowGraphs)
-                rows = self.engine.decode_rows([token, *draft])
-            else:
-                rows = self.verifier.forward([token, *draft], len(history) - 1, self.engine.kv, all_logits=True)
+            rows = self.engine.decode_rows([token, *draft])  # kv holds history[:-1]: token goes next
             # (length 0: forced drafts only, no rate to learn; any class will do)
             self.round_class, self.round_index, self.round_forced = match_class(max(length, 1)), 0, len(forced)
             self.stats.draft_tokens += len(draft)
