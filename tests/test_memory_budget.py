@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from model_paths import require_model
+from proc_memory import STATUS_SOURCE
 from tiny_models import write_tiny_model
 
 from tallow.errors import MemoryBudgetError, UsageError
@@ -137,12 +138,8 @@ def test_cli_plan_prints_the_account():
     assert r.returncode == 2 and "--mem-budget" in r.stderr
 
 
-MEASURE = r"""
+MEASURE = STATUS_SOURCE + r"""
 import json, sys
-def status(key):
-    for line in open('/proc/self/status'):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 import torch
 import tallow.api
 base = status('VmRSS')

@@ -21,13 +21,10 @@ import sys
 import pytest
 
 from model_paths import require_model
+from proc_memory import STATUS_SOURCE
 
-SCRIPT = r"""
+SCRIPT = STATUS_SOURCE + r"""
 import json, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 import torch
 import tallow
 base = status("VmRSS:")
