@@ -253,9 +253,9 @@ def masked_greedy(logits: torch.Tensor, words: np.ndarray, n_tokens: int | None 
     w = torch.from_numpy(words).to(logits.device)
     allowed = ((w[:, None] >> shifts) & 1).view(-1).bool()  # (32 * n_words,)
     n = min(allowed.shape[0], logits.shape[0], allowed.shape[0] if n_tokens is None else n_tokens)
-    x = torch.full_like(logits, float("-inf"), dtype=torch.float32)
-    x[:n] = torch.where(allowed[:n], logits[:n].float(), float("-inf"))
-    return int(torch.argmax(x))
+    # Tokens from n on are never allowed: the argmax runs over the first n only (all masked: 0,
+    # as over a host copy that is -inf everywhere).
+    return int(torch.argmax(logits[:n].float().masked_fill(~allowed[:n], float("-inf"))))
 
 
 class Constraint(Protocol):
