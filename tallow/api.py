@@ -122,6 +122,22 @@ class LLM:
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special=True)
 
+    def embed(self, text: str | list[int], pooling: str = "mean") -> list[float]:
+        """An embedding of `text` (or token ids): the final-norm hidden states of a chat/base
+        model, mean-pooled over the tokens ("mean") or the last token's ("last"), scaled to
+        unit length. Not a trained embedding model's vector: good for similarity within this
+        model, not comparable across models. Clears the prefix cache (it reuses the KV pool)."""
+        import torch
+
+        ids = self.tokenize(text) if isinstance(text, str) else list(text)
+        if not ids or len(ids) > self.n_ctx:
+            raise UsageError(f"an embedding input needs 1 to {self.n_ctx} tokens, not {len(ids)}.")
+        if pooling not in ("mean", "last"):
+            raise UsageError(f"pooling must be 'mean' or 'last', not {pooling!r}.")
+        h = self.model.hidden_states(ids, self.engine.kv)  # (n, dim)
+        v = h.mean(0) if pooling == "mean" else h[-1]
+        return torch.nn.functional.normalize(v, dim=0).cpu().tolist()
+
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],

@@ -18,6 +18,7 @@ import time
 import torch
 
 from .errors import UsageError
+from .registry import display_name
 
 
 def _lengths(text: str, flag: str) -> list[int]:
@@ -70,6 +71,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     prompts = _lengths(args.n_prompt, "-p")
     gens = _lengths(args.n_gen, "-n")
+    if not prompts and not gens:
+        raise UsageError("-p and -n are all 0: there is nothing to measure (give a prompt or generation length above 0).")
     if args.repetitions < 1:
         raise UsageError("-r takes a positive number of repetitions.")
     depths = [int(d) for d in args.depth.split(",")] if args.depth else [0]
@@ -87,7 +90,7 @@ def run_bench(args: argparse.Namespace) -> int:
         speeds = [fn(llm, n, depth, generator) for _ in range(args.repetitions)]
         rows.append(
             {
-                "model": llm.spec.name,
+                "model": display_name(llm.path),  # the registry name, not the GGUF's general.name
                 "file": llm.path,
                 "test": f"{kind}{n}" + (f" @ d{depth}" if depth else ""),
                 "depth": depth,

@@ -25,7 +25,7 @@ def _add_device_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("-n", "--max-tokens", type=int, default=None, help="most tokens to generate (default: the API's, 1024 for a chat answer, 256 with --raw)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -38,6 +38,19 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
 
 
+def _add_serve_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The server's defaults for requests that leave a field out (unset: llama-server's)."""
+    p.add_argument("-n", "--max-tokens", type=int, default=None, help="default max_tokens (default: the rest of the context)")
+    p.add_argument("--temp", type=float, default=None, help="default temperature (default 0.8, llama-server's)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repeat-penalty", type=float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument("--frequency-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+
+
 def _add_memory_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-budget", default=None, help="memory tallow may hold: 3GiB, 800MB or 80%% of available (default: all available; env TALLOW_MEM_BUDGET)")
     p.add_argument("--reserve", default=None, help="memory to keep free for other programs, e.g. 1GiB (subtracted from the budget)")
@@ -46,6 +59,31 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
 
 def _add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default=None, help="KV cache storage: f16, bf16, int8 or fp8 (default: f16, or $TALLOW_KV_DTYPE)")
+
+
+# The API's field names in SamplingParams' messages, and the flags a CLI user typed.
+_FLAG_OF = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+            "repeat_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
+            "frequency_penalty": "--frequency-penalty", "seed": "--seed"}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Sampling, length and context flags checked before the model loads (a bad value must not
+    cost a load), each message naming the flag the user typed."""
+    from .sampling import SamplingParams
+
+    n = getattr(args, "max_tokens", None)
+    if n is not None and n < 1:
+        raise UsageError(f"-n/--max-tokens must be at least 1, not {n}.")
+    ctx = getattr(args, "ctx", None)
+    if ctx is not None and ctx < 16:
+        raise UsageError(f"--ctx (the context size in tokens) must be at least 16, not {ctx}.")
+    if hasattr(args, "temp"):
+        try:
+            SamplingParams(**{k: v for k, v in _sampling(args).items() if v is not None})
+        except UsageError as exc:
+            field = str(exc).split(" ", 1)[0]
+            raise UsageError(str(exc).replace(field, _FLAG_OF.get(field, field), 1)) from None
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -127,7 +165,8 @@ def _constraint(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_run(args: argparse.Namespace) -> int:
     constraint = _constraint(args)
     llm = _load(args)
-    kwargs = dict(max_tokens=args.max_tokens, stream=True, stop=args.stop, **constraint, **_sampling(args))
+    length = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}  # else the API's default
+    kwargs = dict(stream=True, stop=args.stop, **length, **constraint, **_sampling(args))
     if args.raw:
         deltas = llm.generate(args.prompt, **kwargs)
     else:
@@ -156,11 +195,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.queue < 1:
         raise UsageError(f"--queue must be at least 1, not {args.queue}.")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 1 and 65535, not {args.port}.")
     from .memory.budget import kv_dtype_arg
 
     kv_dtype_arg(args.kv_dtype)  # a bad value is one sentence before the port is bound
+    defaults = {k: v for k, v in _sampling(args).items() if v is not None}  # the requests' defaults; a request overrides them
     return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue,
-                 kv_dtype=args.kv_dtype)
+                 kv_dtype=args.kv_dtype, device=args.device, mem_budget=args.mem_budget, reserve=args.reserve,
+                 sampling=defaults, max_tokens=args.max_tokens, log_requests=not args.quiet, verbose=args.verbose)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -179,9 +222,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .registry import resolve_model
     from .spec import spec_from_gguf
 
-    path = resolve_model(args.model_pos or args.model)
+    path = resolve_model(args.model_pos or args.model, pull_missing=False)  # like plan: never a silent 1 GB download
     gf = GGUFFile(path)
     spec = spec_from_gguf(gf)
+    if args.ctx is not None and not 16 <= args.ctx <= spec.context_length:
+        raise UsageError(f"--ctx must be between 16 and the model's {spec.context_length} tokens, not {args.ctx}.")
     types = Counter(t.qtype.name for t in gf.tensors.values())
     n_params = sum(t.n_rows * t.n_cols for t in gf.tensors.values())
     tensor_bytes = sum(t.n_bytes for t in gf.tensors.values())
@@ -212,10 +257,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from .registry import list_models
 
+    from .registry import models_dir
+
+    print(f"  {'NAME':32s} {'ARCH':8s} {'QUANT':8s} {'SIZE':>12s}  WHERE (* = default; folder {models_dir()})")
+    pulled = 0
     for entry, path in list_models():
         mark = "*" if entry.default else " "
         where = str(path) if path else "not pulled (tallow pull " + entry.name + ")"
+        pulled += entry.size_bytes if path else 0
         print(f"{mark} {entry.name:32s} {entry.architecture:8s} {entry.quant:8s} {entry.size_bytes / 2**20:8.1f} MiB  {where}")
+    print(f"pulled: {pulled / 2**20:.1f} MiB on disk")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from .registry import remove
+
+    for name in args.names:
+        freed = remove(name)
+        print(f"removed {name} ({freed / 2**20:.1f} MiB freed)" if freed else f"{name} was not pulled; nothing to remove")
     return 0
 
 
@@ -257,6 +317,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tallow", description="Run quantized GGUF models, greedy-identical to llama.cpp.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"tallow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="generate a reply (or a raw continuation) for one prompt")
@@ -290,7 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
     p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine before 503 (default 16)")
-    _add_kv_dtype_arg(p)
+    _add_memory_args(p)
+    _add_device_arg(p)
+    _add_serve_sampling_args(p)
+    loud = p.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", help="no per-request log lines (the ready line and errors still print)")
+    loud.add_argument("-v", "--verbose", action="store_true", help="per-request lines with client, cache reuse and speed; uvicorn's own log")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("tokenize", help="print token ids as JSON")
@@ -308,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list registry models and which are pulled")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("rm", help="delete pulled registry models (and their leftovers)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("pull", help="download registry models")
     p.add_argument("names", nargs="+")
@@ -342,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_flags(args)
         return args.func(args)
     except TallowError as exc:
         _err(f"tallow: error: {exc}")

@@ -23,3 +23,10 @@ class MemoryBudgetError(TallowError):
     """The model and its buffers do not fit in the memory the user allowed."""
 
     exit_code = 3
+
+
+class SystemRefusalError(TallowError):
+    """The machine refused what tallow needs to start: the port is taken or not allowed, or
+    tallow's home folder cannot be written. Nothing is wrong with the flags or the model."""
+
+    exit_code = 4

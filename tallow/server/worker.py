@@ -55,6 +55,22 @@ class Job:
 
 
 @dataclass
+class WorkerCall:
+    """Work other than a generation that needs the model's thread (an embedding): `fn(llm)`
+    runs in queue order and its result comes back as the job's `done` event."""
+
+    fn: Callable[[Any], Any]
+    stream: bool = False
+
+
+SHUTTING_DOWN = "The server is shutting down; the answer was cut short."
+
+
+def shutdown_error() -> APIError:
+    return APIError(503, SHUTTING_DOWN, "server_error", None, "server_shutting_down", {"Retry-After": "5"})
+
+
+@dataclass
 class Metrics:
     """Counters for /metrics; written by the worker thread, read by the event loop."""
 
@@ -88,12 +104,17 @@ def _server_sampling(overrides: dict[str, Any]) -> dict[str, Any]:
 class Worker:
     """Loads the model, then serves queued jobs one at a time on its own thread."""
 
-    def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None,
+                 sampling_defaults: dict[str, Any] | None = None, max_tokens_default: int | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"the queue must hold at least one request, not {max_queue}")
         self.loader = loader
         self.max_queue = max_queue
         self.on_load_error = on_load_error
+        self.on_ready = on_ready
+        self.sampling_defaults = dict(sampling_defaults or {})  # `tallow serve --temp ...`: what a request leaves out
+        self.max_tokens_default = max_tokens_default
         self.llm: Any = None
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
@@ -109,10 +130,13 @@ class Worker:
         self._thread.start()
 
     def stop(self) -> None:
+        """Shut down: waiting jobs are answered 503 at once, the running one is cut after its
+        current token and ends with the same error event (a stream then sends `[DONE]`)."""
         with self._cv:
             self._stopping = True
             for job in self._pending:
                 job.cancelled.set()
+                job.post("error", shutdown_error())
             self._pending.clear()
             if self.running is not None:
                 self.running.cancelled.set()
@@ -124,6 +148,8 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue a job, or raise 503 (with Retry-After) while loading or when the queue is full."""
+        if self._stopping:
+            raise shutdown_error()
         if not self.ready.is_set():
             raise APIError(503, "The model is still loading; retry in a few seconds.", "server_error", None, "model_loading", {"Retry-After": "2"})
         with self._cv:
@@ -163,6 +189,8 @@ class Worker:
                 log.error("tallow: error: %s", exc)
             return
         self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
         while True:
             with self._cv:
                 while not self._pending and not self._stopping:
@@ -180,6 +208,15 @@ class Worker:
 
     def _serve(self, job: Job) -> None:
         """Run one job; every failure becomes an error event, never a dead worker."""
+        if isinstance(job.request, WorkerCall):
+            try:
+                job.post("done", job.request.fn(self.llm))
+            except TallowError as exc:
+                job.post("error", bad(str(exc)))
+            except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+                log.error("request %s failed:\n%s", job.id, traceback.format_exc())
+                job.post("error", APIError(500, f"The server failed ({type(exc).__name__}: {exc}).", "server_error", None, "internal_error"))
+            return
         m = self.metrics
         m.requests_total += 1
         started = False
@@ -235,7 +272,7 @@ class Worker:
             raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
         max_tokens = req.max_tokens
         if max_tokens is None:
-            max_tokens = n_ctx - n_prompt
+            max_tokens = n_ctx - n_prompt if self.max_tokens_default is None else min(self.max_tokens_default, n_ctx - n_prompt)
         elif n_prompt + max_tokens > n_ctx:
             raise bad(
                 f"The prompt has {n_prompt} tokens and max_tokens asks for {max_tokens} more, {n_prompt + max_tokens} in all, but the context holds {n_ctx}.",
@@ -243,7 +280,8 @@ class Worker:
                 "context_length_exceeded",
             )
         deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
-                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **_server_sampling(req.sampling))
+                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec,
+                              **_server_sampling({**self.sampling_defaults, **req.sampling}))
         job.post("start", {"prompt_tokens": n_prompt})
         sent_logprobs = 0
         for text in deltas:
@@ -257,6 +295,8 @@ class Worker:
                 break
         if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
             job.post("logprobs", llm.last_logprobs[sent_logprobs:])
+        if self._stopping:  # cut by shutdown: the client must not take it for a whole answer
+            raise shutdown_error()
         if parser:
             tail = parser.flush()
             if tail:
