@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from model_paths import require_model
 from tallow.chat.template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate
 from tallow.errors import TallowError
 
-MODELS = Path("/root/models")
 FIXTURES = json.loads(
     (Path(__file__).parent / "fixtures" / "chat_templates.json").read_text(
         encoding="utf-8"
@@ -35,9 +35,7 @@ class FakeGGUF:
 
 @cache
 def gguf_template(model: str) -> ChatTemplate:
-    path = MODELS / f"{model}.gguf"
-    if not path.exists():
-        pytest.skip(f"{path} not available")
+    path = require_model(model)  # wherever `tallow pull` put it; fails under TALLOW_REQUIRE_MODELS=1
     from tallow.gguf_file import GGUFFile
 
     return ChatTemplate.from_gguf(GGUFFile(str(path)))

@@ -236,19 +236,19 @@ def test_embedding_dequantizes_only_requested_rows(monkeypatch: pytest.MonkeyPat
 # --- real model tensors --------------------------------------------------------------------
 
 REAL = [
-    ("/root/models/smollm2-135m.gguf", "blk.0.attn_q.weight"),          # Q4_1
-    ("/root/models/gemma3-270m.gguf", "blk.0.attn_k.weight"),           # Q5_0
-    ("/root/models/gemma3-270m.gguf", "blk.0.attn_v.weight"),           # Q8_0
-    ("/root/models/gemma3-270m.gguf", "blk.0.ffn_down.weight"),         # Q6_K
-    ("/root/models/qwen2.5-coder-1.5b-instruct.gguf", "blk.0.attn_q.weight"),  # Q4_K
+    ("smollm2-135m", "blk.0.attn_q.weight"),          # Q4_1
+    ("gemma3-270m", "blk.0.attn_k.weight"),           # Q5_0
+    ("gemma3-270m", "blk.0.attn_v.weight"),           # Q8_0
+    ("gemma3-270m", "blk.0.ffn_down.weight"),         # Q6_K
+    ("qwen2.5-coder-1.5b-instruct", "blk.0.attn_q.weight"),  # Q4_K
 ]
 
 
-@pytest.mark.parametrize("path,name", REAL, ids=[f"{os.path.basename(p).split('-')[0]}:{n}" for p, n in REAL])
-def test_real_tensors(path: str, name: str) -> None:
-    if not os.path.exists(path):
-        pytest.skip(f"{path} not present")
-    with GGUFFile(path) as gf:
+@pytest.mark.parametrize("model,name", REAL, ids=[f"{m.split('-')[0]}:{n}" for m, n in REAL])
+def test_real_tensors(model: str, name: str) -> None:
+    from model_paths import require_model  # wherever `tallow pull` put it; fails under TALLOW_REQUIRE_MODELS=1
+
+    with GGUFFile(str(require_model(model))) as gf:
         t = gf.tensors[name]
         fast, ref = make_linear(t), make_linear(t, mode="reference")
         x = torch.randn(7, t.n_cols, generator=torch.Generator().manual_seed(0))

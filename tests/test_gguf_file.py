@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from model_paths import model_path
+from model_paths import model_path, require_model
 from tiny_models import write_tiny_model
 
 from tallow.errors import ModelFileError
@@ -20,9 +20,7 @@ from tallow.spec import spec_from_gguf
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
 def test_reader_agrees_with_gguf_package(name):
-    path = model_path(name)
-    if path is None:
-        pytest.skip(f"{name} not found")
+    path = require_model(name)  # skips, or fails under TALLOW_REQUIRE_MODELS=1
     ours = GGUFFile(path)
     ref = GGUFReader(path)
     assert set(ours.metadata) == {k for k in ref.fields if not k.startswith("GGUF.")}

@@ -61,11 +61,9 @@ def test_stacked_gpu_linear_equals_its_parts(tiny):
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "output.weight"])  # Q4_K and Q6_K rows
 def test_gpu_embedding_k_quants_match_cpu(name):
-    from model_paths import model_path
+    from model_paths import require_model
 
-    path = model_path("qwen2.5-coder-1.5b-instruct")
-    if path is None:
-        pytest.skip("qwen2.5-coder-1.5b-instruct not found")
+    path = require_model("qwen2.5-coder-1.5b-instruct")  # skips, or fails under TALLOW_REQUIRE_MODELS=1
     t = GGUFFile(path).tensors[name]
     rows = t.data[:64]  # a slice of the table is enough, and keeps the test fast
     from dataclasses import replace

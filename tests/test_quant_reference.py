@@ -14,6 +14,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT, quants
 
+from model_paths import model_path, require_model
 from tallow.errors import ModelFileError
 from tallow.quant import reference
 from tallow.quant.reference import SUPPORTED_TYPES, dequantize
@@ -23,11 +24,13 @@ FP16_FIELDS: dict[QT, list[int]] = {
     QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q8_0: [0],
     QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
 }
+# Found wherever `tallow pull` put them (tests/model_paths.py), not only in /root/models.
 MODELS = {
-    "smollm2": "/root/models/smollm2-135m.gguf",
-    "gemma3": "/root/models/gemma3-270m.gguf",
-    "qwen2.5": "/root/models/qwen2.5-coder-1.5b-instruct.gguf",
+    "smollm2": model_path("smollm2-135m"),
+    "gemma3": model_path("gemma3-270m"),
+    "qwen2.5": model_path("qwen2.5-coder-1.5b-instruct"),
 }
+MODEL_NAMES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "qwen2.5": "qwen2.5-coder-1.5b-instruct"}
 
 
 def random_rows(qtype: QT, n_rows: int, n_cols: int, seed: int = 0) -> np.ndarray:
@@ -96,7 +99,7 @@ def _real_tensors_by_type() -> list[tuple[str, str, QT]]:
 
     cases = []
     for model, path in MODELS.items():
-        if not os.path.exists(path):
+        if path is None:
             continue
         seen: set[QT] = set()
         with GGUFFile(path) as gf:
@@ -110,7 +113,14 @@ def _real_tensors_by_type() -> list[tuple[str, str, QT]]:
 REAL_CASES = _real_tensors_by_type()
 
 
-@pytest.mark.skipif(not REAL_CASES, reason="test models not present under /root/models")
+@pytest.mark.parametrize("model", MODEL_NAMES.values())
+def test_real_models_present(model: str) -> None:
+    """The parametrized test below has no case for a missing model: this one skips for it,
+    or fails under TALLOW_REQUIRE_MODELS=1."""
+    require_model(model)
+
+
+@pytest.mark.skipif(not REAL_CASES, reason="test models not found; run `tallow pull smollm2-135m gemma3-270m qwen2.5-coder-1.5b-instruct`")
 @pytest.mark.parametrize("model,name,qtype", REAL_CASES, ids=lambda v: getattr(v, "name", v))
 def test_real_tensor_rows_bit_exact(model: str, name: str, qtype: QT) -> None:
     from tallow.gguf_file import GGUFFile

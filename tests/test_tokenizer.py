@@ -19,7 +19,7 @@ from tallow.gguf_file import GGUFFile
 from tallow.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 from tallow.tokenizer.bpe import codepoint_classes, split_words
 
-from model_paths import KNOWN_MODELS, model_path
+from model_paths import KNOWN_MODELS, model_path, require_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _loaded: dict[str, Tokenizer] = {}
@@ -31,9 +31,7 @@ def _fixture(name: str) -> dict:
 
 def _tokenizer(name: str) -> Tokenizer:
     if name not in _loaded:
-        path = model_path(name)
-        if path is None:
-            pytest.skip(f"{name}.gguf not found in $TALLOW_TEST_MODELS, ~/.cache/tallow/models or /root/models")
+        path = require_model(name)  # skips, or fails under TALLOW_REQUIRE_MODELS=1
         gf = GGUFFile(path)
         t0 = time.perf_counter()
         _loaded[name] = Tokenizer.from_gguf(gf)
@@ -184,9 +182,7 @@ def test_unknown_pre_tokenizer_is_an_error():
 @pytest.mark.parametrize("pre", ["llama-bpe", "gpt-2", "default", "qwen2"])
 def test_other_pre_tokenizers_on_smollm_vocab(pre):
     """llama3/gpt2/default/qwen2 regexes, checked on smollm2's vocab relabelled (see the script)."""
-    path = model_path("smollm2-135m")
-    if path is None:
-        pytest.skip("smollm2-135m.gguf not found in $TALLOW_TEST_MODELS, ~/.cache/tallow/models or /root/models")
+    path = require_model("smollm2-135m")
     fx = _fixture("smollm2-135m")
     variant = fx["pre_variants"][pre]
     md = dict(GGUFFile(path).metadata)

@@ -49,6 +49,11 @@ def _piece(llm, token: int) -> str | list[int]:
         return list(raw)
 
 
+def thinks(template: str) -> bool:
+    """Whether a chat template can think: it has a thinking switch or writes a think block."""
+    return "enable_thinking" in template or "<think>" in template
+
+
 def embed(llm, inputs: list[list[int]], pooling: str) -> list[list[float]]:
     """One unit-length vector per input: the final-norm hidden states, mean-pooled over the
     input's tokens or taken at its last token (worker thread)."""
@@ -90,6 +95,7 @@ def add_probe_routes(app: FastAPI, state, v1: list) -> None:
             "model_alias": state.model_id,
             "model_path": llm.path,
             "chat_template": getattr(llm.template, "source", ""),
+            "thinking": thinks(getattr(llm.template, "source", "")),  # tallow's: the page shows "allow thinking" only then
             "bos_token": special(getattr(tok, "bos_id", None)),
             "eos_token": special(getattr(tok, "eos_id", None)),
             "modalities": {"vision": False, "audio": False},
