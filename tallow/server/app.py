@@ -471,8 +471,9 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
     code = getattr(worker.load_error, "exit_code", 1) if worker.load_error is not None else (130 if signal.SIGINT in signals else 0)
     if signals:
         print(f"[tallow] stopped ({signal.Signals(signals[0]).name})", file=sys.stderr, flush=True)
-    worker._thread.join(timeout=5)
-    if worker._thread.is_alive():  # still loading: see the docstring
+    if worker.ready.is_set():
+        worker._thread.join(timeout=5)  # a cancelled answer stops within a token
+    if worker._thread.is_alive():  # still loading (or stuck in torch): see the docstring
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
