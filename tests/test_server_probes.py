@@ -133,3 +133,10 @@ def test_serve_defaults_apply_to_requests_that_leave_fields_out(live, monkeypatc
     assert _post(live, "/v1/completions", {**body, "max_tokens": 5}).json()["usage"]["completion_tokens"] <= 5  # a request overrides
     params = httpx.get(live.url + "/props").json()["default_generation_settings"]["params"]
     assert params["temperature"] == 0.0 and params["n_predict"] == 3
+
+
+def test_thinking_templates_are_recognised():
+    from tallow.server.probes import thinks
+
+    assert thinks("{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}")
+    assert thinks("{{ '<think>' }}") and not thinks("{% for m in messages %}{{ m.content }}{% endfor %}")

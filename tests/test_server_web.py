@@ -84,3 +84,57 @@ def test_page_stop_button_stops_the_generation(page_on_server):
         assert time.time() < deadline, "the server kept generating after Stop"
         time.sleep(0.05)
     assert len(server.worker.llm.last_tokens) < 200
+
+
+@pytest.mark.slow
+def test_page_points_to_the_key_field_and_hides_thinking_for_models_that_do_not_think(tmp_path):
+    """A server with a key: the page names its key field (not an HTTP header); once the key
+    is entered, "allow thinking" is hidden for a template without a thinking switch."""
+    _require_browser()
+    import tallow
+    from playwright.sync_api import sync_playwright
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model("llama", tmp_path / "tiny.gguf")
+    server = LiveServer(lambda: tallow.LLM(path, ctx=256, device="cpu"), "tiny", str(path), api_key="sesame")
+    try:
+        server.wait_ready()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            try:
+                page = browser.new_page()
+                page.goto(server.url + "/")
+                page.wait_for_function("document.getElementById('model').textContent.includes('API key')")
+                assert "enter it in the \"API key\" field" in page.text_content("#model")
+                assert "Authorization" not in page.text_content("#model")
+                page.fill("#apikey", "sesame")
+                page.dispatch_event("#apikey", "change")
+                page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+                page.wait_for_function("document.getElementById('thinking-row').hidden")
+                assert not page.is_visible("#thinking")
+            finally:
+                browser.close()
+    finally:
+        server.stop()
+
+
+def test_page_key_hint_logic_in_node():
+    """The page's keyHint() run by node (no browser needed): a 401's header advice becomes a
+    pointer to the key field; other messages pass unchanged."""
+    import json
+    import re
+    import subprocess
+    from pathlib import Path
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    page = (Path(__file__).parent.parent / "tallow" / "server" / "static" / "index.html").read_text(encoding="utf-8")
+    fn = re.search(r"function keyHint\(message\) \{.*?\n\}", page, re.S).group(0)
+    from tallow.server.app import create_app  # noqa: F401  (the page is served by this app)
+
+    msg_401 = "The API key is missing or wrong: send it as 'Authorization: Bearer KEY'."
+    script = fn + f"\nconsole.log(JSON.stringify([keyHint({json.dumps(msg_401)}), keyHint('model not loaded')]));"
+    out = json.loads(subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=30, check=True).stdout)
+    assert out == ['this server needs an API key: enter it in the "API key" field on the left.', "model not loaded"]
+    assert msg_401 in (Path(__file__).parent.parent / "tallow" / "server" / "app.py").read_text(encoding="utf-8")
