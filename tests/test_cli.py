@@ -55,8 +55,8 @@ def test_run_chat_with_sampling_flags(smollm2):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["run", "-p", "hi", "-n", "0"], "max_tokens"),
-        (["run", "-p", "hi", "--temp", "-1"], "temperature"),
+        (["run", "-p", "hi", "-n", "0"], "-n/--max-tokens"),
+        (["run", "-p", "hi", "--temp", "-1"], "--temp"),
         (["run", "-p", "hi", "--ctx", "4"], "context"),
         (["bench", "-p", "x"], "comma-separated"),
     ],
