@@ -255,9 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .registry import list_models
-
-    from .registry import models_dir
+    from .registry import list_models, models_dir
 
     print(f"  {'NAME':32s} {'ARCH':8s} {'QUANT':8s} {'SIZE':>12s}  WHERE (* = default; folder {models_dir()})")
     pulled = 0
