@@ -4,6 +4,7 @@ unwritable cache costs one warning and never the load."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
 
@@ -20,6 +21,7 @@ from test_quant_reference import random_rows
 from tiny_models import tiny_prompt, write_tiny_model
 
 PROMPT = tiny_prompt(12)
+_USER_HOME = os.environ.get("TALLOW_HOME")  # where `tallow pull` put the real models
 
 
 @pytest.fixture
@@ -38,6 +40,23 @@ def _logits(llm: tallow.LLM) -> torch.Tensor:
 
 def _load(path, **kw) -> tallow.LLM:
     return tallow.LLM(path, ctx=64, device="cpu", **kw)
+
+
+def _mapped_bytes(llm: tallow.LLM) -> int:
+    """Bytes of the model's layer tensors that live inside the weight cache's map."""
+    mm = llm.weight_cache._map
+    lo = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    hi = lo + len(mm)
+    seen, total = set(), 0
+    for t in llm.weight_cache._tensors:
+        assert lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi
+    layers = [llm.model.output] + [v for layer in llm.model.layers for v in layer.tensors.values() if not isinstance(v, torch.Tensor)]
+    for layer in layers:
+        for t in layer._tensors():
+            if t.data_ptr() not in seen and lo <= t.data_ptr() < hi:
+                seen.add(t.data_ptr())
+                total += t.nbytes
+    return total
 
 
 def _no_packing(monkeypatch):
@@ -69,6 +88,8 @@ def test_warm_load_maps_what_the_cold_load_packed(home, tmp_path, monkeypatch, a
         warm = _load(path)
     assert warm.stats.load.weight_cache == "hit"
     assert warm.model.nbytes == off.model.nbytes
+    assert _mapped_bytes(warm) == sum(t.nbytes for t in warm.weight_cache._tensors)  # every layer tensor is in the map
+    assert abs(warm.memory.weights - warm.model.nbytes) <= 0.02 * warm.model.nbytes  # and the plan counts it
     assert [repr(l) for l in warm.model.layers[0].tensors.values()] == [repr(l) for l in off.model.layers[0].tensors.values()]
     ref = _logits(off)
     assert torch.equal(_logits(cold), ref)
@@ -221,3 +242,23 @@ def test_progress_bar_only_when_asked(home, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("TALLOW_PROGRESS", "1")
     _load(path)
     assert "packing weights" in capfd.readouterr().err
+
+
+def test_smollm2_warm_logits_are_bit_identical_to_the_packed_ones(home, monkeypatch):
+    from model_paths import require_model
+
+    with monkeypatch.context() as m:
+        m.setenv("TALLOW_HOME", _USER_HOME) if _USER_HOME else m.delenv("TALLOW_HOME")
+        path = require_model("smollm2-135m")
+    cold = _load(path)  # packs, exactly as with TALLOW_WEIGHT_CACHE=0, then writes the file
+    assert cold.stats.load.weight_cache == "written"
+    ids = cold.tokenize("The capital of France is")
+    ref = cold.model.forward(ids, 0, cold.engine.kv, all_logits=True)
+    text = cold.generate(ids, max_tokens=8).text
+    del cold
+    with monkeypatch.context() as m:
+        _no_packing(m)
+        warm = _load(path)
+    assert warm.stats.load.weight_cache == "hit"
+    assert torch.equal(warm.model.forward(ids, 0, warm.engine.kv, all_logits=True), ref)
+    assert warm.generate(ids, max_tokens=8).text == text
