@@ -216,6 +216,12 @@ def test_the_folder_stays_within_its_byte_bound(home, tmp_path, monkeypatch):
         _load(p)
     names = sorted(f.name for f in home.glob("*.tallowpack"))
     assert len(names) == 2 and not any(n.startswith("m0-") for n in names)
+    dead = home / f".{names[0]}.{2 ** 22 + 12345}.tmp"  # a writer killed mid-file (no such pid)
+    dead.write_bytes(b"partial")
+    live = home / f".{names[0]}.{os.getpid()}.tmp"
+    live.write_bytes(b"being written")
+    weight_cache.evict(home, 1 << 40)
+    assert not dead.exists() and live.exists()
 
 
 def test_group_int8_layers_round_trip_through_the_file(home, tmp_path):

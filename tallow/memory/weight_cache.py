@@ -250,7 +250,7 @@ class WeightCache:
         with f:
             try:
                 header, mapped = self._validate(f)
-            except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError, struct.error) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError, RuntimeError, struct.error) as exc:
                 self._warn(f"the weight cache {self.path} is damaged or foreign ({exc}); repacking, it will be rewritten")
                 return
             except OSError as exc:
@@ -288,6 +288,8 @@ class WeightCache:
             dtype = _TENSOR_DTYPES[dtype_name]
             numel = 1
             for d in shape:
+                if int(d) < 0:
+                    raise ValueError("a tensor has a negative dimension")
                 numel *= int(d)
             nbytes = numel * dtype.itemsize
             if offset < data_start or offset + nbytes > data_end or offset % TENSOR_ALIGN:
@@ -323,7 +325,9 @@ class WeightCache:
 
         self._bar = Progress(TextColumn("packing weights (once; cached for the next start)"), BarColumn(bar_width=24),
                              TaskProgressColumn(), TimeElapsedColumn(), console=Console(stderr=True, force_terminal=True))
-        total = sum(t.n_bytes for t in self.gf.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1)
+        tied = "output.weight" not in self.gf.tensors  # else the embedding stays in the GGUF map, unpacked
+        total = sum(t.n_bytes for t in self.gf.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1
+                    and (tied or t.name != "token_embd.weight"))
         self._task = self._bar.add_task("pack", total=total)
         self._bar.start()
 
@@ -441,7 +445,15 @@ def _touch(path: Path) -> None:
 
 
 def evict(directory: Path, max_bytes: int, keep: Path | None = None) -> None:
-    """Remove the least recently used cache files until the folder holds at most max_bytes."""
+    """Remove the least recently used cache files until the folder holds at most max_bytes, and
+    the temporary files of writers that died (killed mid-write: their pid is gone)."""
+    for tmp in directory.glob(".*.tallowpack.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
     try:
         files = [(p.stat().st_mtime, p.stat().st_size, p) for p in directory.glob("*.tallowpack")]
     except OSError:
@@ -457,6 +469,16 @@ def evict(directory: Path, max_bytes: int, keep: Path | None = None) -> None:
             total -= size
         except OSError:
             pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, not ours
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:
