@@ -24,6 +24,7 @@ from .grammar import GrammarSpec, build_constraint
 from .gguf_file import GGUFFile
 from .memory.budget import default_budget, plan_memory
 from .memory.heap import bound_heap
+from .memory.weight_cache import WeightCache
 from .models import build_model
 from .registry import resolve_model
 from .sampling import Sampler, SamplingParams
@@ -62,6 +63,7 @@ class LoadStats:
     load_s: float
     weights_bytes: int
     kv_bytes: int
+    weight_cache: str = "off"  # "hit" (mapped from disk), "written" (packed, then cached), "not written", "off"
 
 
 @dataclass
@@ -83,13 +85,16 @@ class LLM:
         reserve: str | int | None = None,
         device: str | None = None,
         kv_dtype: str | None = None,
+        progress: bool | None = None,
     ):
         """device: "cpu", "cuda" or "cuda:N"; default $TALLOW_DEVICE, else cuda when a GPU is present.
         kv_dtype: "f16", "bf16", "int8" or "fp8" (default f16, or $TALLOW_KV_DTYPE; see
         memory/budget.default_kv_dtype).
         mem_budget ('3GiB', '80%' of MemAvailable, bytes; default $TALLOW_MEM_BUDGET or all
         of MemAvailable) and reserve (kept free for co-tenants) bound the memory account
-        (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit."""
+        (`self.memory`), checked before any weight is loaded: MemoryBudgetError if it does not fit.
+        On the CPU the packed weights are cached on disk (memory/weight_cache.py) and mapped by the
+        next load; progress: a bar on stderr while packing (None: only on a terminal)."""
         t0 = time.perf_counter()
         bound_heap()  # one malloc arena (and, opt-in, large temporaries unmapped on free): the peak stays the planned one
         self.path = str(path)
@@ -108,12 +113,18 @@ class LLM:
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.memory.check()  # refuse before loading weights, never mid-answer
-        self.model = build_model(self.gguf, self.spec, linear_mode, self.device)
+        self.weight_cache = WeightCache.open(self.gguf, self.device, linear_mode, progress)
+        try:
+            self.model = build_model(self.gguf, self.spec, linear_mode, self.device, self.weight_cache)
+        finally:
+            if self.weight_cache is not None:
+                self.weight_cache.stop_progress()
+        cache_status = self.weight_cache.save() if self.weight_cache is not None else "off"
         self.gguf.release_pages()
         _return_freed_heap()
         self.engine = Engine(self.model, n_ctx, kv_dtype=self.memory.kv_dtype)
         self.n_ctx = n_ctx
-        self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes))
+        self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes, cache_status))
 
     # -- text <-> tokens -------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -341,4 +352,4 @@ def load(
     """Load a model by registry name (pulled on first use), alias, or GGUF path; None = the default."""
     path = resolve_model(None if model is None else str(model), pull_missing=True, progress=progress)
     return LLM(path, ctx=ctx, linear_mode=linear_mode, mem_budget=mem_budget, reserve=reserve, device=device,
-               kv_dtype=kv_dtype)
+               kv_dtype=kv_dtype, progress=None if progress else False)

@@ -41,9 +41,10 @@ class LinearGroup:
 class Placement:
     """Where a model's weights live and which kernels run them."""
 
-    def __init__(self, device: torch.device | str = "cpu", linear_mode: str | None = None):
+    def __init__(self, device: torch.device | str = "cpu", linear_mode: str | None = None, weight_cache=None):
         self.device = torch.device(device)
         self.linear_mode = linear_mode
+        self.weight_cache = weight_cache  # memory/weight_cache.WeightCache, or None: always build
         self._scratch = None
         self.ops = block_ops(self.on_gpu)
         if self.on_gpu:
@@ -54,6 +55,11 @@ class Placement:
     @property
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
+
+    def cached(self, names: list[str], build):
+        """The layer over the GGUF tensors `names`: mapped from the weight cache when it holds
+        it, else `build()` (then recorded for the cache file)."""
+        return build() if self.weight_cache is None else self.weight_cache.layer(names, build)
 
     def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None):
         if self.on_gpu:

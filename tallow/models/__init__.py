@@ -17,5 +17,7 @@ FAMILIES: dict[str, type[DecoderModel]] = {
 }
 
 
-def build_model(gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str = "cpu") -> DecoderModel:
-    return FAMILIES[spec.architecture](gf, spec, linear_mode, device)
+def build_model(gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str = "cpu",
+                weight_cache=None) -> DecoderModel:
+    """weight_cache: a memory/weight_cache.WeightCache to map packed layers from (None: pack them)."""
+    return FAMILIES[spec.architecture](gf, spec, linear_mode, device, weight_cache)

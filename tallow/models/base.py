@@ -41,17 +41,18 @@ class LayerWeights:
 class DecoderModel:
     """Weights and forward pass of one decoder-only model."""
 
-    def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str | torch.device = "cpu"):
+    def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str | torch.device = "cpu",
+                 weight_cache=None):
         self.gf = gf
         self.spec = spec
         self.linear_mode = linear_mode
-        self.place = Placement(device, linear_mode)
+        self.place = Placement(device, linear_mode, weight_cache)
         self.device = self.place.device
         self.ops = self.place.ops  # norms and GLU: torch, or one Triton launch each on the GPU
         self.embedding = self.place.embedding(self._tensor("token_embd.weight"))
         self.output_norm = self.norm_weight("output_norm.weight")
         output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
-        self.output = self.place.linear(output)
+        self.output = self.place.cached([output.name], lambda: self.place.linear(output))
         self.rope = {}
         for layer in spec.layers:
             if layer.rope_base not in self.rope:
@@ -75,6 +76,9 @@ class DecoderModel:
         return dequantize(t.data, t.qtype, t.n_cols).reshape(-1).clone().to(self.device)
 
     def linear(self, name: str, bias: str | None = None):
+        return self.place.cached([name], lambda: self._build_linear(name, bias))
+
+    def _build_linear(self, name: str, bias: str | None = None):
         bias_array: np.ndarray | None = None
         if bias is not None and bias in self.gf.tensors:
             b = self.gf.tensors[bias]
@@ -84,7 +88,7 @@ class DecoderModel:
     def linear_group(self, names: list[str], biases: list[str | None] | None = None):
         """The linears `names` (same input) as one layer: their outputs side by side."""
         biases = biases or [None] * len(names)
-        return self.place.linear_group([self.linear(n, b) for n, b in zip(names, biases)])
+        return self.place.cached(names, lambda: self.place.linear_group([self._build_linear(n, b) for n, b in zip(names, biases)]))
 
     def load_layer(self, i: int) -> LayerWeights:
         raise NotImplementedError

@@ -106,7 +106,8 @@ class FusedLinear(Linear):
         self._bias_all = _stacked_bias(self.runs) if self._shared else None
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [t for r in self.runs for t in r._tensors()]
+        shared_bias = [self._bias_all] if self._bias_all is not None else []
+        return [t for r in self.runs for t in r._tensors()] + shared_bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.runs) == 1:
