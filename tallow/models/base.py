@@ -15,7 +15,8 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
-from ..layers import RotaryTables, attend_keys, attention, attention_mask, decode_attention, fast_paths_enabled, rms_norm, softcap_logits
+from ..layers import (KEY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, block_aligned_keys_enabled, decode_attention,
+                      fast_paths_enabled, rms_norm, softcap_logits)
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
@@ -127,7 +128,15 @@ class DecoderModel:
             return fused
         positions = torch.arange(start, end, device=q.device)
         keys, values = kv.view(index, lo, end)
-        mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
+        if n > 1 and spec.attn_logit_softcap is None and block_aligned_keys_enabled():
+            # Keys padded with zeros (masked) to whole KEY_BLOCKs at absolute positions: SDPA's
+            # CPU kernel walks keys in such blocks, and a block cut short rounds differently,
+            # so without this a row's output would depend on where its chunk ends (engine/prefill_plan.py).
+            a, b = lo - lo % KEY_BLOCK, -(-end // KEY_BLOCK) * KEY_BLOCK
+            keys = torch.nn.functional.pad(keys, (0, 0, lo - a, b - end))
+            values = torch.nn.functional.pad(values, (0, 0, lo - a, b - end))
+            lo = a
+        mask = attention_mask(positions, keys.shape[1], layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
 
     def block(self, layer: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
