@@ -164,11 +164,11 @@ class KVStore:
             with open(path, "rb") as f:
                 head = f.read(16)
                 if len(head) < 16 or head[:8] != MAGIC:
-                    return []
+                    return [], 0
                 _, header_len = struct.unpack("<II", head[8:])
                 header = json.loads(f.read(header_len))
                 if header.get("fingerprint") != self.fingerprint:
-                    return []
+                    return [], 0
                 n = int(header["n_tokens"])
                 return np.frombuffer(f.read(4 * n), dtype=np.int32).tolist(), self._canonical(header, n)
         except (OSError, ValueError, KeyError, TypeError, struct.error):
