@@ -24,6 +24,20 @@ def fast_paths_enabled() -> bool:
     return not _env_off("TALLOW_FAST_LAYERS")
 
 
+# SDPA's CPU flash kernel walks the keys in blocks of 512 (its kvSplitSize) and the queries in
+# blocks of 32 (under 192 queries) or 64 (under 768), and a block cut short rounds differently
+# (measured: a last block of 2 queries): prefill attention pads its keys to whole blocks at
+# absolute positions and its queries to a multiple of 64 (DecoderModel.attend).
+KEY_BLOCK = 512
+QUERY_BLOCK = 64
+
+
+def block_aligned_keys_enabled() -> bool:
+    """TALLOW_ALIGNED_REUSE=0 also turns off the key padding that makes prefill attention
+    row-invariant (engine/prefill_plan.py). Read at call time."""
+    return not _env_off("TALLOW_ALIGNED_REUSE")
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) * weight, op by op."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight

@@ -37,7 +37,7 @@ def test_stream_equals_non_stream(llm):
 
 
 def test_prefix_reuse_counts_and_keeps_output(llm):
-    system = {"role": "system", "content": "You are a terse assistant for a smart home. " * 5}
+    system = {"role": "system", "content": "You are a terse assistant for a smart home. " * 12}  # > 64 + 40 tokens
     first = llm.chat([system, {"role": "user", "content": "Turn on the lights."}], max_tokens=8)
     second = llm.chat([system, {"role": "user", "content": "Turn off the fan."}], max_tokens=8)
     assert second.stats.reused_tokens > 40

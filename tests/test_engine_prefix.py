@@ -25,9 +25,11 @@ def test_prefix_reuse_gives_identical_output_and_counts(monkeypatch):
         assert s.prompt_tokens == s.reused_tokens + s.prefill_tokens
         assert s.reused_from_disk == 0
         warm.append((out.tokens, s))
-    shared = warm[1][1].reused_tokens
-    assert shared > 50  # the system prompt was reused by the second and third requests
-    assert warm[2][1].reused_tokens == shared and warm[1][1].saved_s > 0
+    # The system prompt was reused by the second and third requests, up to the last 64 prompt
+    # tokens, which a CPU prefill always recomputes (engine/prefill_plan.py).
+    for _, s in warm[1:]:
+        assert s.reused_tokens == s.prompt_tokens - 64 and s.reused_tokens > 50
+    assert warm[1][1].saved_s > 0
     assert warm[0][1].saved_s == 0.0
 
     monkeypatch.setenv("TALLOW_PREFIX_CACHE", "0")

@@ -134,7 +134,8 @@ def test_persistent_kv_round_trip_gives_identical_output(tmp_path, monkeypatch):
 
     llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
     llm.engine.kv_store_dir = str(tmp_path)
-    system = {"role": "system", "content": "You are a terse assistant who answers with one short sentence."}
+    # Long enough to be reusable: the last 64 prompt tokens are always prefilled again (prefill_plan.py).
+    system = {"role": "system", "content": "You are a terse assistant who answers with one short sentence. " * 6}
     turn1 = [system, {"role": "user", "content": "Name a primary color."}]
     first = llm.chat(turn1, max_tokens=12, conversation_id="conv-1")
     files = list(tmp_path.glob("*.kv"))

@@ -2,8 +2,10 @@
 
 One request at a time owns the KV pool. The pool remembers which tokens its positions
 hold, so a request that shares a prefix with the previous one (a system prompt, the
-earlier turns of a chat) only prefills what is new — correct by construction, since the
-reused positions hold exactly the K/V those same tokens at those same positions produce.
+earlier turns of a chat) only prefills what is new. Only K/V that are bit for bit what a
+cold prefill writes are reused, and the rest is cut into chunks that round as the cold
+prefill's do (prefill_plan.py): the same request gives the same greedy answer whatever the
+cache — in memory or on disk — holds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..memory.kv_pool import KVPool
 from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
+from .prefill_plan import PrefillPlan, numerics_key, plan_for
 from .speculate import K_MAX, Speculation, exact_verifier, speculation_enabled
 
 
@@ -83,22 +86,40 @@ class Engine:
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
+        self._numerics = ""  # numerics_key of the plan that wrote the pool's canonical K/V
 
     @property
     def kv_store(self) -> KVStore:
         """The persistent store, created on first use (hashing the GGUF header costs a few ms)."""
         if self._kv_store is None:
             self._kv_store = KVStore(self.model.spec, model_fingerprint(self.model.gf.header_bytes()), self.kv_store_dir)
+        self._kv_store.numerics = self._numerics  # saved with the pool; a file's canonical K/V count only under it
         return self._kv_store
 
+    def prefill_plan(self) -> PrefillPlan:
+        """The plan for this prefill (switches are read per request). Canonical K/V written
+        under other numerics (a switch flipped since) are canonical no more."""
+        plan = plan_for(self.model, self.prefill_chunk)
+        key = numerics_key(self.model, plan)
+        if key != self._numerics:
+            self.kv.canonical = 0
+            self._numerics = key
+        return plan
+
+    def _reuse_point(self, plan: PrefillPlan, tokens: list[int], pool_tokens: list[int], canonical: int) -> int:
+        if not prefix_reuse_enabled():
+            return 0
+        return plan.start(_shared(pool_tokens, tokens), canonical, len(tokens))
+
     def hydrate(self, conversation_id: str, tokens: list[int]) -> int:
-        """Load a conversation's saved KV when it shares more of `tokens` than the resident
-        pool does; returns how many prompt tokens the loaded file covers (0: not loaded)."""
+        """Load a conversation's saved KV when more of `tokens` can be reused from it than from
+        the resident pool; returns how many prompt tokens the loaded file covers (0: not loaded)."""
         if not persist_enabled() or not prefix_reuse_enabled():
             return 0
-        resident = self.kv.reusable(_shared(self.kv.tokens, tokens))
-        saved = self.kv_store.peek_tokens(conversation_id)
-        on_disk = _shared(saved, tokens)
+        plan = self.prefill_plan()
+        resident = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
+        saved, canonical = self.kv_store.peek(conversation_id)
+        on_disk = self._reuse_point(plan, tokens, saved, canonical)
         if on_disk <= resident or on_disk < 2:
             return 0
         loaded = self.kv_store.load(conversation_id, self.kv)
@@ -167,18 +188,6 @@ class Engine:
                     return logits.unsqueeze(0)
         return self.model.forward(chunk, start, self.kv)
 
-    def _common_prefix(self, tokens: list[int]) -> int:
-        if not prefix_reuse_enabled():
-            return 0
-        n = 0
-        for a, b in zip(self.kv.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        # The last prompt token is always evaluated: its logits choose the first new token.
-        # A sliding-window ring may have overwritten what that point needs: then reuse nothing.
-        return self.kv.reusable(min(n, len(tokens) - 1))
-
     def prefill(self, tokens: list[int], stats: GenerationStats, should_stop: Callable[[], bool] | None = None) -> torch.Tensor | None:
         """Make the KV pool hold `tokens`, reusing the common prefix; return the last logits (vocab,).
 
@@ -190,15 +199,18 @@ class Engine:
         if len(tokens) > self.n_ctx:
             raise ValueError(f"the prompt has {len(tokens)} tokens, more than the context of {self.n_ctx}")
         t0 = time.perf_counter()
-        reuse = self._common_prefix(tokens)
+        plan = self.prefill_plan()
+        # A sliding-window ring may have overwritten what that point needs: then reuse nothing.
+        reuse = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
         self.kv.truncate(reuse)
         logits = None
-        for start in range(reuse, len(tokens), self.prefill_chunk):
+        for start, end in plan.chunks(reuse, len(tokens)):
             if should_stop is not None and start > reuse and should_stop():
                 logits = None
                 break
-            chunk = tokens[start : start + self.prefill_chunk]
-            logits = self.prefill_chunk_at(chunk, start)
+            logits = self.prefill_chunk_at(tokens[start:end], start)
+            if plan.extends_canonical(start, end, self.kv.canonical):
+                self.kv.canonical = end
         stats.prompt_tokens = len(tokens)
         stats.reused_tokens = reuse
         stats.prefill_tokens = len(tokens) - reuse

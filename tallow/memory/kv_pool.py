@@ -22,6 +22,10 @@ common prefix between requests. A ring forgets: once position p + ring has been 
 position p is gone, so truncating back to a point whose window reaches before the ring's
 oldest intact position would leave stale keys. `reusable(n)` says how much of a prefix can
 still be kept (n or 0), and `truncate` to a point that is not reusable empties the pool.
+
+`canonical` counts the leading positions whose K/V are bit for bit what a cold prefill of the
+same tokens writes (engine/prefill_plan.py): only those are reused, so that the cache never
+changes an answer. The engine raises it after each such prefill chunk; truncation lowers it.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ class KVPool:
         self.tokens: list[int] = []  # ids whose K/V occupy positions 0..len(tokens)-1
         self._high = -1  # highest position written since the pool was last emptied
         self._intact_from = [0] * len(self.caps)  # a hydrated ring holds nothing before this position
+        self.canonical = 0  # positions 0..canonical-1 hold exactly a cold prefill's K/V (see the module doc)
 
     # -- layout ------------------------------------------------------------------------------
     @property
@@ -238,6 +243,7 @@ class KVPool:
         if n_tokens > 0 and self.reusable(n_tokens) < min(n_tokens, len(self.tokens)):
             n_tokens = 0
         del self.tokens[n_tokens:]
+        self.canonical = min(self.canonical, len(self.tokens))
         if n_tokens == 0:
             self._high = -1
             self._intact_from = [0] * len(self.caps)

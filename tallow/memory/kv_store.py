@@ -12,7 +12,10 @@ One file per conversation under `$TALLOW_HOME/kv/`, named by a hash of the conve
 
 The header carries the model fingerprint (sha256 of the GGUF header and tensor table), the KV
 dtype and the per-layer layout (heads, dims and slots: a sliding-window ring holds fewer slots
-than the context); only used positions are stored. A global layer stores positions 0..n-1; a
+than the context); only used positions are stored. It also says how many leading positions
+are canonical (bit for bit a cold prefill's K/V, engine/prefill_plan.py) and under which
+numerics (device, kernels, switches): a restored prefix is reused only that far, and only where
+the numerics agree, so an answer is the same whether its prefix came from disk or from nowhere. A global layer stores positions 0..n-1; a
 ring stores the positions it still holds (at most its slots, `lo` per layer in the header), and
 the hydrated ring remembers that nothing before lo is there, so the engine never reuses a
 shorter prefix whose window would reach before it (KVPool.reusable). Version 1 files (f16, no
@@ -88,6 +91,7 @@ class KVStore:
         self.dir = Path(directory) if directory is not None else default_dir()
         env = os.environ.get("TALLOW_KV_STORE_BYTES")
         self.max_bytes = max_bytes if max_bytes is not None else int(env) if env else DEFAULT_MAX_BYTES
+        self.numerics = ""  # the engine's numerics key: a file's canonical prefix counts only under the same one
 
     def path(self, conversation_id: str) -> Path:
         """File of a conversation: the id is hashed, so any string is a safe file name."""
@@ -112,6 +116,8 @@ class KVStore:
             "n_tokens": n,
             "n_ctx": kv.n_ctx,
             "lo": lo,
+            "canonical": kv.canonical,
+            "numerics": self.numerics,
             "conversation_id": conversation_id,
         }).encode()
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -148,20 +154,33 @@ class KVStore:
     # -- loading -------------------------------------------------------------------------
     def peek_tokens(self, conversation_id: str) -> list[int]:
         """The token ids a conversation's file holds (header only; `load` verifies the rest)."""
+        return self.peek(conversation_id)[0]
+
+    def peek(self, conversation_id: str) -> tuple[list[int], int]:
+        """The token ids a conversation's file holds and how many of them are canonical here
+        (`_canonical`); header only, `load` verifies the rest. ([], 0) when unusable."""
         path = self.path(conversation_id)
         try:
             with open(path, "rb") as f:
                 head = f.read(16)
                 if len(head) < 16 or head[:8] != MAGIC:
-                    return []
+                    return [], 0
                 _, header_len = struct.unpack("<II", head[8:])
                 header = json.loads(f.read(header_len))
                 if header.get("fingerprint") != self.fingerprint:
-                    return []
+                    return [], 0
                 n = int(header["n_tokens"])
-                return np.frombuffer(f.read(4 * n), dtype=np.int32).tolist()
-        except (OSError, ValueError, KeyError, struct.error):
-            return []
+                return np.frombuffer(f.read(4 * n), dtype=np.int32).tolist(), self._canonical(header, n)
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return [], 0
+
+    def _canonical(self, header: dict, n: int) -> int:
+        """How many leading positions of a file with this header hold cold-prefill K/V as this
+        engine computes them: its count where the numerics agree, else none."""
+        count = header.get("canonical", 0)
+        if not self.numerics or header.get("numerics") != self.numerics or not isinstance(count, int):
+            return 0
+        return max(0, min(count, n))
 
     def load(self, conversation_id: str, kv: KVPool) -> int:
         """Hydrate the pool from the conversation's file; returns the number of tokens loaded.
@@ -233,6 +252,7 @@ class KVStore:
         kv.tokens.extend(np.frombuffer(raw_tokens, dtype=np.int32).tolist())  # only now is it reusable
         kv._high = n - 1
         kv._intact_from = lo
+        kv.canonical = self._canonical(header, n)
         return n
 
     # -- bounding ------------------------------------------------------------------------

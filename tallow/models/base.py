@@ -15,7 +15,8 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
-from ..layers import RotaryTables, attend_keys, attention, attention_mask, decode_attention, fast_paths_enabled, rms_norm, softcap_logits
+from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, block_aligned_keys_enabled, decode_attention,
+                      fast_paths_enabled, rms_norm, softcap_logits)
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
@@ -131,6 +132,20 @@ class DecoderModel:
             return fused
         positions = torch.arange(start, end, device=q.device)
         keys, values = kv.view(index, lo, end)
+        if n > 1 and spec.attn_logit_softcap is None and block_aligned_keys_enabled():
+            # Row-invariant prefill attention (engine/prefill_plan.py): SDPA's CPU kernel walks
+            # keys in blocks of KEY_BLOCK and queries in blocks of 32 or 64, and a block cut short
+            # rounds differently, so a row's output would depend on where its chunk starts and
+            # ends. Keys are padded with zeros to whole blocks at absolute positions, queries to
+            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); all masked.
+            a, b = lo - lo % KEY_BLOCK, -(-end // KEY_BLOCK) * KEY_BLOCK
+            keys = torch.nn.functional.pad(keys, (0, 0, lo - a, b - end))
+            values = torch.nn.functional.pad(values, (0, 0, lo - a, b - end))
+            extra = -n % QUERY_BLOCK
+            qp = torch.cat([q, q[-1:].expand(extra, -1, -1)]) if extra else q
+            rows = torch.cat([positions, positions[-1:].expand(extra)]) if extra else positions
+            mask = attention_mask(rows, b - a, layer.sliding_window, a)
+            return attention(qp.transpose(0, 1), keys, values, mask, spec.attn_scale)[:n]
         mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
 
