@@ -32,6 +32,12 @@ from .protocol import APIError, ChatRequest, CompletionRequest, bad
 
 log = logging.getLogger("tallow.server")
 
+# The worker thread's stack. The grammar engine compiles recursively in native code, where a
+# stack overflow is a SIGSEGV of the whole server; grammar/limits.py keeps requests far below
+# what 8 MiB survives, and this margin (address space only, touched pages alone cost memory)
+# keeps an unforeseen deep input from taking the server down.
+WORKER_STACK_BYTES = 256 << 20
+
 
 @dataclass
 class Job:
@@ -106,7 +112,11 @@ class Worker:
 
     # -- control from the event loop ---------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        previous = threading.stack_size(WORKER_STACK_BYTES)
+        try:
+            self._thread.start()
+        finally:
+            threading.stack_size(previous)
 
     def stop(self) -> None:
         with self._cv:
