@@ -51,13 +51,13 @@ def check_schema_size(schema: Any, param: str) -> None:
             continue
         nodes += 1
         if depth > MAX_SCHEMA_DEPTH:
-            raise GrammarError(f"The JSON schema in '{param}' is nested deeper than {MAX_SCHEMA_DEPTH} levels.", param)
+            raise GrammarError(f"The JSON schema in '{param}' is nested deeper than the limit of {MAX_SCHEMA_DEPTH} levels.", param)
         if nodes > MAX_SCHEMA_NODES:
-            raise GrammarError(f"The JSON schema in '{param}' has more than {MAX_SCHEMA_NODES} objects and arrays.", param)
+            raise GrammarError(f"The JSON schema in '{param}' has more than the limit of {MAX_SCHEMA_NODES} objects and arrays.", param)
         if isinstance(node, dict):
             refs += "$ref" in node
             if refs > MAX_SCHEMA_REFS:
-                raise GrammarError(f"The JSON schema in '{param}' holds more than {MAX_SCHEMA_REFS} '$ref's.", param)
+                raise GrammarError(f"The JSON schema in '{param}' holds more than the limit of {MAX_SCHEMA_REFS} '$ref's.", param)
             stack.extend((v, depth + 1) for v in node.values())
         else:
             stack.extend((v, depth + 1) for v in node)

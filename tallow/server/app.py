@@ -24,9 +24,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..chat.parsers import ParsedDelta
-from .protocol import APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
+from .access import AccessGuard
+from .protocol import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
 log = logging.getLogger("tallow.server")
@@ -38,8 +40,10 @@ DISCONNECT_POLL_S = 0.1  # how often a waiting handler checks whether its client
 class ServerState:
     """What the handlers share: the worker, the served model's identity, the API key."""
 
-    def __init__(self, worker: Worker, model_id: str, model_path: str | None, api_key: str | None, aliases: tuple[str, ...] = ()) -> None:
+    def __init__(self, worker: Worker, model_id: str, model_path: str | None, api_key: str | None, aliases: tuple[str, ...] = (),
+                 host: str = "127.0.0.1") -> None:
         self.worker = worker
+        self.host = host  # the bound address: on loopback only loopback Host headers are served (access.py)
         self.model_id = model_id
         self.aliases = {model_id, *aliases}
         self.api_key = api_key
@@ -111,6 +115,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application around a started (or starting) worker."""
     app = FastAPI(title="tallow", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tallow = state
+    app.add_middleware(AccessGuard, bound_host=state.host)
     worker = state.worker
 
     @app.exception_handler(APIError)
@@ -145,6 +150,9 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=500)
         if not worker.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
+        stuck = worker.stalled()
+        if stuck is not None:
+            return JSONResponse({"status": "stuck", "error": stuck}, status_code=503)
         return JSONResponse({"status": "ok", "model": state.model_id})
 
     @app.get("/v1/models", dependencies=v1)
@@ -156,7 +164,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.check_model(name)
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=v1)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
 
@@ -166,15 +174,28 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request) -> Response:
-        req = parse_chat_request(parse_json_body(await request.body()))
+        req = parse_chat_request(parse_json_body(await _read_body(request)))
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(parse_json_body(await request.body()))
+        req = parse_completion_request(parse_json_body(await _read_body(request)))
         state.check_model(req.model)
         return await _handle(request, req, "completion")
+
+    async def _read_body(request: Request) -> bytes:
+        """The body, at most MAX_BODY_BYTES of it (a chunked body announces no length)."""
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise APIError(413, f"The request body is over the limit of {MAX_BODY_BYTES} bytes.", "invalid_request_error", None, "body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone, or dropped by the read timeout (read_timeout.py)
+            raise APIError(408, "The request body did not arrive in time.", "invalid_request_error", None, "request_timeout") from None
+        return b"".join(chunks)
 
     async def _handle(request: Request, req: ChatRequest | CompletionRequest, kind: str) -> Response:
         job = Job(req, asyncio.get_running_loop())
@@ -340,7 +361,12 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
     import uvicorn
 
     from ..api import LLM
+    from .read_timeout import ReadTimeoutProtocol
 
+    if api_key is not None and not api_key.strip():
+        from ..errors import UsageError
+
+        raise UsageError("--api-key (or $TALLOW_API_KEY) is empty, which would leave the server open; give a key or leave the flag out.")
     model_id, path, aliases = model_identity(model)
     server: uvicorn.Server | None = None
 
@@ -350,9 +376,9 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
             server.should_exit = True
 
     worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error)
-    state = ServerState(worker, model_id, path, api_key, aliases)
+    state = ServerState(worker, model_id, path, api_key, aliases, host=host)
     app = create_app(state)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2, http=ReadTimeoutProtocol)
     server = uvicorn.Server(config)
     print(f"[tallow] serving {model_id} on http://{host}:{port} (loading…); the web page is at /", file=sys.stderr, flush=True)
     worker.start()
