@@ -153,3 +153,65 @@ def test_oversized_body_is_413(live):
 def test_empty_api_key_is_a_clear_error():
     proc = subprocess.run([sys.executable, "-m", "tallow.cli", "serve", "--api-key", "", "--port", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.startswith("tallow: error:") and "empty" in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- the HTTP fuzzer
+
+HOSTILE = [None, True, False, 0, -1, 2**63, -2**63, 2**64, 1.5, -0.0, 1e308, "", "x", "\u0000", "é" * 1000,
+           "a" * 100_000, [], [None], [[[[[]]]]], {}, {"a": {"b": {"c": {}}}}, [1, "2", None], {"type": 7}]
+FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "seed", "stop", "stream", "stream_options",
+          "logprobs", "top_logprobs", "n", "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
+          "chat_template_kwargs", "conversation_id", "user", "logit_bias", "echo", "suffix", "best_of"]
+RAW_BODIES = [b"", b"null", b"[]", b'"text"', b"{", b'{"prompt": "x"} trailing', b"\xff\xfe{\x00}\x00", b"\xc3\x28",
+              b'{"prompt": "x", "max_tokens": 1e999999}', b'{"prompt": NaN, "max_tokens": Infinity}',
+              b'{"prompt": "x", "prompt": 5}', "{\"prompt\": \"\\ud83d\"}".encode(), b"\x00" * 1000]
+
+
+def fuzz_cases(n: int, seed: int = 15):
+    import random
+
+    rng = random.Random(seed)
+    for i in range(n):
+        route = rng.choice(["/v1/chat/completions", "/v1/completions"])
+        body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "hi"}
+        body["max_tokens"] = 1
+        for _ in range(rng.randint(1, 3)):
+            body[rng.choice(FIELDS)] = rng.choice(HOSTILE)
+        if rng.random() < 0.3 and "chat" in route:  # hostile message shapes
+            body["messages"] = [{"role": rng.choice(["user", "tool", "assistant", "god", None]), "content": rng.choice(HOSTILE),
+                                 rng.choice(["tool_calls", "tool_call_id", "name"]): rng.choice(HOSTILE)}]
+        yield route, body
+
+
+def test_http_fuzzer_every_case_is_an_answer_or_an_openai_4xx(live):
+    failures, answered = [], 0
+    for route, body in fuzz_cases(80):
+        r = post(live, route, body, timeout=60)
+        if r.status_code == 200:
+            answered += 1
+            continue  # a mutation that happened to be valid (max_tokens stays small)
+        try:
+            assert 400 <= r.status_code < 500
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and "\n" not in err["message"] and len(err["message"]) < 600
+        except Exception:  # noqa: BLE001 - collected, reported together
+            failures.append((route, {k: (v if len(repr(v)) < 80 else repr(v)[:80]) for k, v in body.items()}, r.status_code, r.text[:200]))
+    for raw in RAW_BODIES:
+        r = post(live, "/v1/completions", raw=raw)
+        if not (400 <= r.status_code < 500 and "error" in r.json()):
+            failures.append(("raw", raw[:60], r.status_code, r.text[:200]))
+    assert not failures, failures[:5]
+    assert answered < 40  # most mutations are invalid: the fuzzer exercises the refusals
+    assert_healthy(live)
+
+
+@pytest.mark.parametrize("method,route", [
+    ("GET", "/v1/models/..%2F..%2Fetc%2Fpasswd"), ("GET", "/v1/models/" + "m" * 5000), ("GET", "/v1/models/%00"),
+    ("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"), ("PUT", "/health"), ("GET", "/../../etc/passwd"),
+    ("POST", "/metrics"), ("GET", "/v1/nope"),
+])
+def test_routes_and_methods_fuzzed_are_openai_4xx(live, method, route):
+    r = httpx.request(method, live.url + route, headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}

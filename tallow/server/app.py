@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: thin — it validates, queues and streams; the engine works.
 
     tallow serve -m smollm2-135m --port 8080
-    curl localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+    curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming with
 `data: [DONE]`, or one JSON answer), `GET /v1/models`, `GET /health` (503 while the model
