@@ -8,6 +8,7 @@ test, not a dead test run.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -111,3 +112,16 @@ def test_engine_failure_at_decode_time_is_a_short_grammar_error():
         c.advance(a)
         c.allowed()
     assert len(str(e.value)) < 420 and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag,text", [
+    ("--grammar", chain(5000)),  # exited 139 silently before the limits
+    ("--json-schema", "[" * 100_000 + "]" * 100_000),  # was a RecursionError traceback
+])
+def test_cli_refuses_hostile_grammars_in_one_sentence_before_loading(tmp_path, flag, text):
+    f = tmp_path / "g.txt"
+    f.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "tallow.cli", "run", "-m", str(tmp_path / "absent.gguf"), "-p", "x", flag, str(f)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-300:])
+    assert proc.stderr.startswith("tallow: error:") and proc.stderr.count("\n") == 1 and flag in proc.stderr, proc.stderr

@@ -186,7 +186,7 @@ def fuzz_cases(n: int, seed: int = 15):
 
 def test_http_fuzzer_every_case_is_an_answer_or_an_openai_4xx(live):
     failures, answered = [], 0
-    for route, body in fuzz_cases(80):
+    for route, body in fuzz_cases(60):
         r = post(live, route, body, timeout=60)
         if r.status_code == 200:
             answered += 1
@@ -202,7 +202,7 @@ def test_http_fuzzer_every_case_is_an_answer_or_an_openai_4xx(live):
         if not (400 <= r.status_code < 500 and "error" in r.json()):
             failures.append(("raw", raw[:60], r.status_code, r.text[:200]))
     assert not failures, failures[:5]
-    assert answered < 40  # most mutations are invalid: the fuzzer exercises the refusals
+    assert answered < 30  # most mutations are invalid: the fuzzer exercises the refusals
     assert_healthy(live)
 
 
