@@ -112,3 +112,58 @@ def test_a_stuck_worker_makes_health_503_with_a_reason(server):
     t.join(10)
     assert result["r"].status_code == 400
     assert httpx.get(url + "/health", timeout=5).status_code == 200
+
+
+FD_CHILD = """
+import resource, sys, threading, time
+sys.path.insert(0, {root!r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+import uvicorn
+from tallow.server.app import ServerState, create_app
+from tallow.server.fd_guard import quiet_accept_errors, raise_fd_limit
+from tallow.server.read_timeout import ReadTimeoutProtocol
+from tallow.server.worker import Worker
+raise_fd_limit(); quiet_accept_errors()
+worker = Worker(lambda: object(), max_queue=2)
+worker.start()
+uvicorn.Server(uvicorn.Config(create_app(ServerState(worker, "fake", None, None)), host="127.0.0.1", port={port},
+               log_level="warning", http=ReadTimeoutProtocol)).run()
+"""
+
+
+def test_out_of_descriptors_logs_one_line_and_health_recovers(tmp_path):
+    """Under `ulimit -n 64`, 100 idle connections exhaust the server's descriptors: asyncio then
+    logged a traceback per failed accept (5 MB in 8 s); now one summary line, and once the read
+    timeout closes the idle ones /health answers again."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {**os.environ, "TALLOW_READ_TIMEOUT": "2"}
+    with open(log, "w") as err:
+        child = subprocess.Popen([sys.executable, "-c", FD_CHILD.format(root=str(root), port=port)], stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and child.poll() is None, log.read_text()[-500:]
+            time.sleep(0.2)
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+        time.sleep(4)  # the server closes the idle ones after 2 s; ours stay open meanwhile
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert r.status_code == 200
+        for s in socks:
+            s.close()
+        text = log.read_text()
+        assert len(text) < 4000 and "Traceback" not in text, text[:1000]
+    finally:
+        child.terminate()
+        child.wait(10)

@@ -361,6 +361,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
     import uvicorn
 
     from ..api import LLM
+    from .fd_guard import quiet_accept_errors, raise_fd_limit
     from .read_timeout import ReadTimeoutProtocol
 
     if api_key is not None and not api_key.strip():
@@ -375,6 +376,8 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
         if server is not None:
             server.should_exit = True
 
+    raise_fd_limit()
+    quiet_accept_errors()
     worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error)
     state = ServerState(worker, model_id, path, api_key, aliases, host=host)
     app = create_app(state)
