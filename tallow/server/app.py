@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 
 from ..chat.parsers import ParsedDelta
 from .access import AccessGuard
-from .protocol import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
+from .protocol import MAX_BODY_BYTES, APIError, check_model_name, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
 log = logging.getLogger("tallow.server")
@@ -161,7 +161,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models/{name}", dependencies=v1)
     async def model(name: str) -> dict[str, Any]:
-        state.check_model(name)
+        state.check_model(check_model_name(name))  # a path-like or huge name is a 400
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
 
     @app.get("/metrics", dependencies=v1)
