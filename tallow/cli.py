@@ -151,6 +151,8 @@ def _constraint(args: argparse.Namespace) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             where = "" if inline else f" in {args.json_schema!r}"
             raise UsageError(f"--json-schema{where} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}).") from None
+        except RecursionError:
+            raise UsageError("--json-schema nests arrays and objects too deeply to parse.") from None
         kwargs["response_format"] = {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
     if args.grammar is not None:
         kwargs["grammar"] = _read_text("--grammar", args.grammar)

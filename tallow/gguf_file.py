@@ -22,6 +22,8 @@ from .errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_ARRAY_NESTING = 4  # arrays of arrays: real files use none; deeper is a corrupt (or hostile) file
+MAX_DIM = 1 << 40  # one tensor dimension (ggml's are int64; 2^40 elements is far past any model)
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B",
@@ -110,7 +112,7 @@ class _Cursor:
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         try:
             vtype = GGUFValueType(vtype)
         except ValueError:
@@ -120,6 +122,8 @@ class _Cursor:
         if vtype == GGUFValueType.ARRAY:
             item_type = self.scalar("<I")
             count = self.scalar("<Q")
+            if count > len(self.buf) - self.pos:  # every item takes at least one byte
+                raise ModelFileError(f"{self.path}: the header declares an array of {count} items, longer than the file; the file is corrupt.")
             if item_type == GGUFValueType.STRING and self.skip_strings:
                 for _ in range(count):  # each item: an 8-byte length, then the bytes
                     self.take(self.scalar("<Q"))
@@ -128,7 +132,9 @@ class _Cursor:
                 dtype = np.dtype(_NUMPY_DTYPES[GGUFValueType(item_type)]).newbyteorder("<")
                 raw = self.take(count * dtype.itemsize)
                 return np.frombuffer(raw, dtype=dtype).copy()
-            return [self.value(item_type) for _ in range(count)]
+            if item_type == GGUFValueType.ARRAY and depth >= MAX_ARRAY_NESTING:
+                raise ModelFileError(f"{self.path}: the header nests arrays deeper than {MAX_ARRAY_NESTING} levels; the file is corrupt.")
+            return [self.value(item_type, depth + 1) for _ in range(count)]
         return self.scalar(_SCALAR_FORMATS[vtype])
 
 
@@ -169,6 +175,8 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
+            if key in self.metadata:
+                raise ModelFileError(f"{self.path}: the metadata key {key[:100]!r} appears twice; the file is corrupt.")
             self.metadata[key] = cur.value(cur.scalar("<I"))
         raw_tensors = []
         for _ in range(n_tensors):
@@ -177,14 +185,24 @@ class GGUFFile:
             if n_dims > 4:
                 raise ModelFileError(f"{self.path}: tensor {name!r} has {n_dims} dimensions; the file is corrupt.")
             shape = tuple(cur.scalar("<Q") for _ in range(n_dims))
+            if n_dims == 0 or any(d > MAX_DIM for d in shape):
+                raise ModelFileError(f"{self.path}: tensor {name[:100]!r} has shape {list(shape)}; the file is corrupt.")
             type_id = cur.scalar("<I")
             rel_offset = cur.scalar("<Q")
             raw_tensors.append((name, shape, type_id, rel_offset))
         self.header_size = cur.pos
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, bool) or not isinstance(alignment, (int, np.integer)) or not 0 < alignment <= 1 << 30 or alignment & (alignment - 1):
+            raise ModelFileError(f"{self.path}: general.alignment is {alignment!r:.40}, not a power of two; the file is corrupt.")
+        alignment = int(alignment)
         data_start = (cur.pos + alignment - 1) // alignment * alignment
         self.tensors: dict[str, TensorInfo] = {}
+        spans = []
         for name, shape, type_id, rel_offset in raw_tensors:
+            if name in self.tensors:
+                raise ModelFileError(f"{self.path}: tensor {name[:100]!r} appears twice; the file is corrupt.")
+            if rel_offset % alignment:
+                raise ModelFileError(f"{self.path}: tensor {name[:100]!r} starts at offset {rel_offset}, not a multiple of the alignment {alignment}.")
             try:
                 qtype = GGMLQuantizationType(type_id)
             except ValueError:
@@ -194,7 +212,9 @@ class GGUFFile:
                 raise ModelFileError(
                     f"{self.path}: tensor {name!r} has row length {shape[0]}, not a multiple of {qtype.name}'s block of {block_size}."
                 )
-            n_rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+            n_rows = 1
+            for d in shape[1:]:  # Python ints: numpy's int64 product wraps (and then passed the size check)
+                n_rows *= d
             row_bytes = shape[0] // block_size * type_size
             n_bytes = n_rows * row_bytes
             offset = data_start + rel_offset
@@ -204,6 +224,11 @@ class GGUFFile:
                 )
             data = np.frombuffer(self._mmap, dtype=np.uint8, count=n_bytes, offset=offset).reshape(n_rows, row_bytes)
             self.tensors[name] = TensorInfo(name, qtype, shape, offset, n_bytes, data)
+            spans.append((offset, offset + n_bytes, name))
+        spans.sort()
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:
+                raise ModelFileError(f"{self.path}: tensors {first[:100]!r} and {second[:100]!r} overlap; the file is corrupt.")
         self.data_start = data_start
 
     @property

@@ -67,12 +67,46 @@ class ModelSpec:
         return sum(2 * layer.n_kv_heads * (self.head_dim + self.v_head_dim) for layer in self.layers)
 
 
-def _per_layer(value, n_layers: int, what: str, path: str) -> list[int]:
+# Bounds on what a file may claim, far past any real model: a hostile or corrupt file must end
+# in one sentence here, not in a ZeroDivisionError, a wrapped int or a multi-GB allocation.
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20  # embedding, FFN, head size
+MAX_HEADS = 4096
+MAX_CONTEXT = 1 << 24
+
+
+def _int(value, what: str, path: str, lo: int = 1, hi: int = MAX_WIDTH) -> int:
+    """A metadata integer within [lo, hi], or a ModelFileError naming the key."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ModelFileError(f"{path}: the metadata key {what} is {_kind(value)}, not an integer.")
+    if not lo <= int(value) <= hi:
+        raise ModelFileError(f"{path}: the metadata key {what} is {int(value)}, outside {lo}..{hi}.")
+    return int(value)
+
+
+def _float(value, what: str, path: str, positive: bool = False) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ModelFileError(f"{path}: the metadata key {what} is {_kind(value)}, not a number.")
+    x = float(value)
+    if not math.isfinite(x) or (positive and x <= 0) or x < 0:
+        raise ModelFileError(f"{path}: the metadata key {what} is {x}, not a finite {'positive' if positive else 'non-negative'} number.")
+    return x
+
+
+def _kind(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of {len(value)}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _per_layer(value, n_layers: int, what: str, path: str, lo: int = 1) -> list[int]:
     if isinstance(value, np.ndarray):
         if len(value) != n_layers:
             raise ModelFileError(f"{path}: {what} has {len(value)} entries for {n_layers} layers.")
-        return [int(v) for v in value]
-    return [int(value)] * n_layers
+        return [_int(v, what, path, lo, MAX_HEADS) for v in value]
+    return [_int(value, what, path, lo, MAX_HEADS)] * n_layers
 
 
 def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
@@ -88,25 +122,36 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
             raise ModelFileError(f"{gf.path}: the metadata key {arch}.{key} is missing.")
         return value
 
-    n_layers = int(need("block_count"))
-    dim = int(need("embedding_length"))
-    heads = _per_layer(need("attention.head_count"), n_layers, "attention.head_count", gf.path)
-    kv_heads = _per_layer(gf.arch_get("attention.head_count_kv", heads[0]), n_layers, "attention.head_count_kv", gf.path)
-    ffn = gf.arch_get("feed_forward_length")
-    ffn_dim = int(ffn[0] if isinstance(ffn, np.ndarray) else need("feed_forward_length"))
-    head_dim = int(gf.arch_get("attention.key_length", dim // heads[0]))
-    v_head_dim = int(gf.arch_get("attention.value_length", head_dim))
-    tokens = gf.get("tokenizer.ggml.tokens")
-    vocab_size = int(gf.arch_get("vocab_size", len(tokens) if tokens is not None else 0))
-    if "token_embd.weight" not in gf.tensors:
-        raise ModelFileError(f"{gf.path}: the tensor token_embd.weight is missing.")
-    vocab_size = gf.tensors["token_embd.weight"].shape[1]
+    path = gf.path
 
-    rope_base = float(gf.arch_get("rope.freq_base", 10000.0))
-    rope_dim = int(gf.arch_get("rope.dimension_count", head_dim))
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    n_layers = _int(need("block_count"), key("block_count"), path, 1, MAX_LAYERS)
+    dim = _int(need("embedding_length"), key("embedding_length"), path)
+    heads = _per_layer(need("attention.head_count"), n_layers, key("attention.head_count"), path)
+    kv_heads = _per_layer(gf.arch_get("attention.head_count_kv", heads[0]), n_layers, key("attention.head_count_kv"), path)
+    for h, kv in zip(heads, kv_heads):
+        if h % kv:
+            raise ModelFileError(f"{path}: {h} attention heads cannot share {kv} KV heads evenly.")
+    ffn = gf.arch_get("feed_forward_length")
+    if isinstance(ffn, np.ndarray) and len(ffn) == 0:
+        raise ModelFileError(f"{path}: the metadata key {key('feed_forward_length')} is an empty array.")
+    ffn_dim = _int(ffn[0] if isinstance(ffn, np.ndarray) else need("feed_forward_length"), key("feed_forward_length"), path)
+    head_dim = _int(gf.arch_get("attention.key_length", dim // heads[0]), key("attention.key_length"), path)
+    v_head_dim = _int(gf.arch_get("attention.value_length", head_dim), key("attention.value_length"), path)
+    if "token_embd.weight" not in gf.tensors:
+        raise ModelFileError(f"{path}: the tensor token_embd.weight is missing.")
+    embd = gf.tensors["token_embd.weight"].shape
+    if len(embd) != 2 or embd[0] != dim or embd[1] < 1:
+        raise ModelFileError(f"{path}: the tensor token_embd.weight has shape {list(embd)}, not [{dim}, vocabulary].")
+    vocab_size = embd[1]
+
+    rope_base = _float(gf.arch_get("rope.freq_base", 10000.0), key("rope.freq_base"), path, positive=True)
+    rope_dim = _int(gf.arch_get("rope.dimension_count", head_dim), key("rope.dimension_count"), path, 0, head_dim)
     rope_scale = 1.0
     if gf.arch_get("rope.scaling.type") == "linear" and gf.arch_get("rope.scaling.factor"):
-        rope_scale = float(gf.arch_get("rope.scaling.factor"))
+        rope_scale = _float(gf.arch_get("rope.scaling.factor"), key("rope.scaling.factor"), path, positive=True)
 
     window = gf.arch_get("attention.sliding_window")
     layers = []
@@ -114,10 +159,10 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         sliding = None
         base = rope_base
         if arch == "gemma3" and window:
-            pattern = int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN))
+            pattern = _int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN), key("attention.sliding_window_pattern"), path, 1, MAX_LAYERS)
             if i % pattern < pattern - 1:
-                sliding = int(window)
-                base = float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA))
+                sliding = _int(window, key("attention.sliding_window"), path, 1, MAX_CONTEXT)
+                base = _float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA), key("rope.freq_base_swa"), path, positive=True)
         layers.append(LayerSpec(i, heads[i], kv_heads[i], sliding, base))
 
     if arch == "gemma3":
@@ -128,8 +173,11 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         embed_scale = 1.0
     softcap = gf.arch_get("final_logit_softcapping")
     attn_softcap = gf.arch_get("attn_logit_softcapping")
+    softcap = _float(softcap, key("final_logit_softcapping"), path) if softcap is not None else None
+    attn_softcap = _float(attn_softcap, key("attn_logit_softcapping"), path) if attn_softcap is not None else None
 
-    name = gf.get("general.name") or gf.path
+    name = gf.get("general.name")
+    name = name if isinstance(name, str) and name else gf.path
     return ModelSpec(
         architecture=arch,
         name=str(name),
@@ -141,8 +189,8 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         head_dim=head_dim,
         v_head_dim=v_head_dim,
         vocab_size=vocab_size,
-        context_length=int(gf.arch_get("context_length", 2048)),
-        norm_eps=float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-6)),
+        context_length=_int(gf.arch_get("context_length", 2048), key("context_length"), path, 1, MAX_CONTEXT),
+        norm_eps=_float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-6), key("attention.layer_norm_rms_epsilon"), path),
         rope_base=rope_base,
         rope_dim=rope_dim,
         rope_style=_ROPE_STYLE[arch],

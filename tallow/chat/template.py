@@ -41,6 +41,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import TallowError
+from .template_limits import BoundedEnvironment, render_bounded
 
 __all__ = ["CHATML_TEMPLATE", "GEMMA_TEMPLATE", "ChatTemplate"]
 
@@ -147,7 +148,7 @@ def _ascii_trim(value: Any) -> str:
 
 
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = BoundedEnvironment(  # the sandbox, plus time and size bounds (template_limits.py)
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
@@ -287,7 +288,7 @@ class ChatTemplate:
         variables["tools"] = tools
         variables["add_generation_prompt"] = bool(add_generation_prompt)
         try:
-            return self._template.render(**variables)
+            return render_bounded(self._template, variables)
         except TallowError:
             raise
         except Exception as exc:  # noqa: BLE001 - a template is user code: any failure is theirs

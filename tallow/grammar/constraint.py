@@ -30,6 +30,7 @@ class GrammarConstraint:
         self.matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"The grammar cannot be used: {engine_message(self.matcher.get_error())}.", param)
+        self.param = param
         self.vocab_size = vocab_size
         self.n_grammar = ll_tokenizer.vocab_size
         self._bits = np.zeros((self.n_grammar + 31) // 32, dtype=np.int32)
@@ -54,9 +55,9 @@ class GrammarConstraint:
         """The next mask as llguidance's int32 words (token i is bit i % 32 of word i // 32),
         computed once per committed token."""
         if self._words_at != self.tokens:
-            if self.matcher.is_error():
-                raise RuntimeError(f"grammar state is broken: {self.matcher.get_error()}")
+            self._check_engine()
             self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._check_engine()
             self._words_at = self.tokens
         return self._bits
 
@@ -137,9 +138,17 @@ class GrammarConstraint:
             self._after[token] = path
         return path is not None
 
+    def _check_engine(self) -> None:
+        """The engine gives up on grammars too complex to run ("Too many items", "too many
+        expressions": `"a"{1000000}`, a 1 MB literal) only once decoding starts. That is the
+        request's fault: a GrammarError (400) with the engine's first line, not its whole state."""
+        if self.matcher.is_error():
+            raise GrammarError(f"The grammar is too complex for constrained decoding: {engine_message(self.matcher.get_error())}.", self.param)
+
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused token {token} after {self.tokens} tokens: {self.matcher.get_error()}")
+            self._check_engine()
+            raise RuntimeError(f"the grammar refused token {token} after {self.tokens} tokens")
         self.tokens += 1
         if token in self._after:
             self._path, self._path_at = self._after[token], self.tokens

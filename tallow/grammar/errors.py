@@ -13,8 +13,13 @@ class GrammarError(UsageError):
         self.param = param
 
 
+MESSAGE_LIMIT = 300
+
+
 def engine_message(error: object) -> str:
     """The engine's message as one clause: its first line (later lines draw a caret under the
     source), without a final period so it can end our sentence."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "unknown error").rstrip(".")
+    first = (lines[0] if lines else "unknown error").rstrip(".")
+    # Capped: the engine's first line can quote the whole grammar (and a grammar can be large).
+    return first if len(first) <= MESSAGE_LIMIT else first[:MESSAGE_LIMIT] + "…"

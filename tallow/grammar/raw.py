@@ -10,11 +10,13 @@ from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
 from .errors import GrammarError, engine_message
+from .limits import check_grammar_text
 
 
 def raw_grammar(text: object) -> str:
     if not isinstance(text, str) or not text.strip():
         raise GrammarError("'grammar' must be a non-empty string (Lark, or GBNF with a 'root' rule).", "grammar")
+    check_grammar_text(text)  # a grammar too big or deep for the engine would crash the process
     try:
         lark = any_to_lark(text)
     except Exception as exc:  # noqa: BLE001 - the translator raises plain exceptions on bad GBNF

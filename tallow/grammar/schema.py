@@ -14,6 +14,7 @@ from typing import Any
 from llguidance import LLMatcher
 
 from .errors import GrammarError, engine_message
+from .limits import check_schema_size
 
 SAFE_INT = 2**53 - 1
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False}
@@ -25,6 +26,7 @@ def json_rule(schema: dict[str, Any] | bool, param: str) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise GrammarError(f"The JSON schema in '{param}' must be an object, not {type(schema).__name__}.", param)
+    check_schema_size(schema, param)  # before any recursion, ours or the engine's
     schema = closed_objects(schema)
     schema["x-guidance"] = {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}
     check_schema(schema, param)

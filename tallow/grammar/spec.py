@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import GrammarError
+from .limits import check_tool_count
 from .raw import raw_grammar
 from .schema import response_format_rule
 from .tools import tool_grammar, tool_syntax
@@ -36,6 +37,7 @@ class GrammarSpec:
     def lark(self, tok, template_source: str) -> str | None:
         """The grammar (Lark) for this request, or None for an unconstrained answer."""
         self._check_tool_choice()
+        check_tool_count(self.tools)
         fmt = response_format_rule(self.response_format)
         asked = [name for name, on in (("response_format", fmt is not None), ("grammar", self.grammar is not None), ("tool_choice", self.forced_tools())) if on]
         if len(asked) > 1:

@@ -77,6 +77,44 @@ def _stored_from(kv: KVPool) -> list[int]:
             for i, cap in enumerate(kv.caps)]
 
 
+MAX_HEADER_BYTES = 1 << 20  # a real header is a few KB; a bigger length is a corrupt file
+MAX_ID_IN_HEADER = 256
+# What reading an untrusted file can raise; each means "ignore it, with a warning".
+UNTRUSTED = (OSError, ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError, OverflowError)
+
+# The header's fields and the JSON types they must have before anything uses them: a file with
+# valid JSON but `"lo": null` or a list for a header made every later turn a 500.
+_HEADER_TYPES = {"fingerprint": str, "dtype": str, "layout": list, "n_tokens": int, "lo": list}
+
+
+def _read_header(f, fingerprint: str) -> tuple[dict, bytes, bytes]:
+    """(header, the 16 leading bytes, the raw header) of an open file, every field type-checked;
+    ValueError when the file is not a KV file of this model."""
+    head = f.read(16)
+    if len(head) < 16 or head[:8] != MAGIC:
+        raise ValueError("not a tallow KV file (wrong magic or truncated)")
+    version, header_len = struct.unpack("<II", head[8:])
+    if version != VERSION:
+        raise ValueError(f"format version {version}, this tallow reads {VERSION}")
+    if header_len > MAX_HEADER_BYTES:
+        raise ValueError(f"its header claims {header_len} bytes (corrupt)")
+    raw_header = f.read(header_len)
+    header = json.loads(raw_header)
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    for key, kind in _HEADER_TYPES.items():
+        value = header.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"its header field {key!r} is {type(value).__name__}, not {kind.__name__}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in header["lo"]):
+        raise ValueError("its header field 'lo' holds something other than integers")
+    if not all(isinstance(row, list) and len(row) == 4 and all(isinstance(x, int) and not isinstance(x, bool) for x in row) for row in header["layout"]):
+        raise ValueError("its header field 'layout' is not a list of 4 integers per layer")
+    if header["fingerprint"] != fingerprint:
+        raise ValueError("it was written by another model (fingerprint mismatch)")
+    return header, head, raw_header
+
+
 class KVStoreWarning(UserWarning):
     """A cache file was ignored (corrupt, truncated, foreign model): generation goes on without it."""
 
@@ -96,8 +134,9 @@ class KVStore:
     def path(self, conversation_id: str) -> Path:
         """File of a conversation: the id is hashed, so any string is a safe file name."""
         if not isinstance(conversation_id, str) or not conversation_id:
-            raise ValueError(f"a conversation id must be a non-empty string, not {conversation_id!r}")
-        return self.dir / (hashlib.sha256(conversation_id.encode()).hexdigest()[:32] + ".kv")
+            raise ValueError(f"a conversation id must be a non-empty string, not {conversation_id!r:.80}")
+        # surrogatepass: any Python str hashes (the server refuses lone surrogates earlier).
+        return self.dir / (hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:32] + ".kv")
 
     # -- saving --------------------------------------------------------------------------
     def save(self, conversation_id: str, kv: KVPool) -> Path | None:
@@ -118,7 +157,7 @@ class KVStore:
             "lo": lo,
             "canonical": kv.canonical,
             "numerics": self.numerics,
-            "conversation_id": conversation_id,
+            "conversation_id": conversation_id[:MAX_ID_IN_HEADER],  # for a person reading the file; the name is the hash
         }).encode()
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         digest = hashlib.sha256()
@@ -158,27 +197,28 @@ class KVStore:
 
     def peek(self, conversation_id: str) -> tuple[list[int], int]:
         """The token ids a conversation's file holds and how many of them are canonical here
-        (`_canonical`); header only, `load` verifies the rest. ([], 0) when unusable."""
+        (`_canonical`); header only, `load` verifies the rest. An absent file is ([], 0); an
+        untrusted one is ([], 0) with a KVStoreWarning (it is then replaced by the turn's save)."""
         path = self.path(conversation_id)
         try:
             with open(path, "rb") as f:
-                head = f.read(16)
-                if len(head) < 16 or head[:8] != MAGIC:
-                    return [], 0
-                _, header_len = struct.unpack("<II", head[8:])
-                header = json.loads(f.read(header_len))
-                if header.get("fingerprint") != self.fingerprint:
-                    return [], 0
-                n = int(header["n_tokens"])
-                return np.frombuffer(f.read(4 * n), dtype=np.int32).tolist(), self._canonical(header, n)
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
+                header, _, _ = _read_header(f, self.fingerprint)
+                n = header["n_tokens"]
+                raw = f.read(4 * n)
+                if len(raw) != 4 * n:
+                    raise ValueError("it is truncated inside its token list")
+                return np.frombuffer(raw, dtype=np.int32).tolist(), self._canonical(header, n)
+        except FileNotFoundError:
+            return [], 0
+        except UNTRUSTED as exc:
+            warnings.warn(f"ignoring the KV cache file {path}: {exc}", KVStoreWarning, stacklevel=3)
             return [], 0
 
     def _canonical(self, header: dict, n: int) -> int:
         """How many leading positions of a file with this header hold cold-prefill K/V as this
         engine computes them: its count where the numerics agree, else none."""
         count = header.get("canonical", 0)
-        if not self.numerics or header.get("numerics") != self.numerics or not isinstance(count, int):
+        if not self.numerics or header.get("numerics") != self.numerics or not isinstance(count, int) or isinstance(count, bool):
             return 0
         return max(0, min(count, n))
 
@@ -193,7 +233,7 @@ class KVStore:
             return 0
         try:
             n = self._load(path, kv)
-        except (OSError, ValueError, KeyError, struct.error, json.JSONDecodeError) as exc:
+        except UNTRUSTED as exc:
             kv.truncate(0)
             warnings.warn(f"ignoring the KV cache file {path}: {exc}", KVStoreWarning, stacklevel=3)
             return 0
@@ -203,24 +243,16 @@ class KVStore:
     def _load(self, path: Path, kv: KVPool) -> int:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            head = f.read(16)
-            if len(head) < 16 or head[:8] != MAGIC:
-                raise ValueError("not a tallow KV file (wrong magic or truncated)")
-            version, header_len = struct.unpack("<II", head[8:])
-            if version != VERSION:
-                raise ValueError(f"format version {version}, this tallow reads {VERSION}")
-            raw_header = f.read(header_len)
-            header = json.loads(raw_header)
-            if header["fingerprint"] != self.fingerprint:
-                raise ValueError("it was written by another model (fingerprint mismatch)")
+            header, head, raw_header = _read_header(f, self.fingerprint)
+            header_len = len(raw_header)
             if header["dtype"] != kv.kv_dtype:
                 raise ValueError(f"its KV dtype is {header['dtype']}, this pool's is {kv.kv_dtype}")
             if header["layout"] != _layout(self.spec, kv):
                 raise ValueError("its KV layout (heads, dimensions or ring slots) differs from this pool's")
-            n = int(header["n_tokens"])
+            n = header["n_tokens"]
             if not 0 < n <= kv.n_ctx:
                 raise ValueError(f"it holds {n} tokens, the context holds {kv.n_ctx}")
-            lo = [int(x) for x in header["lo"]]
+            lo = header["lo"]
             if len(lo) != len(kv.caps) or any(not 0 <= a <= n or n - a > cap or (a and cap >= kv.n_ctx)
                                               for a, cap in zip(lo, kv.caps)):
                 raise ValueError("its stored position ranges do not fit this pool")

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: thin — it validates, queues and streams; the engine works.
 
     tallow serve -m smollm2-135m --port 8080
-    curl localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+    curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming with
 `data: [DONE]`, or one JSON answer), `GET /v1/models`, `GET /health` (503 while the model
@@ -24,10 +24,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..chat.parsers import ParsedDelta
+from .access import AccessGuard
 from .probes import add_probe_routes
-from .protocol import APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
+from .protocol import MAX_BODY_BYTES, APIError, check_model_name, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
 log = logging.getLogger("tallow.server")
@@ -39,8 +41,10 @@ DISCONNECT_POLL_S = 0.1  # how often a waiting handler checks whether its client
 class ServerState:
     """What the handlers share: the worker, the served model's identity, the API key."""
 
-    def __init__(self, worker: Worker, model_id: str, model_path: str | None, api_key: str | None, aliases: tuple[str, ...] = ()) -> None:
+    def __init__(self, worker: Worker, model_id: str, model_path: str | None, api_key: str | None, aliases: tuple[str, ...] = (),
+                 host: str = "127.0.0.1") -> None:
         self.worker = worker
+        self.host = host  # the bound address: on loopback only loopback Host headers are served (access.py)
         self.model_id = model_id
         self.aliases = {model_id, *aliases}
         self.api_key = api_key
@@ -115,6 +119,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application around a started (or starting) worker."""
     app = FastAPI(title="tallow", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tallow = state
+    app.add_middleware(AccessGuard, bound_host=state.host)
     worker = state.worker
 
     @app.exception_handler(APIError)
@@ -149,6 +154,9 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=500)
         if not worker.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
+        stuck = worker.stalled()
+        if stuck is not None:
+            return JSONResponse({"status": "stuck", "error": stuck}, status_code=503)
         return JSONResponse({"status": "ok", "model": state.model_id})
 
     @app.get("/v1/models", dependencies=v1)
@@ -157,11 +165,12 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models/{name}", dependencies=v1)
     async def model(name: str) -> dict[str, Any]:
+        check_model_name(name)  # a path-like or huge name is a 400
         if name not in state.aliases:  # a lookup by name, unlike a request's `model`, is answered truthfully
             raise APIError(404, f"The model {name!r} does not exist; this server serves {state.model_id!r}.", "invalid_request_error", "model", "model_not_found")
         return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "tallow"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=v1)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
 
@@ -171,15 +180,28 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request) -> Response:
-        req = parse_chat_request(parse_json_body(await request.body()))
+        req = parse_chat_request(parse_json_body(await _read_body(request)))
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(parse_json_body(await request.body()))
+        req = parse_completion_request(parse_json_body(await _read_body(request)))
         state.check_model(req.model)
         return await _handle(request, req, "completion")
+
+    async def _read_body(request: Request) -> bytes:
+        """The body, at most MAX_BODY_BYTES of it (a chunked body announces no length)."""
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise APIError(413, f"The request body is over the limit of {MAX_BODY_BYTES} bytes.", "invalid_request_error", None, "body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone, or dropped by the read timeout (read_timeout.py)
+            raise APIError(408, "The request body did not arrive in time.", "invalid_request_error", None, "request_timeout") from None
+        return b"".join(chunks)
 
     async def _handle(request: Request, req: ChatRequest | CompletionRequest, kind: str) -> Response:
         job = Job(req, asyncio.get_running_loop())
@@ -404,7 +426,14 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
     import uvicorn
 
     from ..api import LLM
+    from .fd_guard import quiet_accept_errors, raise_fd_limit
+    from .read_timeout import ReadTimeoutProtocol
     from .request_log import RequestLog
+
+    if api_key is not None and not api_key.strip():
+        from ..errors import UsageError
+
+        raise UsageError("--api-key (or $TALLOW_API_KEY) is empty, which would leave the server open; give a key or leave the flag out.")
 
     def early_signal(signum: int, frame: Any) -> None:  # before the worker starts: just leave
         raise _StoppedEarly(signum)
@@ -436,14 +465,17 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
             print(f"[tallow] ready: {model_id} at {url} (loaded in {time.perf_counter() - t0:.1f} s);"
                   f" the chat page is {url}/, the API {url}/v1", file=sys.stderr, flush=True)
 
+    raise_fd_limit()
+    quiet_accept_errors()
     worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype, device=device, mem_budget=mem_budget, reserve=reserve),
                     max_queue=queue, on_load_error=on_load_error, sampling_defaults=sampling, max_tokens_default=max_tokens,
                     on_ready=on_ready)
-    state = ServerState(worker, model_id, path, api_key, aliases)
+    state = ServerState(worker, model_id, path, api_key, aliases, host=host)
     app: Any = create_app(state)
     if log_requests:
         app = RequestLog(app, verbose=verbose)
-    config = uvicorn.Config(app, log_level="info" if verbose else "warning", timeout_graceful_shutdown=2, lifespan="off")
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", timeout_graceful_shutdown=2, lifespan="off",
+                            http=ReadTimeoutProtocol)
     server = uvicorn.Server(config)
     signals: list[int] = []
 

@@ -57,7 +57,7 @@ class Common:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
-    conversation_id: str | None = None  # selects the persistent KV cache (from conversation_id or user)
+    conversation_id: str | None = None  # selects the persistent KV cache (only conversation_id, never user)
     logprobs: int | None = None  # alternatives per token to report; None: no logprobs
     response_format: dict[str, Any] | None = None  # checked in depth when its grammar is compiled
     grammar: str | None = None  # a raw Lark or GBNF grammar (llama.cpp's server field)
@@ -128,15 +128,86 @@ def _get_float(body: dict, key: str, lo: float | None = None, hi: float | None =
     return value
 
 
+MAX_BODY_BYTES = 8 << 20  # a request body (the context bounds a prompt long before this)
+MAX_JSON_DEPTH = 100  # nested arrays/objects in a body (a JSON schema inside may nest 64, grammar/limits.py)
+MAX_ID_CHARS = 256  # conversation_id and model names
+_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@+=~-")
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why it is not one."""
+    """The request body as a JSON object, or a 400 saying why it is not one.
+
+    Nesting is bounded (Python's parser and every walker after it recurse: 1,000 levels were a
+    500) and strings must be valid Unicode (a lone surrogate, legal in JSON's \\u escapes, cannot
+    be tokenized or written to a file)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"The request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}.", "invalid_request_error", None, "body_too_large")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad(f"The request body is not valid JSON ({exc}).", None, "invalid_json") from None
+    except RecursionError:
+        raise bad(f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"The request body must be a JSON object, not {_type_name(body)}.", None, "invalid_json")
+    _check_tree(body)
     return body
+
+
+def _check_tree(body: Any) -> None:
+    """Depth and valid Unicode over the whole body, iteratively (no recursion to overflow)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_unicode(node)
+            continue
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise bad(f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.", None, "invalid_json")
+        if isinstance(node, dict):
+            for key, value in node.items():
+                _check_unicode(key)
+                stack.append((value, depth + 1))
+        else:
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad("The request body holds a string with a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not text.", None, "invalid_json") from None
+
+
+def check_id(value: Any, key: str) -> str | None:
+    """conversation_id: it names a file in the cache (hashed, so never a path), and is kept in that
+    file's header; bounded and plain so nothing hostile is stored or echoed."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad(f"'{key}' must be a string, not {_type_name(value)}.", key, "invalid_type")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise bad(f"'{key}' must be 1 to {MAX_ID_CHARS} characters long, not {len(value)}.", key, "invalid_value")
+    if not set(value) <= _ID_CHARS or value.strip(".") == "":
+        raise bad(f"'{key}' may hold only letters, digits and . _ : @ + = ~ - (and not only dots).", key, "invalid_value")
+    return value
+
+
+def check_model_name(value: Any) -> str | None:
+    """A model name is only compared with the served model's names, never opened; still, names
+    that look like paths (../, absolute, NUL) or are huge are refused outright."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad(f"'model' must be a string, not {_type_name(value)}.", "model", "invalid_type")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise bad(f"'model' must be 1 to {MAX_ID_CHARS} characters long, not {len(value)}.", "model", "invalid_value")
+    parts = value.replace("\\", "/").split("/")
+    if value.startswith(("/", "\\", "~")) or ".." in parts or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise bad("'model' must be a model name, not a path.", "model", "invalid_value")
+    return value
 
 
 # --------------------------------------------------------------------------- shared fields
@@ -183,11 +254,13 @@ def _get_logprobs(body: dict[str, Any], endpoint: str) -> int | None:
     return k
 
 
+# Logits are divided by the temperature and scaled by the repeat penalty: 1e-300 overflows them
+# to inf and the probabilities to NaN (a 500). 0.001 is far below any useful setting.
+MIN_DIVISOR = 1e-3
+
+
 def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad(f"'model' must be a string, not {_type_name(model)}.", "model", "invalid_type")
-    req.model = model
+    req.model = check_model_name(body.get("model"))
     _reject_unsupported(body, endpoint)
     req.logprobs = _get_logprobs(body, endpoint)
     rf = body.get("response_format")
@@ -226,11 +299,13 @@ def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
         ("min_p", 0.0, 1.0, False),
         ("presence_penalty", -2.0, 2.0, False),
         ("frequency_penalty", -2.0, 2.0, False),
-        ("repeat_penalty", 0.0, None, True),
+        ("repeat_penalty", MIN_DIVISOR, 1 / MIN_DIVISOR, False),
     ):
         value = _get_float(body, key, lo, hi, lo_open)
         if value is not None:
             sampling[key] = value
+    if 0 < sampling.get("temperature", 0) < MIN_DIVISOR:
+        raise bad(f"'temperature' must be 0 (greedy) or at least {MIN_DIVISOR:g}, not {sampling['temperature']:g}.", "temperature", "invalid_value")
     top_k = _get_int(body, "top_k", lo=0)
     if top_k is not None:
         sampling["top_k"] = top_k
@@ -238,11 +313,10 @@ def _common(body: dict[str, Any], endpoint: str, req: Common) -> None:
     if seed is not None:
         sampling["seed"] = seed % 2**64  # OpenAI allows negative int64 seeds
     req.sampling = sampling
-    for key in ("user", "conversation_id"):
-        value = body.get(key)
-        if value is not None and not isinstance(value, str):
-            raise bad(f"'{key}' must be a string, not {_type_name(value)}.", key, "invalid_type")
-    req.conversation_id = body.get("conversation_id") or body.get("user") or None
+    user = body.get("user")  # OpenAI's end-user tag: checked, otherwise unused (it never saves KV to disk)
+    if user is not None and not isinstance(user, str):
+        raise bad(f"'user' must be a string, not {_type_name(user)}.", "user", "invalid_type")
+    req.conversation_id = check_id(body.get("conversation_id"), "conversation_id")
 
 
 # --------------------------------------------------------------------------- chat

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import traceback
@@ -32,6 +33,24 @@ from .protocol import APIError, ChatRequest, CompletionRequest, bad
 
 log = logging.getLogger("tallow.server")
 
+# The worker thread's stack. The grammar engine compiles recursively in native code, where a
+# stack overflow is a SIGSEGV of the whole server; grammar/limits.py keeps requests far below
+# what 8 MiB survives, and this margin (address space only, touched pages alone cost memory)
+# keeps an unforeseen deep input from taking the server down.
+WORKER_STACK_BYTES = 256 << 20
+
+# /health calls the worker stuck (503) when the running request has posted nothing (no token,
+# no event) for this long. A long CPU prefill posts nothing until its first token, so the
+# default is generous; TALLOW_STALL_TIMEOUT=SECONDS changes it.
+DEFAULT_STALL_S = 300.0
+
+
+def stall_timeout_s() -> float:
+    try:
+        return float(os.environ.get("TALLOW_STALL_TIMEOUT") or DEFAULT_STALL_S)
+    except ValueError:
+        return DEFAULT_STALL_S
+
 
 @dataclass
 class Job:
@@ -45,9 +64,11 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     finished: bool = False
     last_disconnect_check: float = field(default_factory=time.monotonic)  # when the handler last asked
+    progress_at: float = field(default_factory=time.monotonic)  # when the worker last posted an event
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the request's event loop (from the worker thread)."""
+        self.progress_at = time.monotonic()
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
         except RuntimeError:  # the loop is closed: the server is shutting down, nobody listens
@@ -127,7 +148,11 @@ class Worker:
 
     # -- control from the event loop ---------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        previous = threading.stack_size(WORKER_STACK_BYTES)
+        try:
+            self._thread.start()
+        finally:
+            threading.stack_size(previous)
 
     def stop(self) -> None:
         """Shut down: waiting jobs are answered 503 at once, the running one is cut after its
@@ -141,6 +166,17 @@ class Worker:
             if self.running is not None:
                 self.running.cancelled.set()
             self._cv.notify_all()
+
+    def stalled(self) -> str | None:
+        """Why the worker looks stuck (for /health), or None while it makes progress."""
+        job = self.running
+        if job is None:
+            return None
+        idle = time.monotonic() - job.progress_at
+        bound = stall_timeout_s()
+        if idle <= bound:
+            return None
+        return f"the worker has made no progress on request {job.id} for {idle:.0f} s (the bound is {bound:g} s, TALLOW_STALL_TIMEOUT)"
 
     @property
     def queue_depth(self) -> int:
@@ -198,6 +234,7 @@ class Worker:
                 if self._stopping:
                     return
                 job = self._pending.popleft()
+                job.progress_at = time.monotonic()
                 self.running = job
             try:
                 if not job.cancelled.is_set():
