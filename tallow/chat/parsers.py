@@ -6,16 +6,20 @@ Models write their thinking and their tool calls as plain text with markers:
   template may open the block itself (its generation prompt ends with ``<think>``), so the
   parser can start inside it (`starts_in_reasoning`).
 * tool calls: Qwen/Hermes ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (several
-  per turn), and a generic fallback for models without a syntax of their own: an answer that
-  is nothing but a fenced ```json block or a bare JSON object (or list of them) whose
-  ``name`` is a declared tool and whose ``arguments`` (Llama 3 says ``parameters``) is an
-  object.
+  per turn), and for every model the forms the tool grammar (grammar/tools.py) also writes:
+  an answer that opens with bare JSON objects one after another or a JSON array of them, and
+  ```json fenced blocks holding the same, each object's ``name`` a declared tool and its
+  ``arguments`` (Llama 3 says ``parameters``) an object.
 
 The parsers are incremental because the server streams: each `push` returns what can be
 shown *now*, and holds back text that may still turn into a marker (``<too`` could become
-``<tool_call>``), so no half-marker ever reaches a client. The non-streaming result is the
-same machine run over the whole text (`parse_chat_output`), so both paths always agree.
-A tool call whose JSON does not parse is returned as content, never dropped.
+``<tool_call>``), so no half-marker ever reaches a client. A call streams too: once its
+envelope (``{"name": "…", "arguments": {``) is read, its id and name go out, then its
+arguments as they are written (`ParsedDelta.call_deltas`). The non-streaming result is the
+same machine run over the whole text (`parse_chat_output`), so both paths always agree, and
+the API (`LLM.chat_events`) and the server share it. A tool call whose JSON does not parse is
+returned as content, never dropped (unless its arguments had already streamed: then it stays a
+call, cut where the answer was cut).
 """
 
 from __future__ import annotations
