@@ -11,6 +11,7 @@ framework allows both.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -19,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from server_utils import serve_model  # noqa: E402
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("TALLOW_AGENT_MODEL", "smollm2-135m")  # the hand-run: qwen2.5-coder-1.5b-instruct
 
 
 class City(pydantic.BaseModel):

@@ -10,6 +10,7 @@ model chooses to say.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -22,7 +23,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from server_utils import serve_model, streamed_tool_calls  # noqa: E402
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("TALLOW_AGENT_MODEL", "smollm2-135m")  # the hand-run: qwen2.5-coder-1.5b-instruct
 NOTE = {
     "type": "function",
     "function": {
