@@ -117,6 +117,7 @@ CASES = [
     ("both", auto(), "```json\n" + CALL + "\n```\n```json\n" + CALL + "\n```", True, True),
     ("both", auto(), "```json\n[" + CALL + ", " + CALL + "]\n```", True, True),
     ("both", auto(parallel_tool_calls=False), CALL + "\n" + CALL, False, False),
+    ("both", auto(), "[ x ] is a checkbox; [1, 2] a list.", True, True),  # text may open with a bracket
     ("both", auto(parallel_tool_calls=False), "```json\n" + CALL + "\n```\n```json", False, False),
     ("both", auto(parallel_tool_calls=False), "[" + CALL + ",", False, False),
     ("qwen", auto(parallel_tool_calls=False), HERMES_CALL + "\n<tool_call>", False, False),

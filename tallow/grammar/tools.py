@@ -116,7 +116,7 @@ def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any],
     # auto: free text, unless the answer opens a call. TEXT may not start like a JSON call (a
     # brace, an array of objects, or a code fence then either) nor contain the tag spelled out
     # as text: those prefixes can only continue as a constrained call.
-    text = r"TEXT: /(?s:.+)/ & ~/(?s:\s*\[?\s*\{.*)/ & ~/(?s:\s*```(json)?\s*\[?\s*\{.*)/"
+    text = r"TEXT: /(?s:.+)/ & ~/(?s:\s*\[?\{.*)/ & ~/(?s:\s*```(json)?\s*\[?\{.*)/"
     # Free text may hold the model's other special tokens (a reasoning model's <think> block),
     # never the call tags or an end-of-generation token (that ends the grammar).
     tags = {tok.token_to_id.get(TAG_OPEN), tok.token_to_id.get(TAG_CLOSE)}
