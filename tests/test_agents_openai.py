@@ -48,7 +48,7 @@ class City(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def live():
-    with serve_model(MODEL, ctx=1024, timeout=300) as pair:  # 300 s: room for the 1.5B model on a busy machine
+    with serve_model(MODEL, ctx=1024, timeout=float(os.environ.get("TALLOW_AGENT_TIMEOUT", "300"))) as pair:  # room for the 1.5B model on a busy machine
         yield pair
 
 
