@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .chat.parsers import ChatOutputParser, ParsedDelta
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
@@ -55,6 +56,7 @@ class TokenLogprob:
     bytes: bytes
     logprob: float
     top: list[tuple[int, str, bytes, float]] = field(default_factory=list)
+    special: bool = False  # a special token: its text is left out of the answer unless skip_special_tokens=False
 
 
 @dataclass
@@ -196,7 +198,9 @@ class LLM:
         Sampling keywords: temperature (0 = greedy, the default), top_k, top_p, min_p,
         repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed.
         logprobs=k (0-20) records each token's log-probability and its k best alternatives
-        (`Completion.logprobs`, or `llm.last_logprobs` while streaming).
+        (`Completion.logprobs`, or `llm.last_logprobs` while streaming); a special token's text
+        is its marker (`<tool_call>`). skip_special_tokens=False keeps special tokens in the
+        text (the end-of-generation token that ends the answer is never part of it).
         With stream=True returns an iterator of text deltas; `llm.stats.last` holds the
         counters once it is exhausted.
         """
@@ -236,11 +240,43 @@ class LLM:
         spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
         out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
         if offered and isinstance(out, Completion):
-            from .chat.parsers import parse_chat_output
-
-            parsed = parse_chat_output(out.text, [t["function"]["name"] for t in offered], parse_tools=True)
+            parser = self.chat_parser(ids, offered)
+            parsed = parser.push(out.text)
+            parsed.extend(parser.flush())
             out.text, out.tool_calls = parsed.content, parsed.tool_calls
         return out
+
+    def chat_events(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int = 1024,
+        stop: list[str] | str | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        template_kwargs: dict[str, Any] | None = None,
+        tool_choice: str | dict[str, Any] = "auto",
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
+        grammar: str | None = None,
+        **sampling: Any,
+    ) -> Iterator[ParsedDelta]:
+        """`chat` streamed as parsed events, what the server streams: each `ParsedDelta` holds
+        `reasoning` and `content` text, `call_deltas` (a call's id and name first, then its
+        arguments as the model writes them) and `tool_calls` (each call once complete).
+        Arguments are as for `chat`; a bad request raises at call time."""
+        offered = tools if tool_choice != "none" else None
+        ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
+        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        deltas = self._run(ids, max_tokens, True, stop, should_stop, sampling, spec)
+        return _parsed(deltas, self.chat_parser(ids, offered))
+
+    def chat_parser(self, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> ChatOutputParser:
+        """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""
+        # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
+        # model inside it from the first token.
+        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special=False)
+        names = [t["function"]["name"] for t in tools or []]
+        return ChatOutputParser(names or None, parse_tools=bool(tools), starts_in_reasoning=tail.rstrip().endswith("<think>"))
 
     def _run(self, ids, max_tokens, stream, stop, should_stop, sampling, spec: GrammarSpec | None = None) -> Completion | Iterator[str]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -251,6 +287,9 @@ class LLM:
             raise UsageError(f"the prompt has {len(ids)} tokens, but the context holds {self.n_ctx}.")
         conversation_id = sampling.pop("conversation_id", None)
         logprobs = sampling.pop("logprobs", None)
+        skip_special = sampling.pop("skip_special_tokens", True)
+        if not isinstance(skip_special, bool):
+            raise UsageError(f"skip_special_tokens must be true or false, not {skip_special!r}.")
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 20):
             raise UsageError(f"logprobs must be an integer from 0 to 20 (alternatives per token), not {logprobs!r}.")
         sampling.setdefault("temperature", 0.0)
@@ -261,7 +300,7 @@ class LLM:
         # fewer when the context fills first (the engine stops once the prompt and answer reach n_ctx).
         budget = min(max_tokens, self.n_ctx - len(ids) + 1)
         constraint = build_constraint(self.tokenizer, self.spec.vocab_size, spec, self.template.source, budget, params.greedy) if spec else None
-        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs, constraint)
+        deltas = self._stream(ids, max_tokens, params, stops, should_stop, conversation_id, logprobs, constraint, skip_special)
         if stream:
             return deltas
         text = "".join(deltas)
@@ -274,7 +313,8 @@ class LLM:
         logp = torch.log_softmax(logits.float(), dim=-1)
 
         def piece(i: int) -> tuple[str, bytes]:
-            raw = self.tokenizer.token_to_bytes(i, special=False)
+            # Special tokens carry their text (`<tool_call>`, `<|im_end|>`), or they could not be told apart.
+            raw = self.tokenizer.token_to_bytes(i, special=True)
             return raw.decode("utf-8", errors="replace"), raw
 
         top = []
@@ -282,9 +322,10 @@ class LLM:
             values, indices = torch.topk(logp, k)
             top = [(int(i), *piece(int(i)), float(v)) for v, i in zip(values.tolist(), indices.tolist())]
         text, raw = piece(token)
-        return TokenLogprob(token, text, raw, float(logp[token]), top)
+        special = self.tokenizer.token_to_bytes(token, special=False) != raw
+        return TokenLogprob(token, text, raw, float(logp[token]), top, special)
 
-    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None, constraint=None) -> Iterator[str]:
+    def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None, constraint=None, skip_special=True) -> Iterator[str]:
         stats = GenerationStats()
         self.stats.last = stats
         self.stats.history.append(stats)
@@ -294,7 +335,7 @@ class LLM:
         if logprobs is not None:
             observe = lambda token, logits: self.last_logprobs.append(self._token_logprob(logprobs, token, logits))  # noqa: E731
         sampler = Sampler(params, self.spec.vocab_size, constraint)
-        decoder = StreamDecoder(self.tokenizer, skip_special=True)  # like llama.cpp's completion text
+        decoder = StreamDecoder(self.tokenizer, skip_special=skip_special)  # by default like llama.cpp's completion text
         matcher = StopMatcher(stops)
         stopped = False
         for token in self.engine.generate(ids, max_tokens, sampler, self.tokenizer.eog_ids, stats, should_stop, conversation_id, observe):
@@ -312,6 +353,16 @@ class LLM:
                 yield tail
         if constraint is not None:
             stats.grammar_steered = constraint.steered
+
+
+def _parsed(deltas: Iterator[str], parser: ChatOutputParser) -> Iterator[ParsedDelta]:
+    for text in deltas:
+        delta = parser.push(text)
+        if delta:
+            yield delta
+    tail = parser.flush()
+    if tail:
+        yield tail
 
 
 def resolve_device(device: str | None) -> str:

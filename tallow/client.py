@@ -88,6 +88,7 @@ def run_remote_repl(args: argparse.Namespace) -> int:
     for text in user_turns(history):
         history.append({"role": "user", "content": text})
         answer: list[str] = []
+        calls: list[list[str]] = []  # [name, arguments] of each tool call, printed once complete
         thinking = False
         timings: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -107,10 +108,15 @@ def run_remote_repl(args: argparse.Namespace) -> int:
                             thinking = False
                         answer.append(delta["content"])
                         sys.stdout.write(delta["content"])
-                    for call in delta.get("tool_calls") or []:
+                    for call in delta.get("tool_calls") or []:  # streamed: the name first, then argument pieces
                         fn = call.get("function", {})
-                        sys.stdout.write(f"[tool call] {fn.get('name')}({fn.get('arguments')})\n")
+                        if call.get("id"):
+                            calls.append([fn.get("name"), fn.get("arguments") or ""])
+                        elif calls:
+                            calls[-1][1] += fn.get("arguments") or ""
                 sys.stdout.flush()
+            for name, arguments in calls:
+                sys.stdout.write(f"[tool call] {name}({arguments})\n")
         except KeyboardInterrupt:
             print(("\n" + RESET if tty else "\n") + "[tallow] (stopped)", file=sys.stderr, flush=True)
         except RemoteError as exc:

@@ -67,3 +67,20 @@ def serve_model(model_id: str, ctx: int, timeout: float = 120):
         yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=timeout)
     finally:
         server.stop()
+
+
+def streamed_tool_calls(chunks) -> list[dict[str, Any]]:
+    """The calls of a streamed chat answer (openai chunk objects), put together as a client does,
+    checking OpenAI's shape on the way: a call's first delta has its id, type and name, the
+    next ones only `arguments` pieces; indexes start at 0 and come in order."""
+    calls: list[dict[str, Any]] = []
+    for chunk in chunks:
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if tc.id is not None:
+                assert tc.index == len(calls) and tc.type == "function" and tc.function.name, tc
+                calls.append({"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments or "", "pieces": 0})
+            else:
+                assert tc.index == len(calls) - 1 and tc.function.name is None, tc
+                calls[-1]["arguments"] += tc.function.arguments
+                calls[-1]["pieces"] += 1
+    return calls

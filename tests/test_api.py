@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -111,3 +112,20 @@ def test_logprobs_are_the_models_distribution(llm):
     assert llm.generate("Hi", max_tokens=2).logprobs is None
     with pytest.raises(UsageError, match="logprobs"):
         llm.generate("Hi", max_tokens=2, logprobs=99)
+
+
+def test_chat_events_stream_the_calls_chat_returns(llm):
+    """LLM.chat_events runs the server's parser: a call's id and name first, then its arguments
+    in pieces, adding up to the call a non-streamed chat returns."""
+    tool = {"type": "function", "function": {"name": "save_note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 20, "maxLength": 60}}, "required": ["text"]}}}
+    ask = [{"role": "user", "content": "Save a note: buy milk and bread."}]
+    whole = llm.chat(ask, tools=[tool], tool_choice="required", parallel_tool_calls=False, max_tokens=40)
+    events = list(llm.chat_events(ask, tools=[tool], tool_choice="required", parallel_tool_calls=False, max_tokens=40))
+    pieces = [d for e in events for d in e.call_deltas]
+    assert pieces[0].name == "save_note" and pieces[0].id and pieces[0].arguments == ""
+    assert len([e for e in events if any(d.id is None for d in e.call_deltas)]) > 3
+    streamed = "".join(d.arguments for d in pieces)
+    (call,) = [c for e in events for c in e.tool_calls]
+    assert streamed == call.arguments and [(c.name, c.arguments) for c in whole.tool_calls] == [("save_note", streamed)]
+    assert len(json.loads(streamed)["text"]) >= 20

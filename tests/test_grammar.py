@@ -111,6 +111,25 @@ CASES = [
     ("both", auto(), "\n```json\n" + CALL + "\n```", True, True),
     ("both", auto(), '{"name": "launch_rocket"', False, False),
     ("both", auto(), '{"city": "Paris"}', False, False),  # a bare object must be a call once tools are offered
+    # several calls in every syntax; parallel_tool_calls false allows one
+    ("both", auto(), CALL + "\n" + CALL, True, True),
+    ("both", auto(), "[" + CALL + "," + CALL + "]", True, True),
+    ("both", auto(), "```json\n" + CALL + "\n```\n```json\n" + CALL + "\n```", True, True),
+    ("both", auto(), "```json\n[" + CALL + ", " + CALL + "]\n```", True, True),
+    ("both", auto(parallel_tool_calls=False), CALL + "\n" + CALL, False, False),
+    ("both", auto(), "[ x ] is a checkbox; [1, 2] a list.", True, True),  # text may open with a bracket
+    ("both", auto(parallel_tool_calls=False), "```json\n" + CALL + "\n```\n```json", False, False),
+    ("both", auto(parallel_tool_calls=False), "[" + CALL + ",", False, False),
+    ("qwen", auto(parallel_tool_calls=False), HERMES_CALL + "\n<tool_call>", False, False),
+    ("smollm2", GrammarSpec(tools=TOOLS, tool_choice="required"), "```json\n" + CALL + "\n```\n```json\n" + CALL + "\n```", True, True),
+    # a response format beside tools: the formatted answer or a call, nothing else
+    ("both", auto(response_format={"type": "json_schema", "json_schema": {"schema": PERSON}}), '{"name": "Al", "age": 3}', True, True),
+    ("both", auto(response_format={"type": "json_schema", "json_schema": {"schema": PERSON}}), CALL, True, True),
+    ("both", auto(response_format={"type": "json_schema", "json_schema": {"schema": PERSON}}), "[" + CALL + ", " + CALL + "]", True, True),
+    ("both", auto(response_format={"type": "json_schema", "json_schema": {"schema": PERSON}}), "Sure: " + CALL, False, False),
+    ("both", auto(response_format={"type": "json_schema", "json_schema": {"schema": PERSON}}), '{"name": "get_weather", "age": 3}', True, True),  # shares the call's first bytes
+    ("qwen", auto(response_format={"type": "json_object"}), HERMES_CALL, True, True),
+    ("both", GrammarSpec(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), '{"a": 1}', False, False),
     ("both", GrammarSpec(response_format={"type": "json_object"}), '{"a": [1, 2.5, {"b": null}], "c": "d"}', True, True),
     ("both", GrammarSpec(response_format={"type": "json_object"}), "Here it is: {}", False, False),
     ("both", GrammarSpec(response_format={"type": "json_schema", "json_schema": {"schema": TOOLS[1]["function"]["parameters"]}}), '{"room": "hall", "color": {"r": 7}}', True, True),
@@ -176,7 +195,7 @@ def test_grammar_switch_refuses_instead_of_ignoring(vocabs, monkeypatch):
 
 def test_requests_that_cannot_be_honoured_are_refused(vocabs):
     tok, source = vocabs["smollm2-135m"]
-    with pytest.raises(GrammarError, match="Only one of"):
+    with pytest.raises(GrammarError, match="'grammar' cannot be combined"):
         build_constraint(tok, tok.vocab_size, GrammarSpec(response_format={"type": "json_object"}, grammar='start: "x"'), source)
     with pytest.raises(GrammarError, match="no 'tools'"):
         build_constraint(tok, tok.vocab_size, GrammarSpec(tool_choice="required"), source)

@@ -50,15 +50,45 @@ CASES = [
     ('Try:\n```json\n{"name": "launch_rocket", "arguments": {}}\n```', False, "", 'Try:\n```json\n{"name": "launch_rocket", "arguments": {}}\n```', []),
     ("Unclosed:\n```json\n{\"a\": ", False, "", "Unclosed:\n```json\n{\"a\": ", []),
     ("ticks ` and `` inline", False, "", "ticks ` and `` inline", []),
+    # several calls in every syntax the grammar writes
+    ('{"name": "get_weather", "arguments": {"city": "A"}}\n{"name": "get_weather", "arguments": {"city": "B"}}', False, "", "", [("get_weather", {"city": "A"}), ("get_weather", {"city": "B"})]),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "A"}}\n```\n```json\n{"name": "set_light", "arguments": {"on": true}}\n```', False, "", "", [("get_weather", {"city": "A"}), ("set_light", {"on": True})]),
+    ('```json\n[{"name": "get_weather", "arguments": {"city": "A"}},{"name": "set_light", "arguments": {}}]\n```', False, "", "", [("get_weather", {"city": "A"}), ("set_light", {})]),
+    ('```json\n{"name": "get_weather", "arguments": {"city": "A"}}\n{"name": "get_weather", "arguments": {"city": "B"}}\n```', False, "", "", [("get_weather", {"city": "A"}), ("get_weather", {"city": "B"})]),
+    # arguments holding braces and quotes inside strings, and nested objects
+    ('{"name": "set_light", "arguments": {"room": "a}\\"{[", "rgb": {"r": [1, {"g": 2}]}}}', False, "", "", [("set_light", {"room": 'a}"{[', "rgb": {"r": [1, {"g": 2}]}})]),
+    # a JSON answer (a response format beside tools) is content, even when its first key is "name"
+    ('{"name": "Al", "age": 3}', False, "", '{"name": "Al", "age": 3}', []),
+    ('[1, 2]', False, "", "[1, 2]", []),
+    ('  {"city": "Oslo"}', False, "", '  {"city": "Oslo"}', []),
+    # a streamed call cut by max_tokens stays a call, its arguments as far as they were written
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', False, "", "", [("get_weather", None)]),
+    ("<tool_call>\n</tool_call>", False, "", "<tool_call>\n</tool_call>", []),
 ]
+
+
+def _args(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None  # a call cut short
 
 
 def _check(result: ParsedDelta, reasoning: str, content: str, calls: list) -> None:
     assert result.reasoning == reasoning
     assert result.content == content
-    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == calls
+    assert [(c.name, _args(c.arguments)) for c in result.tool_calls] == calls
     assert all(c.id.startswith("call_") for c in result.tool_calls)
     assert len({c.id for c in result.tool_calls}) == len(result.tool_calls)
+    # the streamed pieces add up to the calls: id and name first, then the arguments as written
+    streamed: dict[int, list] = {}
+    for d in result.call_deltas:
+        if d.id is not None:
+            assert d.index == len(streamed) and d.name
+            streamed[d.index] = [d.id, d.name, d.arguments]
+        else:
+            streamed[d.index][2] += d.arguments
+    assert [tuple(v) for v in streamed.values()] == [(c.id, c.name, c.arguments) for c in result.tool_calls]
 
 
 @pytest.mark.parametrize("text,starts,reasoning,content,calls", CASES)
@@ -89,3 +119,20 @@ def test_without_tools_tool_syntax_is_plain_text():
     text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     out = parse_chat_output(text, None, parse_tools=False)
     assert out.content == text and not out.tool_calls
+
+
+def test_arguments_stream_as_they_are_written():
+    """A call longer than a few tokens: its arguments reach the client in many deltas, the id
+    and name before any of them."""
+    text = '{"name": "set_light", "arguments": {"room": "kitchen", "brightness": 80, "note": "warm white please"}}'
+    parser = ChatOutputParser(TOOLS, parse_tools=True)
+    pieces = []
+    for i in range(0, len(text), 4):
+        pieces.append(parser.push(text[i : i + 4]))
+    pieces.append(parser.flush())
+    deltas = [d for p in pieces for d in p.call_deltas]
+    assert deltas[0].id and deltas[0].name == "set_light" and deltas[0].arguments == ""
+    arg_pushes = [p for p in pieces if any(d.id is None for d in p.call_deltas)]
+    assert len(arg_pushes) > 10
+    assert "".join(d.arguments for d in deltas) == json.dumps(json.loads(text)["arguments"])
+    assert not any(p.content for p in pieces)

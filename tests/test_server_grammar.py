@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from server_utils import serve_model  # noqa: E402
+from server_utils import serve_model, streamed_tool_calls  # noqa: E402
 
 MODEL = "smollm2-135m"
 LIGHT = {
@@ -68,7 +69,7 @@ def test_required_tool_choice_gives_valid_calls(live, stream):
     kw = dict(model=MODEL, messages=ASK, tools=[LIGHT, TIMER], tool_choice="required", max_tokens=60, temperature=0)
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kw))
-        calls = [tc.function for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        calls = [SimpleNamespace(**c) for c in streamed_tool_calls(chunks)]
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     else:
         choice = client.chat.completions.create(**kw).choices[0]

@@ -11,7 +11,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_utils import LiveServer, require_model, serve_model  # noqa: E402
+from server_utils import LiveServer, require_model, serve_model, streamed_tool_calls  # noqa: E402
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
 WEATHER_TOOL = {
@@ -85,14 +85,14 @@ def test_tool_call_is_parsed_into_tool_calls(qwen):
 def test_named_tool_choice_streams_a_call_and_history_round_trips(qwen):
     _, client = qwen
     chunks = list(client.chat.completions.create(model=QWEN, messages=ASK, tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0, stream=True))
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "get_weather" and calls[0].index == 0
-    assert json.loads(calls[0].function.arguments)["city"].lower() == "paris"
+    calls = streamed_tool_calls(chunks)
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"])["city"].lower() == "paris"
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
     history = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function", "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
-        {"role": "tool", "tool_call_id": calls[0].id, "content": '{"temp_c": 21, "sky": "sunny"}'},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": '{"temp_c": 21, "sky": "sunny"}'},
     ]
     # The server's own ids and arguments are accepted back as history (what the answer says
     # next is the model's business; the rendering is checked above).

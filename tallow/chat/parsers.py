@@ -6,32 +6,38 @@ Models write their thinking and their tool calls as plain text with markers:
   template may open the block itself (its generation prompt ends with ``<think>``), so the
   parser can start inside it (`starts_in_reasoning`).
 * tool calls: Qwen/Hermes ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (several
-  per turn), and a generic fallback for models without a syntax of their own: an answer that
-  is nothing but a fenced ```json block or a bare JSON object (or list of them) whose
-  ``name`` is a declared tool and whose ``arguments`` (Llama 3 says ``parameters``) is an
-  object.
+  per turn), and for every model the forms the tool grammar (grammar/tools.py) also writes:
+  an answer that opens with bare JSON objects one after another or a JSON array of them, and
+  ```json fenced blocks holding the same, each object's ``name`` a declared tool and its
+  ``arguments`` (Llama 3 says ``parameters``) an object.
 
 The parsers are incremental because the server streams: each `push` returns what can be
 shown *now*, and holds back text that may still turn into a marker (``<too`` could become
-``<tool_call>``), so no half-marker ever reaches a client. The non-streaming result is the
-same machine run over the whole text (`parse_chat_output`), so both paths always agree.
-A tool call whose JSON does not parse is returned as content, never dropped.
+``<tool_call>``), so no half-marker ever reaches a client. A call streams too: once its
+envelope (``{"name": "…", "arguments": {``) is read, its id and name go out, then its
+arguments as they are written (`ParsedDelta.call_deltas`). The non-streaming result is the
+same machine run over the whole text (`parse_chat_output`), so both paths always agree, and
+the API (`LLM.chat_events`) and the server share it. A tool call whose JSON does not parse is
+returned as content, never dropped (unless its arguments had already streamed: then it stays a
+call, cut where the answer was cut).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex  # partial matching: is this prefix still the start of a call?
 
 __all__ = [
     "ChatOutputParser",
     "ParsedDelta",
     "ReasoningParser",
     "ToolCall",
+    "ToolCallDelta",
     "ToolCallParser",
     "parse_chat_output",
 ]
@@ -63,19 +69,30 @@ class ToolCall:
 
 @dataclass
 class ParsedDelta:
-    """What one push released: thinking text, answer text, completed tool calls."""
+    """What one push released: thinking text, answer text, tool calls — `call_deltas` as they
+    stream (what a streaming client sends), `tool_calls` once complete (what a whole answer holds)."""
 
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    call_deltas: list[ToolCallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.tool_calls)
+        return bool(self.reasoning or self.content or self.tool_calls or self.call_deltas)
+
+    def add_arguments(self, index: int, text: str) -> None:
+        """More arguments of call `index`, merged into the previous piece when that is its too."""
+        last = self.call_deltas[-1] if self.call_deltas else None
+        if last is not None and last.index == index and last.id is None:
+            last.arguments += text
+        else:
+            self.call_deltas.append(ToolCallDelta(index, text))
 
     def extend(self, other: ParsedDelta) -> None:
         self.reasoning += other.reasoning
         self.content += other.content
         self.tool_calls.extend(other.tool_calls)
+        self.call_deltas.extend(other.call_deltas)
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -171,86 +188,284 @@ def _as_call(obj: Any, tool_names: set[str] | None) -> ToolCall | None:
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*\n?(.*?)\n?```$", re.DOTALL)
+_SPACE = " \t\r\n"
+# A call opening the way the grammar writes it (any spacing), up to its arguments' brace:
+# from there its arguments stream as written.
+_ENVELOPE = r'\s*\{\s*"name"\s*:\s*"(%s)"\s*,\s*"arguments"\s*:\s*\{'
+# The first key of an object that may still be a call of another shape (Llama's
+# "parameters", the arguments first, OpenAI's {"function": ...}): held whole, then tried.
+_CALL_KEY = regex.compile(r'\s*\{\s*"(?:name|arguments|parameters|function)"\s*:')
 
 
-def _generic_calls(text: str, tool_names: set[str]) -> list[ToolCall] | None:
-    """Tool calls from an answer that is only JSON (bare or in a ```json fence), else None."""
-    body = text.strip()
-    m = _FENCE.match(body)
-    if m:
-        body = m.group(1).strip()
-    if not body or body[0] not in "[{":
-        return None
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    items = obj if isinstance(obj, list) else [obj]
-    calls = [_as_call(item, tool_names) for item in items]
-    if not calls or any(c is None for c in calls):
-        return None
-    return [c for c in calls if c is not None]
+@dataclass
+class ToolCallDelta:
+    """A piece of a streamed call in OpenAI's shape: a call's first piece carries its id and
+    name, the next ones its `arguments` text as the model writes it."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class _JsonDepth:
+    """Nesting depth of JSON text fed one character at a time (strings and escapes skipped)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._in_string = False
+        self._escape = False
+
+    def feed(self, ch: str) -> None:
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._in_string = False
+        elif ch == '"':
+            self._in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+
+
+class _CallRegion:
+    """Calls written as JSON: after a ``<tool_call>`` tag, inside a ```json fence, or as the
+    whole answer — objects one after another, or a JSON array of them.
+
+    An object that opens in the call envelope sends its id and name at once and then streams
+    its arguments; any other object is held whole and tried as a call (other shapes). Text
+    that is not a call turns the region into content; if no call was made yet, everything
+    the region held (its opener included) is released as content, so nothing is lost.
+    `end` is the marker that closes the region (None: the answer's end)."""
+
+    def __init__(self, parser: ToolCallParser, opener: str, end: str | None, any_name: bool) -> None:
+        self.parser = parser
+        self.opener = opener
+        self.end = end
+        self.any_name = any_name  # a tag says it is a call: any name; elsewhere only declared tools
+        spelled = {json.dumps(n, ensure_ascii=False)[1:-1]: n for n in parser.tool_names}
+        self.names = spelled
+        names = r'(?:[^"\\]|\\.)+' if any_name else "|".join(regex.escape(s) for s in sorted(spelled, key=len, reverse=True)) or "(?!)"
+        self.envelope = regex.compile(_ENVELOPE % names)
+        self.state = "between"  # between objects | envelope | args | rest (after the arguments) | held | content
+        self.raw = ""  # consumed since the region opened or since its last call
+        self.obj = ""  # the object being read
+        self.depth = _JsonDepth()
+        self.array = False
+        self.expect_object = False  # in an array, right after "[" or ","
+        self.objects = 0
+        self.calls = 0
+        self.call: ToolCall | None = None
+        self.index = 0
+
+    def push(self, buf: str, out: ParsedDelta) -> tuple[str, bool]:
+        """Consume what can be decided of `buf`; returns (what is left, whether the region ended)."""
+        while buf:
+            if self.state == "content":
+                return self._content(buf, out)
+            if self.state == "between":
+                stripped = buf.lstrip(_SPACE)
+                self.raw += buf[: len(buf) - len(stripped)]
+                buf = stripped
+                if not buf:
+                    break
+                if self.end is not None and buf.startswith(self.end):
+                    if not self.calls:  # an empty region: all of it, the marker too, is content
+                        self.parser._emit_text(self.opener + self.raw + self.end, out)
+                    return buf[len(self.end) :], True
+                if self.end is not None and self.end.startswith(buf):
+                    return buf, False  # perhaps the closing marker: wait for more
+                c = buf[0]
+                if c == "{" and (self.expect_object or not self.array):
+                    self.state, self.obj, self.depth = "envelope", "", _JsonDepth()
+                    continue
+                if c == "[" and not self.array and not self.objects:
+                    self.array = self.expect_object = True
+                elif c == "," and self.array and not self.expect_object:
+                    self.expect_object = True
+                elif c == "]" and self.array and not self.expect_object:
+                    self.array = False
+                else:
+                    self._to_content(out)
+                    continue
+                self.raw += c
+                buf = buf[1:]
+                continue
+            c, buf = buf[0], buf[1:]  # inside an object: one character at a time keeps the depth exact
+            self.obj += c
+            self.depth.feed(c)
+            if self.state == "envelope":
+                m = self.envelope.match(self.obj, partial=True)
+                if m and not m.partial:
+                    self._open_call(m.group(1))
+                    out.call_deltas.append(ToolCallDelta(self.index, "", self.call.id, self.call.name))
+                    out.add_arguments(self.index, "{")
+                elif not m:
+                    k = _CALL_KEY.match(self.obj, partial=True)
+                    if k and not k.partial:
+                        self.state = "held"
+                    elif not k:  # not a call: this object and what follows are content
+                        buf, self.obj = self.obj + buf, ""
+                        self._to_content(out)
+            elif self.state == "args":
+                if self.depth.depth >= 2 or c == "}":
+                    self.call.arguments += c
+                    out.add_arguments(self.index, c)
+                if self.depth.depth == 1:
+                    self.state = "rest"
+            elif self.state == "rest":
+                if self.depth.depth == 0:
+                    self._finish_call(out)
+            if self.state == "held" and self.depth.depth == 0:
+                self._end_held(out)
+        return "", False
+
+    def _open_call(self, spelled: str) -> None:
+        name = json.loads('"' + spelled + '"') if self.any_name else self.names[spelled]
+        self.call = ToolCall(name, "{")
+        self.index = self.parser.n_started
+        self.parser.n_started += 1
+        self.state = "args"
+
+    def _finish_call(self, out: ParsedDelta) -> None:
+        self.parser.calls.append(self.call)
+        out.tool_calls.append(self.call)
+        self.call, self.obj, self.raw = None, "", ""
+        self.calls += 1
+        self.objects += 1
+        self.expect_object = False
+        self.state = "between"
+
+    def _end_held(self, out: ParsedDelta) -> None:
+        """A whole object that did not open like a call: a call if it decodes as one, else content."""
+        try:
+            call = _as_call(json.loads(self.obj), None if self.any_name else self.parser.tool_names)
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            self.raw, self.obj = self.raw + self.obj, ""
+            self._to_content(out)
+            return
+        self.call, self.index = call, self.parser.n_started
+        self.parser.n_started += 1
+        out.call_deltas.append(ToolCallDelta(self.index, call.arguments, call.id, call.name))
+        self._finish_call(out)
+
+    def _to_content(self, out: ParsedDelta) -> None:
+        """Not (more) calls: what was held becomes content, and the rest streams as content."""
+        self.state = "content"
+        self.parser._emit_text(("" if self.calls else self.opener) + self.raw, out)
+        self.opener = self.raw = ""
+
+    def _content(self, buf: str, out: ParsedDelta) -> tuple[str, bool]:
+        if self.end is None:
+            self.parser._emit_text(buf, out)
+            return "", False
+        i = buf.find(self.end)
+        if i != -1:
+            self.parser._emit_text(buf[: i + len(self.end)], out)
+            return buf[i + len(self.end) :], True
+        keep = _partial_suffix(buf, self.end)
+        self.parser._emit_text(buf[: len(buf) - keep], out)
+        return buf[len(buf) - keep :], False
+
+    def flush(self, rest: str, out: ParsedDelta) -> None:
+        """The answer ended inside the region (max_tokens, a stop string, or a bare answer);
+        `rest` is what the last push left undecided."""
+        if self.state == "content":
+            self.parser._emit_text(rest, out)
+        elif self.state in ("args", "rest"):
+            # A streamed call cut short: its id, name and arguments are out already, so it stays
+            # a call (finish_reason "length" tells the client its arguments were cut).
+            self._finish_call(out)
+        elif not self.calls:
+            self.parser._emit_text(self.opener + self.raw + self.obj + rest, out)
+        elif self.obj:  # an unfinished object after the calls; spacing and "]" between them are not text
+            self.parser._emit_text(self.raw + self.obj + rest, out)
 
 
 class ToolCallParser:
-    """Finds tool calls in answer text (after reasoning has been split off).
+    """Finds tool calls in answer text (after reasoning has been split off), streaming them.
 
     Hermes tags are recognised anywhere; text between and around calls stays content
-    (whitespace-only text once a call was made is dropped). With declared `tool_names`:
-    an answer that *starts* with ``{`` or ``[`` is held back to the end and then tried as a
-    generic JSON call; a ```json (or bare ```) fenced block anywhere — small models like to
-    write "Sure:" and then the call in a fence — is held until its closing fence and tried as
-    one. Either way, what is not a call to a declared tool is released as content unchanged.
-    Other fences (```python) stream through as they come.
+    (whitespace-only text once a call was made is dropped). With declared `tool_names`: an
+    answer that *starts* with ``{`` or ``[`` is read as calls (bare objects one after another,
+    or an array), and so is a ```json (or bare ```) fenced block anywhere — small models like
+    to write "Sure:" and then the call in a fence. Calls in the envelope the grammar writes
+    (``{"name": …, "arguments": {``) stream: `call_deltas` carry the id and name first, then
+    the arguments as written. What is not a call to a declared tool is released as content
+    unchanged (a JSON answer as soon as its first key shows it is no call). Other fences
+    (```python) stream through as they come.
     """
 
     def __init__(self, tool_names: Iterable[str] | None = None) -> None:
         self.tool_names = set(tool_names or ())
         self._buf = ""
-        self._in_call = False
         self._started = False  # any non-whitespace seen yet
-        self._generic = False  # holding the whole answer for the generic fallback
-        self._fence: str | None = None  # inside a fenced block: "json" (held) or "other" (streamed)
-        self._fence_open = ""  # the held block's opening line
+        self._region: _CallRegion | None = None
+        self._other_fence = False  # inside a fence that is not JSON: streamed through
         self._ws = ""  # whitespace after a call, held until we know whether text follows
         self.calls: list[ToolCall] = []
+        self.n_started = 0  # calls opened (their index in the stream)
 
     def push(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
         self._buf += text
-        if not self._started:
-            stripped = self._buf.lstrip()
-            if not stripped:
-                return out
-            self._started = True
-            if self.tool_names and stripped[0] in "[{":
-                self._generic = True
-        if self._generic:
-            return out
         while self._buf:
-            if self._in_call:
-                i = self._buf.find(TOOL_CLOSE)
-                if i == -1:
+            if self._region is not None:
+                self._buf, ended = self._region.push(self._buf, out)
+                if not ended:
                     break
-                self._finish_call(self._buf[:i], out)
-                self._buf = self._buf[i + len(TOOL_CLOSE) :]
-                self._in_call = False
+                self._region = None
                 continue
-            if self._fence is not None:
-                if not self._in_fence(out):
+            if not self._started:
+                stripped = self._buf.lstrip(_SPACE)
+                if not stripped:
                     break
+                self._started = True
+                if self.tool_names and stripped[0] in "[{":
+                    self._region = _CallRegion(self, self._buf[: len(self._buf) - len(stripped)], None, any_name=False)
+                    self._buf = stripped
+                    continue
+            if self._other_fence:
+                i = self._buf.find(FENCE)
+                if i == -1:
+                    keep = _partial_suffix(self._buf, FENCE)
+                    self._emit_text(self._buf[: len(self._buf) - keep], out)
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    break
+                self._emit_text(self._buf[: i + len(FENCE)], out)
+                self._buf = self._buf[i + len(FENCE) :]
+                self._other_fence = False
                 continue
             i = self._buf.find(TOOL_OPEN)
             f = self._buf.find(FENCE) if self.tool_names else -1
             if f != -1 and (i == -1 or f < i):
-                if not self._open_fence(f, out):
-                    break
+                self._emit_text(self._buf[:f], out)
+                self._buf = self._buf[f:]
+                eol = self._buf.find("\n")
+                if eol == -1:
+                    break  # the fence's opening line is not complete yet
+                line, self._buf = self._buf[: eol + 1], self._buf[eol + 1 :]
+                if line[len(FENCE) :].strip().lower() in ("", "json"):
+                    self._region = _CallRegion(self, line, FENCE, any_name=False)
+                else:
+                    self._emit_text(line, out)
+                    self._other_fence = True
                 continue
             if i != -1:
                 self._emit_text(self._buf[:i], out)
                 self._buf = self._buf[i + len(TOOL_OPEN) :]
-                self._in_call = True
+                self._region = _CallRegion(self, TOOL_OPEN, TOOL_CLOSE, any_name=True)
                 continue
             keep = max(_partial_suffix(self._buf, TOOL_OPEN), _partial_suffix(self._buf, FENCE) if self.tool_names else 0)
             self._emit_text(self._buf[: len(self._buf) - keep], out)
@@ -258,71 +473,14 @@ class ToolCallParser:
             break
         return out
 
-    def _open_fence(self, at: int, out: ParsedDelta) -> bool:
-        """A fence starts at `at`: once its opening line is complete, decide whether to hold it.
-        False when that line is not complete yet (wait for more text)."""
-        self._emit_text(self._buf[:at], out)
-        self._buf = self._buf[at:]
-        eol = self._buf.find("\n")
-        if eol == -1:
-            return False
-        line, self._buf = self._buf[: eol + 1], self._buf[eol + 1 :]
-        if line[len(FENCE) :].strip().lower() in ("", "json"):
-            self._fence, self._fence_open = "json", line
-        else:
-            self._fence = "other"
-            out.content += line
-        return True
-
-    def _in_fence(self, out: ParsedDelta) -> bool:
-        """Inside a fence: at its close, a held block becomes calls or content. False: wait."""
-        i = self._buf.find(FENCE)
-        if i == -1:
-            if self._fence == "other":  # stream code through, keeping a possible closing fence
-                keep = _partial_suffix(self._buf, FENCE)
-                out.content += self._buf[: len(self._buf) - keep]
-                self._buf = self._buf[len(self._buf) - keep :]
-            return False
-        block, self._buf = self._buf[: i + len(FENCE)], self._buf[i + len(FENCE) :]
-        if self._fence == "other":
-            out.content += block
-        else:
-            self._calls_or_text(self._fence_open + block, out)
-        self._fence = None
-        return True
-
-    def _calls_or_text(self, text: str, out: ParsedDelta) -> None:
-        """`text` as tool calls to declared tools if it holds any, else as content."""
-        calls = _generic_calls(text, self.tool_names)
-        if calls:
-            self.calls.extend(calls)
-            out.tool_calls.extend(calls)
-        else:
-            out.content += text
-
     def flush(self) -> ParsedDelta:
         out = ParsedDelta()
         held, self._buf = self._buf, ""
-        if self._generic:
-            self._calls_or_text(held, out)
-            return out
-        if self._fence == "json":  # ended inside a held fence (max_tokens): a complete call still counts
-            self._fence = None
-            self._calls_or_text(self._fence_open + held + ("" if held.rstrip().endswith(FENCE) else "\n" + FENCE), out)
-            if not out.tool_calls:
-                out.content = self._fence_open + held
-            return out
-        if self._fence == "other":
-            self._fence = None
-            out.content += held
-            return out
-        if self._in_call:
-            # The answer ended inside a call (no closing tag, e.g. max_tokens or a stop string):
-            # keep it if its JSON is complete, else hand the raw text back.
-            self._in_call = False
-            self._finish_call(held, out, closed=False)
-            return out
-        self._emit_text(held, out)
+        if self._region is not None:
+            self._region.flush(held, out)
+            self._region = None
+        else:
+            self._emit_text(held, out)
         return out
 
     def _emit_text(self, text: str, out: ParsedDelta) -> None:
@@ -334,18 +492,6 @@ class ToolCallParser:
                 self._ws = text
                 return
         out.content += text
-
-    def _finish_call(self, body: str, out: ParsedDelta, closed: bool = True) -> None:
-        """Parse one call's JSON; if it is not a call, its raw text (tags included) is content."""
-        try:
-            call = _as_call(json.loads(body.strip()), None)
-        except json.JSONDecodeError:
-            call = None
-        if call is None:
-            out.content += TOOL_OPEN + body + (TOOL_CLOSE if closed else "")
-            return
-        self.calls.append(call)
-        out.tool_calls.append(call)
 
 
 class ChatOutputParser:

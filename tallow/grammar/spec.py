@@ -39,15 +39,19 @@ class GrammarSpec:
         self._check_tool_choice()
         check_tool_count(self.tools)
         fmt = response_format_rule(self.response_format)
-        asked = [name for name, on in (("response_format", fmt is not None), ("grammar", self.grammar is not None), ("tool_choice", self.forced_tools())) if on]
-        if len(asked) > 1:
-            raise GrammarError(f"Only one of {', '.join(asked)} can constrain an answer; this request sets {len(asked)}.", asked[1])
-        if fmt is not None:
-            return "%llguidance {}\nstart: answer\nanswer: " + fmt
+        # A response format and tools go together (OpenAI: a call, or the formatted answer);
+        # a raw grammar is a whole language of its own and combines with neither.
+        asked = [name for name, on in (("grammar", self.grammar is not None), ("response_format", fmt is not None), ("tool_choice", self.forced_tools())) if on]
+        if self.grammar is not None and len(asked) > 1:
+            raise GrammarError(f"'grammar' cannot be combined with {asked[1]}: it constrains the whole answer on its own.", asked[1])
         if self.grammar is not None:
             return raw_grammar(self.grammar)
-        if self.tools and (self.forced_tools() or (self.tool_choice == "auto" and triggered_tools_enabled())):
-            return tool_grammar(tok, self.tools, self.tool_choice, self.parallel_tool_calls, tool_syntax(template_source))
+        tools_on = bool(self.tools) and (self.forced_tools() or (self.tool_choice == "auto" and triggered_tools_enabled()))
+        if tools_on:
+            # Forced calls leave no room for a formatted answer this turn: the format is unused.
+            return tool_grammar(tok, self.tools, self.tool_choice, self.parallel_tool_calls, tool_syntax(template_source), fmt)
+        if fmt is not None:
+            return "%llguidance {}\nstart: answer\nanswer: " + fmt
         return None
 
     def _check_tool_choice(self) -> None:
@@ -61,6 +65,8 @@ class GrammarSpec:
             raise GrammarError("'tool_choice' asks for a tool call but no 'tools' were given.", "tool_choice")
 
     def describe(self) -> str:
+        if self.forced_tools():
+            return f"'tool_choice' {self.tool_choice if isinstance(self.tool_choice, str) else 'naming a function'!r}"
         if self.response_format is not None:
             return f"'response_format' {self.response_format.get('type')!r}"
         if self.grammar is not None:

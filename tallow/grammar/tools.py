@@ -1,16 +1,16 @@
 """Tool calls as grammars, in the model's own syntax.
 
-Two syntaxes, chosen from the chat template:
-* "hermes" (Qwen2.5 and other templates with `<tool_call>` tags): each call is
-  `<tool_call>\\n{"name": "...", "arguments": {...}}\\n</tool_call>`, calls separated by a newline;
-* "json" (every other model, e.g. Llama-style): the answer is the call object itself, or a
-  JSON array of them when parallel calls are allowed — what `chat/parsers.py` recognises.
+A call is `{"name": "...", "arguments": {...}}`, written in any of the forms `chat/parsers.py`
+reads: bare objects one after another, a JSON array of them, either inside ```json fences, and —
+for templates with `<tool_call>` tags ("hermes": Qwen2.5 and others) — each call in its tags,
+`<tool_call>\\n{...}\\n</tool_call>`. `parallel_tool_calls: false` makes every form one call.
 
 The call envelope is fixed text and the arguments are the tool's own JSON schema (`%json`), so
 `$ref`s inside a tool resolve against that tool's schema. With `tool_choice: "auto"` the grammar
-is lazy: free text is allowed, but once the answer opens a call — the tag anywhere, or a bare
-or fenced JSON object at the start of the answer (the places the parser looks for one) — the
-rest of the call is constrained and its name must be a declared tool.
+is the union OpenAI promises: free text (or, with a response format, the formatted answer) or
+calls. It is lazy: once the answer opens a call — the tag anywhere, or a bare or fenced JSON
+object or array at the start of the answer (the places the parser looks for one) — the rest of
+the call is constrained and its name must be a declared tool.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _functions(tools: list[dict[str, Any]], only: str | None) -> tuple[list[str]
         if params is None:
             params = {"type": "object", "properties": {}}
         args = json_rule(params, f"tools[{i}].function.parameters")
-        rules.append(f"fn_{i}: {_lit('{' + json.dumps('name') + ': ' + json.dumps(name, ensure_ascii=False) + ', ' + json.dumps('arguments') + ': ')} args_{i} \"}}\"")
+        pieces = ["{", json.dumps("name"), ": ", json.dumps(name, ensure_ascii=False), ", ", json.dumps("arguments"), ": "]
+        rules.append(f"fn_{i}: {' '.join(_lit(p) for p in pieces)} args_{i} \"}}\"")
         rules.append(f"args_{i}: {args}")
         names.append(f"fn_{i}")
     if not names:
@@ -70,31 +71,52 @@ def _functions(tools: list[dict[str, Any]], only: str | None) -> tuple[list[str]
     return rules, names
 
 
-def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, syntax: str) -> str | None:
-    """Lark for the request's tool calls, or None when nothing is constrained (choice "none")."""
+def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, syntax: str,
+                 answer: str | None = None) -> str | None:
+    """Lark for the request's tool calls, or None when nothing is constrained (choice "none").
+
+    `answer`: the response format's rule. Under "auto" the answer is then that format or calls
+    (OpenAI's promise: a call, or the formatted answer), instead of free text or calls."""
     if not tools or choice == "none":
         return None
     only = choice["function"]["name"] if isinstance(choice, dict) else None
     rules, names = _functions(tools, only)
     many = parallel and only is None
     lines = ["%llguidance {}", "fn: " + " | ".join(names), *rules]
-    if syntax == "hermes":
-        lines.append(f"call: {_tag(tok, TAG_OPEN)} \"\\n\" fn \"\\n\" {_tag(tok, TAG_CLOSE)}")
-        # Whitespace may follow the last call: a model that writes "</tool_call>\n" before its
-        # end-of-turn token must not be forced into another call.
-        lines.append("calls: call (WS call)* WS?" if many else "calls: call WS?")
+    # Every call syntax the parser (chat/parsers.py) reads: bare objects one after another, a
+    # JSON array, the same inside ```json fences, and (templates that have them) tags. With
+    # parallel_tool_calls false each form holds exactly one call.
+    if many:
+        lines += ["seq: fn (WS fn)*", 'items: fn ("," WS? fn)* "]"', "fences: fenced (WS fenced)*"]
     else:
-        lines.append('calls: fn | "[" fn (", " fn)* "]"' if many else "calls: fn")
+        lines += ["seq: fn", 'items: fn "]"', "fences: fenced"]
+    lines.append('objs: seq | "[" items')
+    # A fence opening an array is one terminal (FENCE_ARRAY), for the reason given at FENCE.
+    lines.append('fenced: FENCE seq "\\n```" | FENCE_ARRAY items "\\n```"')
+    if syntax == "hermes":
+        lines.append("tags: tag (WS tag)*" if many else "tags: tag")
+        lines.append(f"tag: {_tag(tok, TAG_OPEN)} \"\\n\" fn \"\\n\" {_tag(tok, TAG_CLOSE)}")
+    # Whitespace may follow the last call: a model that writes "</tool_call>\n" before its
+    # end-of-turn token must not be forced into another call.
+    json_calls = "BLANK? objs WS? | fences WS?"
+    calls = ("tags WS? | " + json_calls) if syntax == "hermes" else json_calls
+    lines.append("calls: " + calls)
+    # The openers are single terminals: a lexeme split across rules ("```" then "json", or the
+    # fence then "[") loses against TEXT in llguidance's lexer and the call is never entered.
+    lexemes = [r"WS: /[ \t\n]+/", r"BLANK: /[ \t\n]+/", r"FENCE: /[ \t\n]*```(json)?[ \t]*\n/", r"FENCE_ARRAY: /[ \t\n]*```(json)?[ \t]*\n\[/"]
     if choice != "auto":
         lines.insert(1, "start: calls")
-        return "\n".join(lines + [r"WS: /[ \t\n]+/"])
+        return "\n".join(lines + lexemes)
+    if answer is not None:
+        # The formatted answer or calls: a JSON answer and a bare call both open with a brace,
+        # and the Earley parser keeps both alive until the call's fixed envelope rules one out.
+        lines.insert(1, "start: BLANK? answer | calls")
+        lines.append("answer: " + answer)
+        return "\n".join(lines + lexemes)
     # auto: free text, unless the answer opens a call. TEXT may not start like a JSON call (a
-    # brace, or a code fence then a brace) nor contain the tag spelled out as text: those
-    # prefixes can only continue as a constrained call.
-    text = r"TEXT: /(?s:.+)/ & ~/(?s:\s*\{.*)/ & ~/(?s:\s*```(json)?\s*\{.*)/"
-    # The openers are single terminals: a lexeme split across rules ("```" then "json") loses
-    # against TEXT in llguidance's lexer and the call is never entered.
-    json_starts = 'fn | BLANK fn | FENCE fn "\\n```"'
+    # brace, an array of objects, or a code fence then either) nor contain the tag spelled out
+    # as text: those prefixes can only continue as a constrained call.
+    text = r"TEXT: /(?s:.+)/ & ~/(?s:\s*\[?\{.*)/ & ~/(?s:\s*```(json)?\s*\[?\{.*)/"
     # Free text may hold the model's other special tokens (a reasoning model's <think> block),
     # never the call tags or an end-of-generation token (that ends the grammar).
     tags = {tok.token_to_id.get(TAG_OPEN), tok.token_to_id.get(TAG_CLOSE)}
@@ -110,8 +132,7 @@ def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any],
     if syntax == "hermes":
         text += r" & ~/(?s:.*<tool_call>.*)/"
         tail += r" & ~/(?s:.*<tool_call>.*)/"
-        lines.insert(1, f"start: free? | free? calls | {json_starts}")
+        lines.insert(1, f"start: free? | free? tags WS? | {json_calls}")
     else:
-        lines.insert(1, f"start: free? | {json_starts}")
-    lines += [text, tail, r"WS: /[ \t\n]+/", r"BLANK: /[ \t\n]+/", r"FENCE: /[ \t\n]*```(json)?[ \t]*\n/"]
-    return "\n".join(lines)
+        lines.insert(1, f"start: free? | {json_calls}")
+    return "\n".join(lines + [text, tail] + lexemes)

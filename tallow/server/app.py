@@ -4,7 +4,8 @@
     curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming with
-`data: [DONE]`, or one JSON answer), `GET /v1/models`, `GET /health` (503 while the model
+`data: [DONE]`, or one JSON answer), `POST /apply-template` (llama-server's: the prompt a chat
+renders to, no generation), `GET /v1/models`, `GET /health` (503 while the model
 loads, 200 after), `GET /metrics` (Prometheus text) and `GET /` (the web chat page).
 Every error is OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..chat.parsers import ParsedDelta
+from ..errors import TallowError
 from .access import AccessGuard
 from .probes import add_probe_routes
 from .protocol import MAX_BODY_BYTES, APIError, check_model_name, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
@@ -101,12 +103,13 @@ def _chat_logprobs(entries: list) -> dict[str, Any]:
     ]}
 
 
-def _completion_logprobs(entries: list, offset: int) -> dict[str, Any]:
-    """OpenAI's legacy completions form; `offset` is where the first token's text starts."""
+def _completion_logprobs(entries: list, offset: int, skip_special: bool = True) -> dict[str, Any]:
+    """OpenAI's legacy completions form; `offset` is where the first token's text starts (a
+    special token left out of the text takes no room in it)."""
     offsets = []
     for e in entries:
         offsets.append(offset)
-        offset += len(e.text)
+        offset += 0 if skip_special and e.special else len(e.text)
     return {
         "tokens": [e.text for e in entries],
         "token_logprobs": [e.logprob for e in entries],
@@ -184,6 +187,20 @@ def create_app(state: ServerState) -> FastAPI:
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
+    @app.post("/apply-template", dependencies=v1)
+    async def apply_template(request: Request) -> JSONResponse:
+        """llama-server's: the chat request's messages (and tools) rendered through the model's
+        template with the generation prompt, no generation — `{"prompt": "..."}`."""
+        req = parse_chat_request(parse_json_body(await request.body()))
+        if worker.llm is None:
+            raise APIError(503, "The model is still loading; retry in a few seconds.", "server_error", None, "model_loading", {"Retry-After": "2"})
+        tools = req.tools if req.tool_choice != "none" else None
+        try:
+            prompt = worker.llm.template.render(req.messages, tools=tools, add_generation_prompt=True, **req.template_kwargs)
+        except TallowError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", "messages", "invalid_value") from None
+        return JSONResponse({"prompt": prompt})
+
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
         req = parse_completion_request(parse_json_body(await _read_body(request)))
@@ -245,7 +262,7 @@ def create_app(state: ServerState) -> FastAPI:
             body = {**base, "object": "chat.completion", "choices": [choice]}
         else:
             choice = {"index": 0, "text": total.content, "finish_reason": payload["finish_reason"],
-                      "logprobs": _completion_logprobs(logprobs, 0) if req.logprobs is not None else None}
+                      "logprobs": _completion_logprobs(logprobs, 0, req.skip_special_tokens) if req.logprobs is not None else None}
             body = {**base, "object": "text_completion", "choices": [choice]}
         body["usage"] = payload["usage"]
         body["timings"] = payload["timings"]
@@ -268,7 +285,6 @@ def create_app(state: ServerState) -> FastAPI:
                 choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
             return {**base, "choices": [choice], **extra}
 
-        n_calls = 0
         text_offset = 0
         try:
             if chat:
@@ -280,8 +296,9 @@ def create_app(state: ServerState) -> FastAPI:
                     if chat:
                         obj["choices"][0]["logprobs"] = _chat_logprobs(payload)
                     else:
-                        obj["choices"][0]["logprobs"] = _completion_logprobs(payload, text_offset)
-                        text_offset += sum(len(e.text) for e in payload)
+                        logprobs = _completion_logprobs(payload, text_offset, req.skip_special_tokens)
+                        obj["choices"][0]["logprobs"] = logprobs
+                        text_offset = logprobs["text_offset"][-1] + (0 if req.skip_special_tokens and payload[-1].special else len(payload[-1].text))
                     yield _sse(obj)
                 elif event == "delta":
                     if not chat:
@@ -292,12 +309,10 @@ def create_app(state: ServerState) -> FastAPI:
                         yield chunk({"reasoning_content": payload.reasoning})
                     if payload.content:
                         yield chunk({"content": payload.content})
-                    if payload.tool_calls:
-                        calls = []
-                        for call in payload.tool_calls:
-                            calls.append(call.to_openai(index=n_calls))
-                            n_calls += 1
-                        yield chunk({"tool_calls": calls})
+                    # A call streams as OpenAI's do: its id and name first, then its arguments
+                    # in pieces as the model writes them (complete calls need no extra chunk).
+                    for piece in payload.call_deltas:
+                        yield chunk({"tool_calls": [piece.to_openai()]})
                 elif event == "done":
                     _note_usage(request, payload)
                     final = chunk_obj({} if chat else "", payload["finish_reason"])

@@ -79,6 +79,7 @@ class ChatRequest(Common):
 @dataclass
 class CompletionRequest(Common):
     prompt: str | list[int] = ""
+    skip_special_tokens: bool = True  # False: special tokens stay in the text (vLLM's field name)
 
 
 # --------------------------------------------------------------------------- type checks
@@ -485,4 +486,5 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     if len(prompt) == 0:
         raise bad("'prompt' must not be empty.", "prompt", "invalid_value")
     req.prompt = prompt
+    req.skip_special_tokens = _get_bool(body, "skip_special_tokens", True)
     return req

@@ -256,9 +256,9 @@ class Worker:
             return
         m = self.metrics
         m.requests_total += 1
-        started = False
+        cut = False
         try:
-            started = self._generate(job)
+            cut = self._generate(job)
         except APIError as exc:
             m.requests_failed += 1
             job.post("error", exc)
@@ -272,7 +272,7 @@ class Worker:
             m.requests_failed += 1
             log.error("request %s failed:\n%s", job.id, traceback.format_exc())
             job.post("error", APIError(500, f"The server failed while generating ({type(exc).__name__}: {exc}).", "server_error", None, "internal_error"))
-        if job.cancelled.is_set() and started:
+        if cut:
             m.requests_cancelled += 1
 
     def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None, GrammarSpec]:
@@ -293,14 +293,10 @@ class Worker:
         tools = req.tools if req.tool_choice != "none" else None
         spec = GrammarSpec(req.response_format, req.grammar, tools, req.tool_choice, req.parallel_tool_calls)
         ids = llm.chat_prompt(req.messages, tools, **req.template_kwargs)
-        # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
-        # model inside it from the first token.
-        tail = llm.tokenizer.decode(ids[-4:], skip_special=False)
-        starts_in_reasoning = tail.rstrip().endswith("<think>")
-        parser = ChatOutputParser(req.tool_names if tools else None, parse_tools=bool(tools), starts_in_reasoning=starts_in_reasoning)
-        return ids, parser, spec
+        return ids, llm.chat_parser(ids, tools), spec
 
     def _generate(self, job: Job) -> bool:
+        """Generate and post the job's events; True when its client went away before the end."""
         llm = self.llm
         req = job.request
         ids, parser, spec = self._prompt(job)
@@ -316,8 +312,9 @@ class Worker:
                 "max_tokens",
                 "context_length_exceeded",
             )
+        extra = {"skip_special_tokens": req.skip_special_tokens} if isinstance(req, CompletionRequest) else {}
         deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
-                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec,
+                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **extra,
                               **_server_sampling({**self.sampling_defaults, **req.sampling}))
         job.post("start", {"prompt_tokens": n_prompt})
         sent_logprobs = 0
@@ -330,6 +327,10 @@ class Worker:
                 job.post("delta", delta)
             if job.cancelled.is_set():
                 break
+        # Cancelled means the client went away before the end: decided here, when generation
+        # stopped. A stream read to [DONE] also cancels its job (its handler's finally), but
+        # only after this point, so it never counts.
+        cut = job.cancelled.is_set()
         if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
             job.post("logprobs", llm.last_logprobs[sent_logprobs:])
         if self._stopping:  # cut by shutdown: the client must not take it for a whole answer
@@ -352,8 +353,12 @@ class Worker:
         m.prefill_seconds_total += stats.prefill_s
         m.decode_tokens_total += stats.decode_tokens
         m.decode_seconds_total += stats.decode_s
-        m.last_prefill_tok_s = stats.prefill_tok_s
-        m.last_decode_tok_s = stats.decode_tok_s
+        # The speed gauges keep their last real value: a request that prefilled nothing (all
+        # cached) or decoded nothing (cancelled, one token) has no speed to report.
+        if stats.prefill_tokens > 0 and stats.prefill_s > 0:
+            m.last_prefill_tok_s = stats.prefill_tok_s
+        if stats.decode_tokens > 0 and stats.decode_s > 0:
+            m.last_decode_tok_s = stats.decode_tok_s
         job.post(
             "done",
             {
@@ -379,4 +384,4 @@ class Worker:
                 },
             },
         )
-        return True
+        return cut
