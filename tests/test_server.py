@@ -79,7 +79,9 @@ def test_chat_streaming_equals_non_streaming_with_usage(client):
 
 
 def test_cached_tokens_on_repeated_system_prompt(client):
-    system = {"role": "system", "content": "You are a terse assistant who answers in one word. " * 4}
+    # Long enough that the shared part outlasts the last 64 prompt tokens, which are always
+    # prefilled again (engine/prefill_plan.py: a warm chunk rounds like the cold one).
+    system = {"role": "system", "content": "You are a terse assistant who answers in one word. " * 12}
     client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Colour of the sky?"}], max_tokens=2, temperature=0)
     r = client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Colour of grass?"}], max_tokens=2, temperature=0)
     cached = r.usage.prompt_tokens_details.cached_tokens
@@ -289,7 +291,10 @@ def test_serve_with_a_missing_model_is_one_sentence(tmp_path):
 
 def test_conversation_id_reloads_the_conversation_kv_from_disk(client, monkeypatch, tmp_path):
     monkeypatch.setenv("TALLOW_HOME", str(tmp_path))  # the KV store is created on first use
-    first = [{"role": "user", "content": "My name is Ada and I live in a lighthouse. Please remember it."}]
+    # Long enough that the saved prefix outlasts the last 64 prompt tokens of the next turn,
+    # which are always prefilled again (engine/prefill_plan.py).
+    story = "I keep the lamp lit every night, I row to the village for bread on Mondays, and I count the ships that pass. " * 3
+    first = [{"role": "user", "content": f"My name is Ada and I live in a lighthouse. {story}Please remember it."}]
     r1 = client.chat.completions.create(model=MODEL, messages=first, max_tokens=8, temperature=0, extra_body={"conversation_id": "ada"})
     # An unrelated request takes over the resident KV; it shares only the template's preamble.
     other = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Unrelated: 2+2?"}], max_tokens=4, temperature=0)
