@@ -160,7 +160,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     kv_dtype_arg(args.kv_dtype)  # a bad value is one sentence before the port is bound
     return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue,
-                 kv_dtype=args.kv_dtype)
+                 kv_dtype=args.kv_dtype, limits=_serve_limits(args))
+
+
+def _serve_limits(args: argparse.Namespace):
+    """The --max-body/--max-prompt-tokens/--max-tokens/--timeout flags, checked before the port is bound."""
+    from .memory.budget import parse_size
+    from .server.limits import Limits
+
+    body, _ = parse_size(args.max_body, "--max-body")
+    for flag, value in (("--max-body", body), ("--max-prompt-tokens", args.max_prompt_tokens),
+                        ("--max-tokens", args.max_tokens), ("--timeout", args.timeout)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, not {value:g}.")
+    return Limits(body, args.max_prompt_tokens, args.max_tokens, args.timeout)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -290,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
     p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine before 503 (default 16)")
+    p.add_argument("--max-body", default="8MiB", help="largest request body accepted, e.g. 8MiB (default); larger: 413")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted, in tokens (default: the context); longer: 400")
+    p.add_argument("--max-tokens", type=int, default=None, help="longest answer, in tokens; a request asking for more gets this many (default: the context)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds a request may take: still queued then: 503 + Retry-After; generating: ended, finish_reason 'length' (default: none)")
     _add_kv_dtype_arg(p)
     p.set_defaults(func=cmd_serve)
 

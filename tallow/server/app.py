@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat.parsers import ParsedDelta
+from .limits import Limits, queued_too_long, read_body
 from .protocol import APIError, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
@@ -62,7 +63,7 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bool = False) -> tuple[str, Any]:
+async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bool = False, until_start: bool = False) -> tuple[str, Any]:
     """The job's next event; if the client disconnects meanwhile, cancel the job and say so.
 
     The client is checked when no event came for DISCONNECT_POLL_S. A non-streaming answer
@@ -78,6 +79,9 @@ async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bo
         try:
             return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            if until_start and job.past_deadline():  # still queued at --timeout: leave the queue
+                worker.cancel(job)
+                return "timeout", None
             job.last_disconnect_check = time.monotonic()
             if await request.is_disconnected():
                 worker.cancel(job)
@@ -166,13 +170,13 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request) -> Response:
-        req = parse_chat_request(parse_json_body(await request.body()))
+        req = parse_chat_request(parse_json_body(await read_body(request, worker.limits.max_body_bytes)))
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(parse_json_body(await request.body()))
+        req = parse_completion_request(parse_json_body(await read_body(request, worker.limits.max_body_bytes)))
         state.check_model(req.model)
         return await _handle(request, req, "completion")
 
@@ -181,9 +185,11 @@ def create_app(state: ServerState) -> FastAPI:
         worker.submit(job)
         # Wait for the prompt to be accepted (or refused) before answering: a context
         # overflow must be a 400, which a stream that already sent its headers cannot be.
-        event, payload = await _next_event(job, request, worker)
+        event, payload = await _next_event(job, request, worker, until_start=True)
         if event == "error":
             return _error_response(payload)
+        if event == "timeout":
+            return _error_response(queued_too_long(worker.limits.request_timeout_s))
         if event == "disconnected":
             return Response(status_code=499)
         prompt_tokens = payload["prompt_tokens"]
@@ -333,7 +339,7 @@ def model_identity(model: str | None) -> tuple[str, str, tuple[str, ...]]:
 
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16,
-          kv_dtype: str | None = None) -> int:
+          kv_dtype: str | None = None, limits: Limits | None = None) -> int:
     """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C."""
     import sys
 
@@ -349,7 +355,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
         if server is not None:
             server.should_exit = True
 
-    worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error)
+    worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype), max_queue=queue, on_load_error=on_load_error, limits=limits)
     state = ServerState(worker, model_id, path, api_key, aliases)
     app = create_app(state)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -28,6 +28,7 @@ from ..chat.parsers import ChatOutputParser, ParsedDelta
 from ..errors import TallowError
 from ..grammar import GrammarError, GrammarSpec
 from ..sampling import SamplingParams
+from .limits import Limits, prompt_too_long
 from .protocol import APIError, ChatRequest, CompletionRequest, bad
 
 log = logging.getLogger("tallow.server")
@@ -44,7 +45,22 @@ class Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
     finished: bool = False
+    cut_short: bool = False  # the client went away before the answer was complete
+    deadline: float | None = None  # time.monotonic() past which the request is ended (--timeout)
+    timed_out: bool = False  # generation was ended by the deadline
     last_disconnect_check: float = field(default_factory=time.monotonic)  # when the handler last asked
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def should_stop(self) -> bool:
+        """Checked by the engine between tokens: the client left, or --timeout ran out."""
+        if self.cancelled.is_set():
+            return True
+        if self.past_deadline():
+            self.timed_out = True
+            return True
+        return False
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the request's event loop (from the worker thread)."""
@@ -88,11 +104,13 @@ def _server_sampling(overrides: dict[str, Any]) -> dict[str, Any]:
 class Worker:
     """Loads the model, then serves queued jobs one at a time on its own thread."""
 
-    def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None,
+                 limits: Limits | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"the queue must hold at least one request, not {max_queue}")
         self.loader = loader
         self.max_queue = max_queue
+        self.limits = limits or Limits()
         self.on_load_error = on_load_error
         self.llm: Any = None
         self.load_error: BaseException | None = None
@@ -137,6 +155,8 @@ class Worker:
                     "queue_full",
                     {"Retry-After": "1"},
                 )
+            if self.limits.request_timeout_s is not None:
+                job.deadline = time.monotonic() + self.limits.request_timeout_s
             self._pending.append(job)
             self._cv.notify()
 
@@ -172,7 +192,7 @@ class Worker:
                 job = self._pending.popleft()
                 self.running = job
             try:
-                if not job.cancelled.is_set():
+                if not job.cancelled.is_set() and not job.past_deadline():  # else its handler answers 503
                     self._serve(job)
             finally:
                 with self._cv:
@@ -198,7 +218,8 @@ class Worker:
             m.requests_failed += 1
             log.error("request %s failed:\n%s", job.id, traceback.format_exc())
             job.post("error", APIError(500, f"The server failed while generating ({type(exc).__name__}: {exc}).", "server_error", None, "internal_error"))
-        if job.cancelled.is_set() and started:
+        # Not job.cancelled: the handler also sets that after a complete answer (its finally).
+        if started and job.cut_short:
             m.requests_cancelled += 1
 
     def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None, GrammarSpec]:
@@ -233,16 +254,22 @@ class Worker:
         n_prompt, n_ctx = len(ids), llm.n_ctx
         if n_prompt >= n_ctx:
             raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and n_prompt > limit:
+            raise prompt_too_long(n_prompt, limit, "messages" if isinstance(req, ChatRequest) else "prompt")
         max_tokens = req.max_tokens
+        cap = self.limits.max_output_tokens
+        if cap is not None and max_tokens is not None and max_tokens > cap:
+            max_tokens = cap  # the server's bound wins, as llama.cpp's -n does
         if max_tokens is None:
-            max_tokens = n_ctx - n_prompt
+            max_tokens = n_ctx - n_prompt if cap is None else min(cap, n_ctx - n_prompt)
         elif n_prompt + max_tokens > n_ctx:
             raise bad(
                 f"The prompt has {n_prompt} tokens and max_tokens asks for {max_tokens} more, {n_prompt + max_tokens} in all, but the context holds {n_ctx}.",
                 "max_tokens",
                 "context_length_exceeded",
             )
-        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
+        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.should_stop,
                               conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **_server_sampling(req.sampling))
         job.post("start", {"prompt_tokens": n_prompt})
         sent_logprobs = 0
@@ -261,11 +288,14 @@ class Worker:
             tail = parser.flush()
             if tail:
                 job.post("delta", tail)
+        job.cut_short = job.cancelled.is_set()
         stats = llm.stats.last
         n_generated = len(llm.last_tokens)
         finish = stats.finish_reason or "stop"
         if parser and parser.tool_calls:
             finish = "tool_calls"
+        elif job.timed_out and not job.cut_short:
+            finish = "length"  # cut by --timeout, as llama.cpp's t_max_predict_ms ends an answer
         m = self.metrics
         m.prompt_tokens_total += n_prompt
         m.cached_tokens_total += stats.reused_tokens
