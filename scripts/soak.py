@@ -227,11 +227,13 @@ def _streamed(soak: Soak, client: httpx.Client, kind: str, path: str, content: b
         return Result(kind, 200, latency, True, "", p, c)
 
 
-def client_loop(soak: Soak, kinds: list[str], seed: int) -> None:
+def client_loop(soak: Soak, kinds: list[str], seed: int, stop_at: float) -> None:
     rng = random.Random(seed)
     history: dict = {}
     with httpx.Client(base_url=soak.url, timeout=httpx.Timeout(soak.hang_s, connect=10)) as client:
         for kind in kinds:
+            if time.monotonic() >= stop_at:  # --max-wall-s: the run ends short, and says so
+                return
             try:
                 result = run_request(soak, client, kind, rng, history)
             except httpx.TimeoutException:
@@ -265,7 +267,13 @@ def gpu_mb(pid: int) -> float | None:
         parts = [x.strip() for x in line.split(",")]
         if len(parts) == 2 and parts[0] == str(pid):
             return float(parts[1])
-    return None
+    # In a container nvidia-smi may not see our pids: the device's whole use (the server is its only user).
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return float(out) if out else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 def sampler(soak: Soak, every_s: float, stop: threading.Event) -> None:
@@ -394,7 +402,7 @@ def summarize(soak: Soak, before: dict, after: dict, probes: list[dict], wall_s:
         "/metrics agrees with what was sent": all(metric_checks.values()),
     }
     return {
-        "requests": len(res), "clients": args.clients, "wall_s": round(wall_s, 1), "requests_per_s": round(len(res) / wall_s, 2) if wall_s else 0,
+        "requests": len(res), "requests_planned": args.requests, "clients": args.clients, "wall_s": round(wall_s, 1), "requests_per_s": round(len(res) / wall_s, 2) if wall_s else 0,
         "statuses": dict(statuses), "by_kind_status": dict(sorted(by_kind_status.items())),
         "latency_s": {"p50": round(percentile(lat, 50), 3), "p90": round(percentile(lat, 90), 3), "p99": round(percentile(lat, 99), 3),
                       "max": round(max(lat), 3) if lat else 0, "mean": round(statistics.fmean(lat), 3) if lat else 0},
@@ -426,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-tolerance", type=float, default=0.05)
     p.add_argument("--sample-s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-wall-s", type=float, default=None, help="stop sending after this long (the summary counts what was sent)")
     p.add_argument("--json", default=None, help="write the summary (with the RSS samples) here")
     p.add_argument("--server-arg", action="append", default=[], help="extra `tallow serve` argument (repeatable)")
     args = p.parse_args(argv)
@@ -450,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         watcher = threading.Thread(target=sampler, args=(soak, args.sample_s, stop), daemon=True)
         watcher.start()
         t0 = time.monotonic()
-        threads = [threading.Thread(target=client_loop, args=(soak, kinds, args.seed * 1000 + i)) for i, kinds in enumerate(plan(args.requests, args.clients, args.seed))]
+        stop_at = t0 + args.max_wall_s if args.max_wall_s else float("inf")
+        threads = [threading.Thread(target=client_loop, args=(soak, kinds, args.seed * 1000 + i, stop_at)) for i, kinds in enumerate(plan(args.requests, args.clients, args.seed))]
         for t in threads:
             t.start()
         for t in threads:
