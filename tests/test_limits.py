@@ -177,9 +177,37 @@ def test_max_tokens_bounds_every_answer(limited, asked):
     assert out["usage"]["completion_tokens"] == 3 and out["choices"][0]["finish_reason"] == "length"
 
 
-def test_serve_flags_are_checked_before_anything_loads():
+@pytest.mark.parametrize("flag,value", [("--timeout", "0"), ("--max-body", "lots"), ("--max-tokens", "-5"), ("--max-prompt-tokens", "0")])
+def test_serve_flags_are_checked_before_anything_loads(capsys, flag, value):
     from tallow.cli import main
 
-    assert main(["serve", "-m", "/nonexistent.gguf", "--timeout", "0"]) == 2
-    assert main(["serve", "-m", "/nonexistent.gguf", "--max-body", "lots"]) == 2
-    assert main(["serve", "-m", "/nonexistent.gguf", "--max-tokens", "-5"]) == 2
+    assert main(["serve", "-m", "/nonexistent.gguf", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "/nonexistent.gguf" not in err and "Traceback" not in err  # the flag, before the model is looked at
+
+
+def _metric(server, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def test_a_hung_up_stream_frees_the_engine_within_steps_and_is_counted_once(slow_server):
+    server = slow_server(SlowLLM(step_s=0.05), Limits())
+    body = {"prompt": "a", "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
+        assert [line for line in r.iter_lines() if line.startswith("data: ")][-1] == "data: [DONE]"
+    time.sleep(0.1)
+    assert _metric(server, "tallow_requests_cancelled_total") == 0  # a complete stream is not a cancellation
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "max_tokens": 400}, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"text": "x"' in line.replace('"text":"x"', '"text": "x"'):
+                break
+    hung_up = time.monotonic()
+    while _metric(server, "tallow_requests_running") and time.monotonic() - hung_up < 5:
+        time.sleep(0.005)
+    freed = time.monotonic() - hung_up
+    assert freed < 0.5  # steps are 0.05 s: noticed at the next token sent, stopped after the step
+    assert _metric(server, "tallow_requests_cancelled_total") == 1
+    assert _metric(server, "tallow_generated_tokens_total") < 5 + 20
