@@ -67,6 +67,14 @@ def slow_server():
         server.stop()
 
 
+def _wait_running(server, gauge: str = "tallow_requests_running") -> None:
+    """Until /metrics shows the gauge at 1 (the request sent from another thread has arrived)."""
+    deadline = time.monotonic() + 20
+    while f"\n{gauge} 1\n" not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline, f"{gauge} never reached 1"
+        time.sleep(0.01)
+
+
 def _complete(server, body: dict, results: dict, key: str) -> None:
     t0 = time.monotonic()
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
@@ -74,18 +82,19 @@ def _complete(server, body: dict, results: dict, key: str) -> None:
 
 
 def test_timeout_ends_a_generation_with_length_and_refuses_a_request_still_queued(slow_server):
-    server = slow_server(SlowLLM(first_s=1.6), Limits(request_timeout_s=1.0))
+    server = slow_server(SlowLLM(first_s=4.0), Limits(request_timeout_s=1.0))
     results: dict = {}
     first = threading.Thread(target=_complete, args=(server, {"prompt": "a b", "max_tokens": 100}, results, "first"))
     first.start()
-    time.sleep(0.2)  # the first request is in its uninterruptible pause; this one waits in the queue
+    _wait_running(server)  # the first request is in its uninterruptible pause; this one waits in the queue
     _complete(server, {"prompt": "c d", "max_tokens": 100}, results, "second")
     first.join()
     r, elapsed = results["second"]
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     err = r.json()["error"]
     assert err["code"] == "timeout" and "--timeout" in err["message"]
-    assert 0.9 < elapsed < 1.5  # answered at its deadline, not when the engine came free
+    assert 0.9 < elapsed < 3.0  # answered at its deadline (1 s), not when the engine came free (3.8 s)
+    assert "tallow_requests_cancelled_total 0" in httpx.get(server.url + "/metrics").text  # a timeout is no hang-up
     r, elapsed = results["first"]
     assert r.status_code == 200
     body = r.json()
@@ -111,10 +120,10 @@ def test_full_queue_is_503_with_retry_after_never_a_wait(slow_server):
     results: dict = {}
     running = threading.Thread(target=_complete, args=(server, {"prompt": "a", "max_tokens": 30}, results, "running"))
     running.start()
-    time.sleep(0.3)
+    _wait_running(server)
     queued = threading.Thread(target=_complete, args=(server, {"prompt": "b", "max_tokens": 2}, results, "queued"))
     queued.start()
-    time.sleep(0.3)
+    _wait_running(server, "tallow_queue_depth")
     _complete(server, {"prompt": "c", "max_tokens": 2}, results, "refused")
     r, elapsed = results["refused"]
     assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "queue_full"

@@ -80,7 +80,7 @@ async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bo
             return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             if until_start and job.past_deadline():  # still queued at --timeout: leave the queue
-                worker.cancel(job)
+                worker.cancel(job, client_left=False)
                 return "timeout", None
             job.last_disconnect_check = time.monotonic()
             if await request.is_disconnected():

@@ -160,8 +160,9 @@ class Worker:
             self._pending.append(job)
             self._cv.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client went away: leave the queue, or stop generating after the current token."""
+    def cancel(self, job: Job, client_left: bool = True) -> None:
+        """The client went away (or --timeout ran out while queued: client_left False, not counted
+        as a cancellation): leave the queue, or stop generating after the current token."""
         job.cancelled.set()
         with self._cv:
             try:
@@ -169,7 +170,7 @@ class Worker:
             except ValueError:
                 pass  # already running or finished
             else:
-                self.metrics.requests_cancelled += 1
+                self.metrics.requests_cancelled += 1 if client_left else 0
 
     # -- the worker thread -------------------------------------------------------------------
     def _main(self) -> None:
