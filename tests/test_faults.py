@@ -190,6 +190,7 @@ def test_kill_at_random_moments_never_loads_a_corrupt_file(verifier, tmp_path):
         if outcome != "none":
             assert _continue(llm, cid) > 0  # the conversation goes on from its file
         assert not list((home / "kv").glob(".*.tmp")) or outcome == "none"
+        print(f"kill {i + 1}/{cycles}: {outcome}", flush=True)
     print(f"\nkill -9 x{cycles}: {outcomes}, mid-write leftovers seen {leftovers_seen}, corrupt loads 0")
     assert sum(outcomes.values()) == cycles
 
