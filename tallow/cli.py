@@ -205,7 +205,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     defaults = {k: v for k, v in _sampling(args).items() if v is not None}  # the requests' defaults; a request overrides them
     return serve(args.model, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx, queue=args.queue,
                  kv_dtype=args.kv_dtype, device=args.device, mem_budget=args.mem_budget, reserve=args.reserve,
-                 sampling=defaults, max_tokens=args.max_tokens, log_requests=not args.quiet, verbose=args.verbose)
+                 sampling=defaults, max_tokens=args.max_tokens, log_requests=not args.quiet, verbose=args.verbose,
+                 limits=_serve_limits(args))
+
+
+def _serve_limits(args: argparse.Namespace):
+    """The --max-body/--max-prompt-tokens/--max-tokens/--timeout flags, checked before the port is bound."""
+    from .memory.budget import parse_size
+    from .server.limits import Limits
+
+    body, _ = parse_size(args.max_body, "--max-body")
+    for flag, value in (("--max-body", body), ("--max-prompt-tokens", args.max_prompt_tokens),
+                        ("--max-output-tokens", args.max_output_tokens), ("--timeout", args.timeout)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, not {value:g}.")
+    return Limits(body, args.max_prompt_tokens, args.max_output_tokens, args.timeout)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -359,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     loud = p.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true", help="no per-request log lines (the ready line and errors still print)")
     loud.add_argument("-v", "--verbose", action="store_true", help="per-request lines with client, cache reuse and speed; uvicorn's own log")
+    p.add_argument("--max-body", default="8MiB", help="largest request body accepted, e.g. 8MiB (default); larger: 413")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted, in tokens (default: the context); longer: 400")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="longest answer, in tokens; a request asking for more gets this many (default: the context)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds a request may take: still queued then: 503 + Retry-After; generating: ended, finish_reason 'length' (default: none)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("tokenize", help="print token ids as JSON")

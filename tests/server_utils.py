@@ -21,13 +21,14 @@ def free_port() -> int:
 class LiveServer:
     """uvicorn serving `create_app` on a free loopback port; `stop()` shuts it down."""
 
-    def __init__(self, loader: Any, model_id: str, model_file: str | None = None, queue: int = 4, api_key: str | None = None) -> None:
+    def __init__(self, loader: Any, model_id: str, model_file: str | None = None, queue: int = 4, api_key: str | None = None,
+                 limits: Any = None) -> None:
         import uvicorn
 
         from tallow.server.app import ServerState, create_app
         from tallow.server.worker import Worker
 
-        self.worker = Worker(loader, max_queue=queue)
+        self.worker = Worker(loader, max_queue=queue, limits=limits)
         self.state = ServerState(self.worker, model_id, model_file, api_key)
         self.app = create_app(self.state)
         self.port = free_port()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ..memory.kv_pool import KVPool
-from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
+from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
 from ..models.base import DecoderModel
 from ..sampling import Sampler
 from .prefill_plan import PrefillPlan, numerics_key, plan_for
@@ -127,12 +126,8 @@ class Engine:
 
     def persist(self, conversation_id: str) -> None:
         """Save the pool for the conversation; a full disk warns rather than failing the answer."""
-        if not persist_enabled():
-            return
-        try:
-            self.kv_store.save(conversation_id, self.kv)
-        except OSError as exc:
-            warnings.warn(f"could not save the KV cache of conversation {conversation_id!r}: {exc}", KVStoreWarning, stacklevel=2)
+        if persist_enabled():
+            self.kv_store.try_save(conversation_id, self.kv)
 
     def reset(self) -> None:
         self.kv.truncate(0)

@@ -23,7 +23,10 @@ rings) are refused like any other mismatch. Why so strict: loading
 K/V computed by another model, or half-written, would silently produce wrong text. So a file
 is used only if its magic, version, fingerprint, layout, size and checksum all agree; anything
 else is ignored with a warning. Writes go to a temporary file that is fsynced and renamed over
-the old one, so a crash leaves the old file or the new one, never a mix.
+the old one, so a crash leaves the old file or the new one, never a mix; a `kill -9` mid-write leaves
+the temporary file, which the next save of any process removes once its writer is dead. A save
+that fails (full disk, unwritable folder) warns once and the answer goes on; while saves keep
+failing the same way nothing more is logged (tests/test_faults.py injects each of these).
 
 A byte bound (LRU by modification time, refreshed on every load) keeps the folder small.
 `TALLOW_PERSIST_KV=0` turns the store off.
@@ -130,6 +133,7 @@ class KVStore:
         env = os.environ.get("TALLOW_KV_STORE_BYTES")
         self.max_bytes = max_bytes if max_bytes is not None else int(env) if env else DEFAULT_MAX_BYTES
         self.numerics = ""  # the engine's numerics key: a file's canonical prefix counts only under the same one
+        self._failing: str | None = None  # the error of the last failed save, until one succeeds
 
     def path(self, conversation_id: str) -> Path:
         """File of a conversation: the id is hashed, so any string is a safe file name."""
@@ -139,6 +143,21 @@ class KVStore:
         return self.dir / (hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:32] + ".kv")
 
     # -- saving --------------------------------------------------------------------------
+    def try_save(self, conversation_id: str, kv: KVPool) -> bool:
+        """save(), but a failure (full disk, unwritable folder) is a warning, not an error: the
+        answer was already given. Warns once per kind of failure, not once per turn."""
+        try:
+            self.save(conversation_id, kv)
+        except OSError as exc:
+            reason = f"{type(exc).__name__}: {exc.strerror or exc}"
+            if reason != self._failing:
+                warnings.warn(f"could not save the KV cache of conversation {conversation_id!r} in {self.dir} ({reason}); "
+                              "answers go on, without it for the next turn", KVStoreWarning, stacklevel=3)
+            self._failing = reason
+            return False
+        self._failing = None
+        return True
+
     def save(self, conversation_id: str, kv: KVPool) -> Path | None:
         """Write the pool's used positions atomically; returns the path (None when nothing to save)."""
         n = len(kv.tokens)
@@ -290,6 +309,7 @@ class KVStore:
     # -- bounding ------------------------------------------------------------------------
     def evict(self) -> list[Path]:
         """Delete least recently used files until the folder holds at most max_bytes."""
+        self.remove_stale_tmp()
         try:
             files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.dir.glob("*.kv")]
         except OSError:
@@ -308,11 +328,36 @@ class KVStore:
             removed.append(p)
         return removed
 
+    def remove_stale_tmp(self) -> list[Path]:
+        """Delete temporary files whose writer died mid-save (kill -9, power loss): `.NAME.PID.tmp`
+        with PID no longer running. A live writer's file (another server on the same folder) stays."""
+        removed = []
+        for p in self.dir.glob(".*.kv.*.tmp"):
+            pid = p.name.rsplit(".", 2)[-2]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+        return removed
+
     def delete(self, conversation_id: str) -> None:
         try:
             self.path(conversation_id).unlink()
         except FileNotFoundError:
             pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:

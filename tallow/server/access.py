@@ -57,8 +57,9 @@ def is_json_type(content_type: str) -> bool:
 class AccessGuard:
     """ASGI middleware applying the rules above before any route runs."""
 
-    def __init__(self, app: Any, bound_host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Any, bound_host: str = "127.0.0.1", max_body: int = MAX_BODY_BYTES) -> None:
         self.app = app
+        self.max_body = max_body  # `tallow serve --max-body`
         self.check_host = is_loopback(bound_host) or bound_host == "localhost"
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -81,8 +82,8 @@ class AccessGuard:
             if kind is not None and not is_json_type(kind):
                 return 415, f"The request body must be JSON (Content-Type: application/json), not {kind[:100]!r}.", "unsupported_media_type"
             length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > MAX_BODY_BYTES:
-                return 413, f"The request body is {int(length)} bytes; the limit is {MAX_BODY_BYTES}.", "body_too_large"
+            if length.isdigit() and int(length) > self.max_body:
+                return 413, f"The request body is {int(length)} bytes; the limit is {self.max_body} (`tallow serve --max-body`).", "body_too_large"
         return None
 
 

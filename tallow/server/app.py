@@ -31,7 +31,8 @@ from ..chat.parsers import ParsedDelta
 from ..errors import TallowError
 from .access import AccessGuard
 from .probes import add_probe_routes
-from .protocol import MAX_BODY_BYTES, APIError, check_model_name, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
+from .limits import Limits, queued_too_long, read_body
+from .protocol import APIError, check_model_name, ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request, parse_json_body
 from .worker import Job, Worker
 
 log = logging.getLogger("tallow.server")
@@ -72,7 +73,7 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bool = False) -> tuple[str, Any]:
+async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bool = False, until_start: bool = False) -> tuple[str, Any]:
     """The job's next event; if the client disconnects meanwhile, cancel the job and say so.
 
     The client is checked when no event came for DISCONNECT_POLL_S. A non-streaming answer
@@ -88,6 +89,9 @@ async def _next_event(job: Job, request: Request, worker: Worker, busy_check: bo
         try:
             return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            if until_start and job.past_deadline():  # still queued at --timeout: leave the queue
+                worker.cancel(job, client_left=False)
+                return "timeout", None
             job.last_disconnect_check = time.monotonic()
             if await request.is_disconnected():
                 worker.cancel(job)
@@ -122,7 +126,7 @@ def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application around a started (or starting) worker."""
     app = FastAPI(title="tallow", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tallow = state
-    app.add_middleware(AccessGuard, bound_host=state.host)
+    app.add_middleware(AccessGuard, bound_host=state.host, max_body=state.worker.limits.max_body_bytes)
     worker = state.worker
 
     @app.exception_handler(APIError)
@@ -183,7 +187,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request) -> Response:
-        req = parse_chat_request(parse_json_body(await _read_body(request)))
+        req = parse_chat_request(parse_json_body(await read_body(request, worker.limits.max_body_bytes)))
         state.check_model(req.model)
         return await _handle(request, req, "chat")
 
@@ -203,31 +207,20 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request) -> Response:
-        req = parse_completion_request(parse_json_body(await _read_body(request)))
+        req = parse_completion_request(parse_json_body(await read_body(request, worker.limits.max_body_bytes)))
         state.check_model(req.model)
         return await _handle(request, req, "completion")
-
-    async def _read_body(request: Request) -> bytes:
-        """The body, at most MAX_BODY_BYTES of it (a chunked body announces no length)."""
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise APIError(413, f"The request body is over the limit of {MAX_BODY_BYTES} bytes.", "invalid_request_error", None, "body_too_large")
-                chunks.append(chunk)
-        except ClientDisconnect:  # gone, or dropped by the read timeout (read_timeout.py)
-            raise APIError(408, "The request body did not arrive in time.", "invalid_request_error", None, "request_timeout") from None
-        return b"".join(chunks)
 
     async def _handle(request: Request, req: ChatRequest | CompletionRequest, kind: str) -> Response:
         job = Job(req, asyncio.get_running_loop())
         worker.submit(job)
         # Wait for the prompt to be accepted (or refused) before answering: a context
         # overflow must be a 400, which a stream that already sent its headers cannot be.
-        event, payload = await _next_event(job, request, worker)
+        event, payload = await _next_event(job, request, worker, until_start=True)
         if event == "error":
             return _error_response(payload)
+        if event == "timeout":
+            return _error_response(queued_too_long(worker.limits.request_timeout_s))
         if event == "disconnected":
             return Response(status_code=499)
         prompt_tokens = payload["prompt_tokens"]
@@ -425,7 +418,8 @@ def bind_socket(host: str, port: int):
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, ctx: int | None = None, queue: int = 16,
           kv_dtype: str | None = None, device: str | None = None, mem_budget: str | None = None, reserve: str | None = None,
-          sampling: dict[str, Any] | None = None, max_tokens: int | None = None, log_requests: bool = True, verbose: bool = False) -> int:
+          sampling: dict[str, Any] | None = None, max_tokens: int | None = None, log_requests: bool = True, verbose: bool = False,
+          limits: Limits | None = None) -> int:
     """`tallow serve`: bind the port at once (health says 503), load, then serve until Ctrl-C or
     SIGTERM. Prints one ready line with the URL once the model answers.
 
@@ -484,7 +478,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8080, api_key:
     quiet_accept_errors()
     worker = Worker(lambda: LLM(path, ctx=ctx, kv_dtype=kv_dtype, device=device, mem_budget=mem_budget, reserve=reserve),
                     max_queue=queue, on_load_error=on_load_error, sampling_defaults=sampling, max_tokens_default=max_tokens,
-                    on_ready=on_ready)
+                    on_ready=on_ready, limits=limits)
     state = ServerState(worker, model_id, path, api_key, aliases, host=host)
     app: Any = create_app(state)
     if log_requests:

@@ -29,6 +29,7 @@ from ..chat.parsers import ChatOutputParser, ParsedDelta
 from ..errors import TallowError
 from ..grammar import GrammarError, GrammarSpec
 from ..sampling import SamplingParams
+from .limits import Limits, prompt_too_long
 from .protocol import APIError, ChatRequest, CompletionRequest, bad
 
 log = logging.getLogger("tallow.server")
@@ -63,8 +64,23 @@ class Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
     finished: bool = False
+    cut_short: bool = False  # the client went away before the answer was complete
+    deadline: float | None = None  # time.monotonic() past which the request is ended (--timeout)
+    timed_out: bool = False  # generation was ended by the deadline
     last_disconnect_check: float = field(default_factory=time.monotonic)  # when the handler last asked
     progress_at: float = field(default_factory=time.monotonic)  # when the worker last posted an event
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def should_stop(self) -> bool:
+        """Checked by the engine between tokens: the client left, or --timeout ran out."""
+        if self.cancelled.is_set():
+            return True
+        if self.past_deadline():
+            self.timed_out = True
+            return True
+        return False
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the request's event loop (from the worker thread)."""
@@ -127,11 +143,12 @@ class Worker:
 
     def __init__(self, loader: Callable[[], Any], max_queue: int = 16, on_load_error: Callable[[BaseException], None] | None = None,
                  sampling_defaults: dict[str, Any] | None = None, max_tokens_default: int | None = None,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, limits: Limits | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"the queue must hold at least one request, not {max_queue}")
         self.loader = loader
         self.max_queue = max_queue
+        self.limits = limits or Limits()
         self.on_load_error = on_load_error
         self.on_ready = on_ready
         self.sampling_defaults = dict(sampling_defaults or {})  # `tallow serve --temp ...`: what a request leaves out
@@ -199,11 +216,14 @@ class Worker:
                     "queue_full",
                     {"Retry-After": "1"},
                 )
+            if self.limits.request_timeout_s is not None:
+                job.deadline = time.monotonic() + self.limits.request_timeout_s
             self._pending.append(job)
             self._cv.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client went away: leave the queue, or stop generating after the current token."""
+    def cancel(self, job: Job, client_left: bool = True) -> None:
+        """The client went away (or --timeout ran out while queued: client_left False, not counted
+        as a cancellation): leave the queue, or stop generating after the current token."""
         job.cancelled.set()
         with self._cv:
             try:
@@ -211,7 +231,7 @@ class Worker:
             except ValueError:
                 pass  # already running or finished
             else:
-                self.metrics.requests_cancelled += 1
+                self.metrics.requests_cancelled += 1 if client_left else 0
 
     # -- the worker thread -------------------------------------------------------------------
     def _main(self) -> None:
@@ -237,7 +257,7 @@ class Worker:
                 job.progress_at = time.monotonic()
                 self.running = job
             try:
-                if not job.cancelled.is_set():
+                if not job.cancelled.is_set() and not job.past_deadline():  # else its handler answers 503
                     self._serve(job)
             finally:
                 with self._cv:
@@ -303,9 +323,16 @@ class Worker:
         n_prompt, n_ctx = len(ids), llm.n_ctx
         if n_prompt >= n_ctx:
             raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and n_prompt > limit:
+            raise prompt_too_long(n_prompt, limit, "messages" if isinstance(req, ChatRequest) else "prompt")
         max_tokens = req.max_tokens
+        cap = self.limits.max_output_tokens
+        if cap is not None and max_tokens is not None and max_tokens > cap:
+            max_tokens = cap  # the server's bound wins, as llama.cpp's -n does
         if max_tokens is None:
-            max_tokens = n_ctx - n_prompt if self.max_tokens_default is None else min(self.max_tokens_default, n_ctx - n_prompt)
+            default = self.max_tokens_default if cap is None else cap if self.max_tokens_default is None else min(cap, self.max_tokens_default)
+            max_tokens = n_ctx - n_prompt if default is None else min(default, n_ctx - n_prompt)
         elif n_prompt + max_tokens > n_ctx:
             raise bad(
                 f"The prompt has {n_prompt} tokens and max_tokens asks for {max_tokens} more, {n_prompt + max_tokens} in all, but the context holds {n_ctx}.",
@@ -313,7 +340,7 @@ class Worker:
                 "context_length_exceeded",
             )
         extra = {"skip_special_tokens": req.skip_special_tokens} if isinstance(req, CompletionRequest) else {}
-        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.cancelled.is_set,
+        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.should_stop,
                               conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **extra,
                               **_server_sampling({**self.sampling_defaults, **req.sampling}))
         job.post("start", {"prompt_tokens": n_prompt})
@@ -330,7 +357,7 @@ class Worker:
         # Cancelled means the client went away before the end: decided here, when generation
         # stopped. A stream read to [DONE] also cancels its job (its handler's finally), but
         # only after this point, so it never counts.
-        cut = job.cancelled.is_set()
+        cut = job.cut_short = job.cancelled.is_set()
         if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
             job.post("logprobs", llm.last_logprobs[sent_logprobs:])
         if self._stopping:  # cut by shutdown: the client must not take it for a whole answer
@@ -344,6 +371,8 @@ class Worker:
         finish = stats.finish_reason or "stop"
         if parser and parser.tool_calls:
             finish = "tool_calls"
+        elif job.timed_out and not job.cut_short:
+            finish = "length"  # cut by --timeout, as llama.cpp's t_max_predict_ms ends an answer
         m = self.metrics
         m.prompt_tokens_total += n_prompt
         m.cached_tokens_total += stats.reused_tokens
