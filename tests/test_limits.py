@@ -142,7 +142,7 @@ def test_body_over_max_body_is_413_before_it_is_read(slow_server, chunked):
     r = httpx.post(server.url + "/v1/completions", content=content, headers={"Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 413
     err = r.json()["error"]
-    assert err["code"] == "request_too_large" and "--max-body" in err["message"]
+    assert err["code"] == "body_too_large" and "--max-body" in err["message"]
     ok = httpx.post(server.url + "/v1/completions", json={"prompt": "a b", "max_tokens": 2}, timeout=30)
     assert ok.status_code == 200  # a body under the limit still passes, the server healthy
 

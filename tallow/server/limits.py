@@ -35,7 +35,7 @@ class Limits:
 
 def body_too_large(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than this server accepts ({limit} bytes; `tallow serve --max-body`).",
-                    "invalid_request_error", None, "request_too_large")
+                    "invalid_request_error", None, "body_too_large")
 
 
 async def read_body(request, limit: int) -> bytes:
