@@ -133,7 +133,7 @@ class DecoderModel:
             # keys in blocks of KEY_BLOCK and queries in blocks of 32 or 64, and a block cut short
             # rounds differently, so a row's output would depend on where its chunk starts and
             # ends. Keys are padded with zeros to whole blocks at absolute positions, queries to
-            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); all masked.
+            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); the padded keys are masked.
             a, b = lo - lo % KEY_BLOCK, -(-end // KEY_BLOCK) * KEY_BLOCK
             keys = torch.nn.functional.pad(keys, (0, 0, lo - a, b - end))
             values = torch.nn.functional.pad(values, (0, 0, lo - a, b - end))
