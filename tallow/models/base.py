@@ -15,8 +15,8 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
-from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, block_aligned_keys_enabled, decode_attention,
-                      fast_paths_enabled, rms_norm, softcap_logits)
+from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
+                      block_aligned_keys_enabled, decode_attention, fast_paths_enabled, rms_norm, softcap_logits)
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
