@@ -15,8 +15,8 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
-from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, block_aligned_keys_enabled, decode_attention,
-                      fast_paths_enabled, rms_norm, softcap_logits)
+from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
+                      block_aligned_keys_enabled, decode_attention, fast_paths_enabled, rms_norm, softcap_logits)
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
@@ -137,7 +137,7 @@ class DecoderModel:
             # keys in blocks of KEY_BLOCK and queries in blocks of 32 or 64, and a block cut short
             # rounds differently, so a row's output would depend on where its chunk starts and
             # ends. Keys are padded with zeros to whole blocks at absolute positions, queries to
-            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); all masked.
+            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); the padded keys are masked.
             a, b = lo - lo % KEY_BLOCK, -(-end // KEY_BLOCK) * KEY_BLOCK
             keys = torch.nn.functional.pad(keys, (0, 0, lo - a, b - end))
             values = torch.nn.functional.pad(values, (0, 0, lo - a, b - end))
