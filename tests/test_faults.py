@@ -116,6 +116,9 @@ def verifier(tmp_path, monkeypatch):
     model, ctx = _model(tmp_path)  # found before TALLOW_HOME points at the scratch folder
     home = tmp_path / "home"
     monkeypatch.setenv("TALLOW_HOME", str(home))
+    # Any saved prefix is reused, so the count of tokens from disk names exactly which save a
+    # restart loaded (the default reuses only canonical K/V short of the last 64 prompt tokens).
+    monkeypatch.setenv("TALLOW_ALIGNED_REUSE", "0")
     return tallow.LLM(model, ctx=ctx), model, ctx, home
 
 

@@ -112,6 +112,14 @@ def test_a_changed_switch_file_or_mode_gets_its_own_entry(home, tmp_path, monkey
     assert _load(path).stats.load.weight_cache == "hit"
 
 
+def test_the_fp32_reference_path_is_not_cached(home, tmp_path, monkeypatch):
+    path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q4_1)
+    assert _load(path, linear_mode="reference").stats.load.weight_cache == "off"
+    monkeypatch.setenv("TALLOW_REFERENCE", "1")
+    assert _load(path).stats.load.weight_cache == "off"
+    assert not list(home.glob("*.tallowpack"))
+
+
 def test_every_construction_switch_is_in_the_key():
     _, switches = weight_cache._code_identity()
     for name in ("TALLOW_INT4", "TALLOW_INT8", "TALLOW_INT4X2", "TALLOW_REFERENCE", "TALLOW_FUSE", "TALLOW_OUTPUT_INT8G"):

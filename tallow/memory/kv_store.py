@@ -227,7 +227,7 @@ class KVStore:
                 if len(raw) != 4 * n:
                     raise ValueError("it is truncated inside its token list")
                 return np.frombuffer(raw, dtype=np.int32).tolist(), self._canonical(header, n)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no file (or no folder) to read: nothing to warn about
             return [], 0
         except UNTRUSTED as exc:
             warnings.warn(f"ignoring the KV cache file {path}: {exc}", KVStoreWarning, stacklevel=3)

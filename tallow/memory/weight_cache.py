@@ -226,9 +226,14 @@ class WeightCache:
     @classmethod
     def open(cls, gf: GGUFFile, device: str, linear_mode: str | None = None, progress: bool | None = None
              ) -> "WeightCache | None":
-        """The cache for this load, or None where it does not apply (TALLOW_WEIGHT_CACHE=0, a GPU).
+        """The cache for this load, or None where it does not apply (TALLOW_WEIGHT_CACHE=0, a GPU,
+        the fp32 reference path).
         progress: show a bar on stderr while packing (None: see _progress_default)."""
         if not cache_enabled() or not str(device).startswith("cpu"):
+            return None
+        reference = linear_mode == "reference" or (linear_mode in (None, "auto") and
+                                                   os.environ.get("TALLOW_REFERENCE", "").strip().lower() in ("1", "true", "yes", "on"))
+        if reference:  # fp32 weights are 4-8x the file (15 GiB for a 4B model) and quick to dequantize
             return None
         show = progress if progress is not None else _progress_default()
         key = cache_key(gf, device, linear_mode)
