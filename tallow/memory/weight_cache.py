@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from ..gguf_file import GGUFFile
+from .durable import fsync_dir, pid_alive
 
 MAGIC = b"TALLOWPK"
 FORMAT_VERSION = 1
@@ -412,7 +413,7 @@ class WeightCache:
         finally:
             if tmp.exists():
                 tmp.unlink()
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
     def _warn(self, message: str) -> None:
         """One warning per load at most: a folder that cannot be read usually cannot be written."""
@@ -454,7 +455,7 @@ def evict(directory: Path, max_bytes: int, keep: Path | None = None) -> None:
     the temporary files of writers that died (killed mid-write: their pid is gone)."""
     for tmp in directory.glob(".*.tallowpack.*.tmp"):
         pid = tmp.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             try:
                 tmp.unlink()
             except OSError:
@@ -474,28 +475,3 @@ def evict(directory: Path, max_bytes: int, keep: Path | None = None) -> None:
             total -= size
         except OSError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, not ours
-    return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX needs the directory entry flushed too)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
