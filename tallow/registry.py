@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from .errors import SystemRefusalError, TallowError, UsageError
-from .memory.durable import fsync_dir
+from .durable import fsync_dir
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -46,7 +46,7 @@ import torch
 
 from ..spec import ModelSpec
 from .kv_pool import KVPool
-from .durable import fsync_dir, pid_alive
+from ..durable import fsync_dir, pid_alive
 
 MAGIC = b"TALLOWKV"
 VERSION = 2

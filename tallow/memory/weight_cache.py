@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from ..gguf_file import GGUFFile
-from .durable import fsync_dir, pid_alive
+from ..durable import fsync_dir, pid_alive
 
 MAGIC = b"TALLOWPK"
 FORMAT_VERSION = 1
