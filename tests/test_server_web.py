@@ -33,23 +33,30 @@ def _require_browser():
 
 
 @pytest.fixture(scope="module")
-def page_on_server():
+def browser():
+    """One chromium for the module: Playwright's sync API cannot be started twice at once."""
     _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page_on_server(browser):
     path = require_model(MODEL)
     import tallow
-    from playwright.sync_api import sync_playwright
 
     server = LiveServer(lambda: tallow.LLM(path, ctx=1024), MODEL, str(path))
     try:
         server.wait_ready()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-            try:
-                page = browser.new_page()
-                page.goto(server.url + "/")
-                yield server, page
-            finally:
-                browser.close()
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        yield server, page
     finally:
         server.stop()
 
@@ -87,33 +94,29 @@ def test_page_stop_button_stops_the_generation(page_on_server):
 
 
 @pytest.mark.slow
-def test_page_points_to_the_key_field_and_hides_thinking_for_models_that_do_not_think(tmp_path):
+def test_page_points_to_the_key_field_and_hides_thinking_for_models_that_do_not_think(tmp_path, browser):
     """A server with a key: the page names its key field (not an HTTP header); once the key
     is entered, "allow thinking" is hidden for a template without a thinking switch."""
-    _require_browser()
     import tallow
-    from playwright.sync_api import sync_playwright
     from tiny_models import write_tiny_model
 
     path = write_tiny_model("llama", tmp_path / "tiny.gguf")
     server = LiveServer(lambda: tallow.LLM(path, ctx=256, device="cpu"), "tiny", str(path), api_key="sesame")
     try:
         server.wait_ready()
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-            try:
-                page = browser.new_page()
-                page.goto(server.url + "/")
-                page.wait_for_function("document.getElementById('model').textContent.includes('API key')")
-                assert "enter it in the \"API key\" field" in page.text_content("#model")
-                assert "Authorization" not in page.text_content("#model")
-                page.fill("#apikey", "sesame")
-                page.dispatch_event("#apikey", "change")
-                page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-                page.wait_for_function("document.getElementById('thinking-row').hidden")
-                assert not page.is_visible("#thinking")
-            finally:
-                browser.close()
+        page = browser.new_page()
+        try:
+            page.goto(server.url + "/")
+            page.wait_for_function("document.getElementById('model').textContent.includes('API key')")
+            assert "enter it in the \"API key\" field" in page.text_content("#model")
+            assert "Authorization" not in page.text_content("#model")
+            page.fill("#apikey", "sesame")
+            page.dispatch_event("#apikey", "change")
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            page.wait_for_function("document.getElementById('thinking-row').hidden")
+            assert not page.is_visible("#thinking")
+        finally:
+            page.close()
     finally:
         server.stop()
 
