@@ -235,9 +235,7 @@ class LLM:
         `conversation_id="..."` (a sampling-style keyword) keeps the conversation's KV on disk
         under $TALLOW_HOME/kv: the next turn, even after a restart, prefills only what is new.
         """
-        offered = tools if tool_choice != "none" else None
-        ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
-        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
         out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
         if offered and isinstance(out, Completion):
             parser = self.chat_parser(ids, offered)
@@ -264,11 +262,17 @@ class LLM:
         `reasoning` and `content` text, `call_deltas` (a call's id and name first, then its
         arguments as the model writes them) and `tool_calls` (each call once complete).
         Arguments are as for `chat`; a bad request raises at call time."""
-        offered = tools if tool_choice != "none" else None
-        ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
-        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
         deltas = self._run(ids, max_tokens, True, stop, should_stop, sampling, spec)
         return _parsed(deltas, self.chat_parser(ids, offered))
+
+    def _chat_request(self, messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar
+                      ) -> tuple[list[int], list[dict[str, Any]] | None, GrammarSpec]:
+        """What `chat` and `chat_events` share: the prompt's ids, the tools offered (none for
+        tool_choice "none") and the constraint on the answer."""
+        offered = tools if tool_choice != "none" else None
+        ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
+        return ids, offered, GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
 
     def chat_parser(self, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> ChatOutputParser:
         """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""

@@ -15,7 +15,6 @@ CI runs a few kills on a tiny model; the recorded run (docs/reliability.md) is
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from full_disk import FullDisk
 from tiny_models import write_tiny_model
 
 from tallow.memory.kv_store import KVStore, KVStoreWarning
@@ -213,28 +213,7 @@ def test_full_disk_during_a_save_answers_and_warns_once(verifier, monkeypatch):
 
     real_open = open
 
-    class FullDisk:
-        """A file that takes 1000 bytes and then fails as a full disk does."""
-
-        def __init__(self, f):
-            self.f, self.left = f, 1000
-
-        def write(self, data):
-            if len(data) > self.left:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self.left -= len(data)
-            return self.f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    monkeypatch.setattr(kv_store, "open", lambda *a, **k: FullDisk(real_open(*a, **k)), raising=False)
+    monkeypatch.setattr(kv_store, "open", lambda *a, **k: FullDisk(real_open(*a, **k), room=1000), raising=False)
     llm.engine.reset()
     texts, warned = _two_turns(llm, "full")
     assert texts == reference  # the answers still arrive, the same

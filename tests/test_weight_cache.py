@@ -18,6 +18,7 @@ from tallow.kernels.cpu import linear as cpu_linear
 from tallow.memory import weight_cache
 from tallow.memory.weight_cache import WeightCache, WeightCacheWarning
 from test_quant_reference import random_rows
+from full_disk import FullDisk
 from tiny_models import tiny_prompt, write_tiny_model
 
 PROMPT = tiny_prompt(12)
@@ -169,32 +170,9 @@ def test_an_unwritable_cache_dir_warns_once_and_loads(tmp_path, monkeypatch, hom
 def test_a_full_disk_warns_once_leaves_no_partial_file_and_loads(home, tmp_path, monkeypatch):
     path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q4_1)
     real_open = open
-    written = []
-
-    class FullDisk:
-        """A file whose second write fails with ENOSPC, as a disk filling up mid-file would."""
-
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, data):
-            if written:
-                raise OSError(28, "No space left on device")
-            written.append(len(data))
-            return self.f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
     def fake_open(file, mode="r", *args, **kwargs):
         f = real_open(file, mode, *args, **kwargs)
-        return FullDisk(f) if "w" in mode and str(file).endswith(".tmp") else f
+        return FullDisk(f) if "w" in mode and str(file).endswith(".tmp") else f  # the second write fails
 
     monkeypatch.setattr("builtins.open", fake_open)
     with warnings.catch_warnings(record=True) as caught:
