@@ -146,6 +146,31 @@ def bench_gemv(qtype: str, n: int, k: int, label: str, bw: float, sweep: bool, c
     del ws, outs
 
 
+SPLITK_K_QUANT = [(8, 2, 4, 3, 1), (8, 2, 4, 3, 2), (8, 2, 4, 3, 4), (8, 2, 4, 1, 4), (8, 1, 4, 3, 4), (8, 1, 4, 1, 8),
+                  (4, 2, 4, 3, 2), (4, 2, 4, 3, 4), (4, 1, 4, 1, 8), (16, 2, 8, 3, 2), (16, 2, 8, 3, 4), (16, 1, 4, 1, 8),
+                  (4, 4, 4, 3, 1), (4, 4, 4, 3, 2), (2, 4, 4, 3, 4), (16, 2, 8, 1, 1), (32, 1, 8, 1, 4), (16, 1, 8, 1, 8)]
+SPLITK_SMALL_QUANT = [(8, 8, 4, 1, 1), (8, 8, 4, 1, 2), (8, 8, 4, 1, 4), (8, 4, 4, 1, 4), (8, 4, 4, 1, 8), (4, 8, 4, 1, 4),
+                      (16, 8, 8, 1, 2), (16, 4, 4, 1, 4), (8, 16, 4, 3, 1), (8, 16, 4, 3, 2), (8, 16, 4, 3, 4), (16, 16, 8, 1, 2)]
+SPLITK_SHAPES = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728),
+                 ("qwen3-4b ffn_down", "Q4_K", 2560, 9728), ("qwen3-4b attn_q+k", "Q4_K", 5120, 2560),
+                 ("qwen3-4b attn_o", "Q4_K", 2560, 4096), ("qwen3-4b attn_v", "Q6_K", 1024, 2560),
+                 ("qwen3-4b output", "Q6_K", 151936, 2560),
+                 ("qwen2.5 ffn_gate+up", "Q4_K", 17920, 1536), ("qwen2.5 ffn_down", "Q6_K", 1536, 8960),
+                 ("qwen2.5 attn_q+k", "Q4_K", 1792, 1536), ("qwen2.5 attn_o", "Q4_K", 1536, 1536),
+                 ("8960x1536 (Q8_0)", "Q8_0", 8960, 1536), ("1536x8960 (Q8_0)", "Q8_0", 1536, 8960),
+                 ("smollm2 output", "Q8_0", 49152, 576), ("smollm2 gate+up", "Q4_1", 3072, 576),
+                 ("smollm2 down", "Q4_1", 576, 1536), ("1536x8960 (Q5_0)", "Q5_0", 1536, 8960),
+                 ("8960x1536 (Q4_0)", "Q4_0", 8960, 1536)]
+
+
+def check_rows_bitwise(qtype: str, n: int, k: int, cfg) -> bool:
+    """Row r of a 4-row product equals its one-row product bit for bit (speculation's rule)."""
+    w = make_weight(qtype, n, k, seed=11)
+    x = torch.randn(4, k, device="cuda")
+    y4 = quant_gemv(x, w, config=cfg)
+    return all(torch.equal(y4[r], quant_gemv(x[r:r + 1], w, config=cfg)[0]) for r in range(4))
+
+
 def bench_gemv_m(qtype: str, n: int, k: int, bw: float) -> None:
     w = make_weight(qtype, n, k, seed=3)
     wd = dequantize_planes(w)
@@ -324,7 +349,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="no config sweeps")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench_kernels.json"))
     ap.add_argument("--only", default="gemv,gemv_m,baseline,attention,prefill,ops",
-                    help="comma-separated sections of: wide, gemv, baseline, gemv_m, attention, prefill, ops")
+                    help="comma-separated sections of: wide, splitk, gemv, baseline, gemv_m, attention, prefill, ops")
     args = ap.parse_args()
     only = set(args.only.split(","))
     OUT_PATH[0] = args.out
@@ -350,6 +375,23 @@ def main() -> None:
             guard(bench_gemv, qt, n, k, label, bw, True, WIDE_K_QUANT)
             save(args.out)
         print(f"[{time.time() - t0:.0f} s]", flush=True)
+    if "splitk" in only:
+        print("\n== decode GEMV, split-K sweep (config = BLOCK_N, BLOCKS, warps, stages, splits) ==")
+        for label, qt, n, k in SPLITK_SHAPES:
+            cfgs = SPLITK_K_QUANT if qt in ("Q4_K", "Q6_K") else SPLITK_SMALL_QUANT
+            if n >= 32768:
+                cfgs = [c for c in cfgs if c[4] <= 2] + [(16, 2, 8, 1, 1), (32, 2, 8, 1, 1)]
+            guard(bench_gemv, qt, n, k, label, bw, True, cfgs)
+            save(args.out)
+        for qt, n, k in (("Q4_K", 19456, 2560), ("Q6_K", 2560, 9728), ("Q8_0", 1536, 8960)):
+            cfg = gemv_config(qt, n, k)
+            print(f"rows bitwise {qt} {n}x{k} {cfg}: {check_rows_bitwise(qt, n, k, cfg)}", flush=True)
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
+    if "defaults" in only:
+        print("\n== decode GEMV, each shape at its default config (gemv_config) ==")
+        for label, qt, n, k in SPLITK_SHAPES:
+            guard(bench_gemv, qt, n, k, label, bw, False, [gemv_config(qt, n, k)])
+            save(args.out)
     if "gemv" in only:
         print("\n== decode GEMV, M=1, fp32 x, CUDA graph over rotating weight copies ==")
         shapes = [

@@ -130,3 +130,36 @@ def test_gemv_rows_are_computed_independently(name: str, prologue) -> None:
         return quant_gemv(x[rows], w, prologue=Prologue("norm", nw, 1e-6, res[rows], torch.empty_like(x[rows])))
 
     assert torch.equal(product(slice(0, 8)), torch.cat([product(slice(i, i + 1)) for i in range(8)]))
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q4_1"])
+def test_split_k_matches_reference_and_keeps_rows_exact(name: str) -> None:
+    # K splits whose last one is ragged (k=2048 Q4_K: 8 blocks in 3 splits of whole steps); the
+    # ticket slots must be back at zero after each launch or the next one would merge too early.
+    from tallow.kernels.triton.quant_gemv import TICKET_SLOTS, _tickets
+
+    g = torch.Generator().manual_seed(zlib.crc32(f"split-{name}".encode()))
+    k = 2048 if name.endswith("K") else 1024
+    raw = random_raw(name, 12, k, g)
+    w = pack_planes(raw, name, k)
+    x = torch.randn(3, k, generator=g)
+    ref = x @ _ref_dequant(raw, name, k).T
+    for cfg in ((4, 1, 4, 1, 3), (4, 2, 4, 1, 8)):
+        y = quant_gemv(x, w, config=cfg)
+        assert float((y - ref).norm() / ref.norm()) < 2e-6, cfg
+        for r in range(3):
+            assert torch.equal(y[r], quant_gemv(x[r:r + 1], w, config=cfg)[0])
+    assert int(_tickets(torch.device("cpu")).abs().sum()) == 0 and TICKET_SLOTS >= 4
+
+
+def test_split_k_switch_and_config() -> None:
+    from tallow.kernels.triton.quant_gemv import gemv_config
+
+    assert gemv_config("Q4_1", 576, 1536)[4] == 6  # smollm2 down: 72 row tiles, split over K
+    assert gemv_config("Q4_K", 19456, 2560)[4] == 1  # qwen3-4b gate+up: the grid is full
+    os.environ["TALLOW_GEMV_SPLITK"] = "0"
+    try:
+        assert gemv_config("Q4_1", 576, 1536)[4] == 1
+        assert gemv_config("Q6_K", 2560, 9728)[4] == 1
+    finally:
+        del os.environ["TALLOW_GEMV_SPLITK"]

@@ -54,6 +54,13 @@ class GenerationStats:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
+def wait_for_device(device: torch.device) -> None:
+    """Block until the device has finished the work queued on it, so a host clock read next
+    times that work (CUDA kernels run asynchronously; the CPU path is synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def prefix_reuse_enabled() -> bool:
     return os.environ.get("TALLOW_PREFIX_CACHE", "1") != "0"
 
@@ -209,6 +216,7 @@ class Engine:
         stats.prompt_tokens = len(tokens)
         stats.reused_tokens = reuse
         stats.prefill_tokens = len(tokens) - reuse
+        wait_for_device(self.model.device)  # a GPU prefill is queued, not done, when the loop returns
         stats.prefill_s = time.perf_counter() - t0
         # Price the reuse at the rate of the last real prefill; a short one is dominated by
         # per-call overhead, so only prefills of >= 64 tokens set the rate.
@@ -275,6 +283,7 @@ class Engine:
                 stats.decode_tokens += 1
         finally:
             # Also runs when the consumer stops early (a stop string): the counters stay true.
+            wait_for_device(self.model.device)
             stats.decode_s = time.perf_counter() - t_decode
             if speculation is not None:
                 speculation.close(len(prompt) + stats.decode_tokens)

@@ -31,6 +31,7 @@ Activations may be fp32 or fp16/bf16 (converted to fp32 on load); the output is 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +42,7 @@ from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 from .rmsnorm import row_rstd
 
-__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "Prologue", "SUPPORTED"]
+__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "small_grid_split", "Prologue", "SUPPORTED"]
 
 SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
@@ -92,11 +93,11 @@ def _x(x_row, a_row, w_ptr, offs, mask, rstd, K, PRO: tl.constexpr):
 # 128 bytes of nibbles in 4 chunks of 32 bytes: chunk c, byte j -> element c*64+j (low nibble),
 # c*64+32+j (high nibble); sub-block (32 elements) 2c and 2c+1.
 @triton.jit
-def _q4_k_tiles(qs_ptr, sc_ptr, dm_ptr, rows, kb, nb, G: tl.constexpr):
+def _q4_k_tiles(qs_ptr, sc_ptr, dm_ptr, rows, kb, nb, kend, G: tl.constexpr):
     g = tl.arange(0, G)  # G = BLOCKS * 4 chunks of 32 bytes per step
     j = tl.arange(0, 32)
     chunk = kb * 4 + g  # (G,) chunk index within the row
-    ok = chunk < nb * 4
+    ok = chunk < kend * 4
     chunk = tl.where(ok, chunk, 0)
     blk = chunk // 4
     q = tl.load(qs_ptr + rows[:, None, None] * (nb * 128) + chunk[None, :, None] * 32 + j[None, None, :],
@@ -136,11 +137,11 @@ def _q4_k_tiles(qs_ptr, sc_ptr, dm_ptr, rows, kb, nb, G: tl.constexpr):
 # The tile splits t = hh*16 + jj so one 16-element run shares a scale: index h = 2*g + hh with
 # g = block*2 + half the "half-block" of the row.
 @triton.jit
-def _q6_k_tiles(ql_ptr, qh_ptr, sc_ptr, d_ptr, rows, kb, nb, H: tl.constexpr):
+def _q6_k_tiles(ql_ptr, qh_ptr, sc_ptr, d_ptr, rows, kb, nb, kend, H: tl.constexpr):
     hidx = tl.arange(0, H)  # H = BLOCKS * 4 runs of 16 bytes per step
     jj = tl.arange(0, 16)
     h = kb * 4 + hidx
-    ok = h < nb * 4
+    ok = h < kend * 4
     h = tl.where(ok, h, 0)
     g = h // 2
     hh = h % 2
@@ -167,10 +168,10 @@ def _q6_k_tiles(ql_ptr, qh_ptr, sc_ptr, d_ptr, rows, kb, nb, H: tl.constexpr):
 
 # Q8_0: 32-element blocks; d fp16, 32 int8 codes in element order. w = q * d.
 @triton.jit
-def _q8_0_tiles(qs_ptr, d_ptr, rows, kb, nb, BLOCKS: tl.constexpr):
+def _q8_0_tiles(qs_ptr, d_ptr, rows, kb, nb, kend, BLOCKS: tl.constexpr):
     blk = kb + tl.arange(0, BLOCKS)
     j = tl.arange(0, 32)
-    ok = blk < nb
+    ok = blk < kend
     blk = tl.where(ok, blk, 0)
     q = tl.load(qs_ptr + rows[:, None, None] * (nb * 32) + blk[None, :, None] * 32 + j[None, None, :],
                 mask=ok[None, :, None], other=0)
@@ -182,11 +183,11 @@ def _q8_0_tiles(qs_ptr, d_ptr, rows, kb, nb, BLOCKS: tl.constexpr):
 # Q4_0 / Q4_1 / Q5_0: 32-element blocks, 16 code bytes: byte j -> element j (low nibble) and
 # j+16 (high nibble). Q4_0: d*(q-8); Q4_1: d*q + m; Q5_0: d*((q | bit<<4) - 16), bit j of qh.
 @triton.jit
-def _q4_x_tiles(qs_ptr, d_ptr, aux_ptr, rows, kb, nb, BLOCKS: tl.constexpr, VARIANT: tl.constexpr):
+def _q4_x_tiles(qs_ptr, d_ptr, aux_ptr, rows, kb, nb, kend, BLOCKS: tl.constexpr, VARIANT: tl.constexpr):
     # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
     blk = kb + tl.arange(0, BLOCKS)
     jj = tl.arange(0, 16)
-    ok = blk < nb
+    ok = blk < kend
     blk = tl.where(ok, blk, 0)
     q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + jj[None, None, :],
                 mask=ok[None, :, None], other=0).to(tl.int32)
@@ -251,18 +252,38 @@ def _row_store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.co
 
 
 @triton.jit
+def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, ROWS: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    # Split order, whichever program came last: the result does not depend on scheduling, and
+    # row r of a ROWS-row product still equals its one-row product bit for bit. ".cg" reads
+    # past L1 (not coherent across SMs) the partials other programs wrote.
+    if r < ROWS:
+        total = tl.load(part_ptr + r * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT):
+            total += tl.load(part_ptr + (s * ROWS + r) * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + r * stride_ym + rows, total, mask=row_ok)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
-                 a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
+                 a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, part_ptr, ticket_ptr, split_blocks,
+                 PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
-                 T: tl.constexpr, S: tl.constexpr):
+                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr):
     # QT 0: Q4_K, 1: Q6_K, 2: Q8_0, 3/4/5: Q4_0/Q4_1/Q5_0. BLOCK_K: elements per GGUF block.
+    # Axis 1 splits K (SPLIT > 1): program (pid, ks) covers GGUF blocks [ks*split_blocks,
+    # (ks+1)*split_blocks) and the last of a row tile's SPLIT programs to finish sums their
+    # partials in split order (see _split_merge).
     pid = tl.program_id(0)
+    ks = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)  # clamp: loads stay unmasked along rows
     nb = K // BLOCK_K
-    first = pid == 0  # the program that writes the prologue's residual sum
+    kstart = ks * split_blocks
+    kend = tl.minimum(nb, kstart + split_blocks)
+    first = (pid == 0) & (ks == 0)  # the program that writes the prologue's residual sum
     r0 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 0, ROWS, PRO, WRITE_SUM)
     r1 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 1, ROWS, PRO, WRITE_SUM)
     r2 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 2, ROWS, PRO, WRITE_SUM)
@@ -279,15 +300,15 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
     acc5 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     acc6 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     acc7 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
-    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
+    for kb in tl.range(kstart, kend, BLOCKS, num_stages=STAGES):
         if QT == 0:
-            w0, w1, w2, w3, xoff, xm = _q4_k_tiles(p0, p1, p2, rows, kb, nb, G)
+            w0, w1, w2, w3, xoff, xm = _q4_k_tiles(p0, p1, p2, rows, kb, nb, kend, G)
         elif QT == 1:
-            w0, w1, w2, w3, xoff, xm = _q6_k_tiles(p0, p1, p2, p3, rows, kb, nb, G)
+            w0, w1, w2, w3, xoff, xm = _q6_k_tiles(p0, p1, p2, p3, rows, kb, nb, kend, G)
         elif QT == 2:
-            w0, w1, w2, w3, xoff, xm = _q8_0_tiles(p0, p1, rows, kb, nb, G)
+            w0, w1, w2, w3, xoff, xm = _q8_0_tiles(p0, p1, rows, kb, nb, kend, G)
         else:
-            w0, w1, w2, w3, xoff, xm = _q4_x_tiles(p0, p1, p2, rows, kb, nb, G, QT - 3)
+            w0, w1, w2, w3, xoff, xm = _q4_x_tiles(p0, p1, p2, rows, kb, nb, kend, G, QT - 3)
         acc0 = _row_fma(acc0, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r0, K, 0, ROWS, PRO, T, S)
         acc1 = _row_fma(acc1, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r1, K, 1, ROWS, PRO, T, S)
         acc2 = _row_fma(acc2, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r2, K, 2, ROWS, PRO, T, S)
@@ -296,14 +317,38 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
         acc5 = _row_fma(acc5, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r5, K, 5, ROWS, PRO, T, S)
         acc6 = _row_fma(acc6, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r6, K, 6, ROWS, PRO, T, S)
         acc7 = _row_fma(acc7, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r7, K, 7, ROWS, PRO, T, S)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc0, 0, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc1, 1, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc2, 2, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc3, 3, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc4, 4, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc5, 5, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc6, 6, ROWS)
-    _row_store(y_ptr, stride_ym, rows, row_ok, acc7, 7, ROWS)
+    if SPLIT == 1:
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc0, 0, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc1, 1, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc2, 2, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc3, 3, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc4, 4, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc5, 5, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc6, 6, ROWS)
+        _row_store(y_ptr, stride_ym, rows, row_ok, acc7, 7, ROWS)
+    else:
+        # This split's partial sums -> part[ks, r, rows]; then take a ticket for the row tile.
+        part = part_ptr + ks * (ROWS * N)
+        _row_store(part, N, rows, row_ok, acc0, 0, ROWS)
+        _row_store(part, N, rows, row_ok, acc1, 1, ROWS)
+        _row_store(part, N, rows, row_ok, acc2, 2, ROWS)
+        _row_store(part, N, rows, row_ok, acc3, 3, ROWS)
+        _row_store(part, N, rows, row_ok, acc4, 4, ROWS)
+        _row_store(part, N, rows, row_ok, acc5, 5, ROWS)
+        _row_store(part, N, rows, row_ok, acc6, 6, ROWS)
+        _row_store(part, N, rows, row_ok, acc7, 7, ROWS)
+        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
+            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 # Per type: kernel code, elements per GGUF block, and the tile layout (G per BLOCKS, J, terms T
@@ -316,21 +361,56 @@ _PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_
 
 # ------------------------------------------------------------------------------------------
 
-def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages) for a shape, from the H200 sweeps in
-    docs/performance.md (2026-11-30, widened 2026-11-29). num_stages > 1 lets Triton's pipeliner
-    prefetch the next steps' bytes with cp.async: these kernels are latency-bound, so every
-    shape wants it. Many rows (lm head) want wide row tiles; few rows over a long K (down and
-    output projections) want small tiles, i.e. more programs in flight."""
+def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits) for a shape, from the H200
+    sweeps in docs/performance.md (2026-11-30, widened 2026-11-29, split-K 2026-12-01).
+    num_stages > 1 lets Triton's pipeliner prefetch the next steps' bytes with cp.async. Many
+    rows (lm head) want wide row tiles; a long K or a grid smaller than the GPU wants K splits.
+    Splitting costs each extra program its fixed part (address setup, the cross-warp reduction,
+    the partial's store and the merge), so it loses wherever the grid is already large: the
+    split-K sweep measured it slower on every qwen3-4b shape but the long-K Q6_K down."""
     if qtype in ("Q4_K", "Q6_K"):
         if n >= 32768:
-            return (16, 2, 8, 1)
-        if n >= 4096 and k <= 4096:
-            return (8, 2, 4, 3)
-        return (4, 4, 4, 3) if qtype == "Q4_K" else (2, 4, 4, 3)
-    if k >= 4096:
-        return (8, 16, 4, 3)
-    return (8, 8, 4, 1)
+            cfg = (32, 2, 8, 1, 1)
+        elif qtype == "Q6_K" and k >= 8192:
+            cfg = (8, 2, 4, 1, 4)
+        elif n >= 4096 and k <= 4096:
+            cfg = (8, 2, 4, 3, 1)
+        else:
+            cfg = (4, 4, 4, 3, 1)
+    elif n >= 32768:
+        cfg = (32, 2, 8, 1, 1)
+    elif k >= 4096:
+        cfg = (4, 8, 4, 1, 4) if qtype == "Q8_0" else (8, 8, 4, 1, 4)
+    else:
+        cfg = (8, 8, 4, 1, small_grid_split(qtype, n, k, 8, 8))
+    if os.environ.get("TALLOW_GEMV_SPLITK", "1") == "0":
+        cfg = cfg[:4] + (1,)
+    return cfg
+
+
+SMALL_GRID = 132  # the H200's SMs: a grid of fewer row tiles leaves SMs idle, so split K
+
+
+def small_grid_split(qtype: str, n: int, k: int, block_n: int, blocks: int) -> int:
+    """As many K splits as the program has K steps (at most 8) when the row tiles alone do not
+    fill the GPU (smollm2's q+k+v, o and down: 72-120 tiles); else none."""
+    if triton.cdiv(n, block_n) >= SMALL_GRID:
+        return 1
+    return max(1, min(8, triton.cdiv(k // _LAYOUT[qtype][1], blocks)))
+
+
+_TICKETS: dict = {}
+TICKET_SLOTS = 1 << 16  # one int32 per row tile; zero between launches (the merging program resets its own)
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    """Per device, allocated (zeroed) once, outside any graph capture if the first split call is
+    eager. Launches on one stream run one after another, so all GEMVs share the slots."""
+    t = _TICKETS.get(device)
+    if t is None:
+        t = _TICKETS[device] = torch.zeros(TICKET_SLOTS, dtype=torch.int32, device=device)
+    return t
 
 
 @dataclass
@@ -377,15 +457,28 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     wt = prologue.weight if pro in (1, 2) else x2
     sum_out = prologue.sum_out if pro == 1 and prologue.sum_out is not None else None
     s_t = sum_out if sum_out is not None else x2
-    block_n, blocks, warps, stages = config or gemv_config(w.qtype, w.n, w.k)
+    cfg = tuple(config) if config is not None else gemv_config(w.qtype, w.n, w.k)
+    block_n, blocks, warps, stages = cfg[:4]
+    split = cfg[4] if len(cfg) > 4 else 1
     qt, block_k, g_per, j, terms, stride = _LAYOUT[w.qtype]
+    tiles = triton.cdiv(w.n, block_n)
+    nb = w.k // block_k
+    split = max(1, min(split, triton.cdiv(nb, blocks))) if tiles <= TICKET_SLOTS else 1
+    split_blocks = triton.cdiv(triton.cdiv(nb, split), blocks) * blocks  # whole K steps per split
+    split = triton.cdiv(nb, split_blocks)  # no empty split
+    if split > 1:
+        part = torch.empty((split, m_rows, w.n), dtype=torch.float32, device=x2.device)
+        tickets = _tickets(x2.device)
+    else:
+        part = tickets = out  # unused
     planes = [w.planes[name] for name in _PLANES[w.qtype]]
     planes += [planes[0]] * (4 - len(planes))  # unused pointer slots
-    _gemv_kernel[(triton.cdiv(w.n, block_n),)](
+    _gemv_kernel[(tiles, split)](
         x2, *planes, out, w.n, w.k, x2.stride(0), out.stride(0), a, wt, s_t, a.stride(0), s_t.stride(0),
-        float(prologue.eps) if prologue is not None else 0.0, PRO=pro, WRITE_SUM=sum_out is not None,
+        float(prologue.eps) if prologue is not None else 0.0, part, tickets, split_blocks,
+        PRO=pro, WRITE_SUM=sum_out is not None,
         QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
-        G=blocks * g_per, J=j, T=terms, S=stride, num_warps=warps)
+        G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, num_warps=warps)
     return out.reshape(w.n) if squeeze else out
 
 
