@@ -13,6 +13,13 @@ contracting `d*q - m` into one fma), multiplies by the matching x elements (x is
 stays in L1/L2) and accumulates elementwise in fp32. The cross-lane reduction happens once,
 after the K loop.
 
+Split-K. Where the row tiles alone do not fill the GPU (small matrices) or K is long, the
+grid gets a second axis: program (tile, ks) walks only its share of K and stores a partial
+row sum; an atomic ticket per row tile tells the last of its programs to finish, which adds
+the partials in split order (0, 1, ...) and writes y. The order never depends on scheduling,
+so results are deterministic and row r of an M-row product stays its one-row product. The
+merging program resets its ticket, so the next launch (same stream) finds it at zero.
+
 The nibble order of each type is not the element order (Q4_K: a 32-byte chunk holds elements
 c*64+j in its low nibbles and c*64+32+j in its high ones), so instead of shuffling weights into
 element order, each part of the tile loads x at the matching offsets: a sum over K does not
