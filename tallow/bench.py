@@ -18,6 +18,7 @@ import time
 import torch
 
 from .errors import UsageError
+from .kernels.gpu.machine_state import describe, machine_state
 from .registry import display_name
 
 
@@ -103,10 +104,13 @@ def run_bench(args: argparse.Namespace) -> int:
                 "threads": torch.get_num_threads(),
                 "device": str(llm.model.device),
                 "machine": platform.processor() or platform.machine(),
+                "state": machine_state(llm.model.device),  # clocks, temperature, power, load, read right after
             }
         )
         if not args.json:
-            print(f"  {rows[-1]['test']}: {rows[-1]['tok_s_mean']:.1f} ± {rows[-1]['tok_s_std']:.1f} tok/s", file=sys.stderr)
+            state = describe(rows[-1]["state"])
+            print(f"  {rows[-1]['test']}: {rows[-1]['tok_s_mean']:.1f} ± {rows[-1]['tok_s_std']:.1f} tok/s"
+                  + (f"  [{state}]" if state else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

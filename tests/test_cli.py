@@ -124,6 +124,7 @@ def test_bench_json(smollm2):
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["pp8", "tg4"]
     assert all(row["tok_s_mean"] > 0 for row in rows)
+    assert all("load_avg_1m" in row["state"] for row in rows)  # the machine's state beside each figure
 
 
 def test_chat_repl_commands(smollm2):

@@ -1,0 +1,66 @@
+"""The machine's state beside bench figures (issue 12): NVML readings on a GPU, load and frequency
+on the CPU. No GPU here, so NVML is a stand-in module; the real one ran on the H200 (ledger)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from tallow.kernels.gpu.machine_state import describe, gpu_state, machine_state
+
+
+def _fake_pynvml(fail_power: bool = False) -> types.ModuleType:
+    m = types.ModuleType("pynvml")
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 1, 2, 0
+    m.calls = []
+    m.nvmlInit = lambda: m.calls.append("init")
+    m.nvmlShutdown = lambda: m.calls.append("shutdown")
+    m.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    m.nvmlDeviceGetClockInfo = lambda h, kind: {1: 1980, 2: 3201}[kind]
+    m.nvmlDeviceGetTemperature = lambda h, kind: 41
+
+    def power(h):
+        if fail_power:
+            raise RuntimeError("not supported")
+        return 259000
+
+    m.nvmlDeviceGetPowerUsage = power
+    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700000
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=97)
+    return m
+
+
+def test_gpu_state_reads_nvml_and_skips_what_is_missing(monkeypatch):
+    fake = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = gpu_state(0)
+    assert s == {"sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temperature_c": 41, "power_w": 259.0,
+                 "power_limit_w": 700.0, "utilization_pct": 97}
+    assert fake.calls == ["init", "shutdown"]
+    assert describe(s) == "SM 1980 MHz, mem 3201 MHz, 41 C, 259/700 W"
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(fail_power=True))
+    s = gpu_state(0)
+    assert "power_w" not in s and s["sm_clock_mhz"] == 1980
+
+
+def test_no_nvml_or_no_driver_gives_no_readings(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert gpu_state(0) == {}
+    broken = _fake_pynvml()
+
+    def no_driver():
+        raise OSError("NVML Shared Library Not Found")
+
+    broken.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    assert gpu_state(0) == {}
+
+
+def test_cpu_state_has_the_load_and_never_touches_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    s = machine_state(torch.device("cpu"))
+    assert s["load_avg_1m"] >= 0
+    assert "sm_clock_mhz" not in s
+    assert "load" in describe(s)
