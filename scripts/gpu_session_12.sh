@@ -31,5 +31,8 @@ for step in "$@"; do
     exact) twins smollm2-135m qwen3-4b
         python3 scripts/gpu_speculate.py /root/twins/smollm2-135m.gguf /root/twins/qwen3-4b.gguf --reps 20 2>&1 | tee $OUT/speculate.log
         python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tee $OUT/parity.log ;;
+    state) twins smollm2-135m
+        python3 -m tallow.cli bench -m /root/twins/smollm2-135m.gguf --device cuda -p 33 -n 64 -r 2 2>&1 | tee $OUT/bench_state.log
+        python3 -m tallow.cli bench -m /root/twins/smollm2-135m.gguf --device cuda -p 0 -n 64 -r 1 --json 2>&1 | tee -a $OUT/bench_state.log ;;
   esac
 done
