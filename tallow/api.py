@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chat.parsers import ChatOutputParser, ParsedDelta
+from .chat.parsers import ChatOutputParser, ParsedDelta, syntax_for_template
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
@@ -278,9 +278,11 @@ class LLM:
         """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""
         # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
         # model inside it from the first token.
-        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special=False)
+        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special=False).rstrip()
         names = [t["function"]["name"] for t in tools or []]
-        return ChatOutputParser(names or None, parse_tools=bool(tools), starts_in_reasoning=tail.rstrip().endswith("<think>"))
+        syntax = syntax_for_template(self.template.source)  # Gemma 4 writes its own thought and call syntax
+        opened = tail.endswith("<|channel>thought") if syntax == "gemma4" else tail.endswith("<think>")
+        return ChatOutputParser(names or None, parse_tools=bool(tools), starts_in_reasoning=opened, syntax=syntax)
 
     def _run(self, ids, max_tokens, stream, stop, should_stop, sampling, spec: GrammarSpec | None = None) -> Completion | Iterator[str]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
