@@ -108,3 +108,30 @@ def test_template_calls_are_accepted_and_parsed_back(gemma4, name, args):
     assert walk(gemma4, REQUIRED, text) == (True, True), text
     parsed = parse_chat_output(text, [t["function"]["name"] for t in TOOLS], parse_tools=True, syntax="gemma4")
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [(name, args)] and parsed.content == ""
+
+
+def test_random_model_under_the_grammar_ends_with_a_valid_call_inside_max_tokens(gemma4):
+    """Random logits sampled under tool_choice required with a small budget: the answer still
+    ends (closing reaches `<|"|>` and `<channel|>`, the markers that end Gemma's free text), and
+    the parser reads one call to a declared tool whose arguments are JSON."""
+    import torch
+
+    from tallow.sampling import Sampler, SamplingParams
+
+    tok, tmpl = gemma4
+    budget = 24
+    spec = GrammarSpec(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    c = build_constraint(tok, tok.vocab_size, spec, tmpl.source, budget=budget)
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=1), tok.vocab_size, constraint=c)
+    gen = torch.Generator().manual_seed(1)
+    ids: list[int] = []
+    for _ in range(budget):
+        t = sampler.sample(torch.randn(tok.vocab_size, generator=gen) * 3, ids)
+        if t in tok.eog_ids:
+            break
+        ids.append(t)
+    else:
+        pytest.fail("the constrained answer did not end inside its budget")
+    parsed = parse_chat_output(tok.decode(ids), [t["function"]["name"] for t in TOOLS], parse_tools=True, syntax="gemma4")
+    assert len(parsed.tool_calls) == 1 and parsed.content == ""
+    assert isinstance(json.loads(parsed.tool_calls[0].arguments), dict)

@@ -55,7 +55,7 @@ class _Rules:
             r"G_INTEGER: /-?(0|[1-9][0-9]*)/",
             r"G_TEXT: /(?s:.+)/",
             r"G_KEY: /[^:{}\[\],<>\s][^:{}\[\],<>\n]*/",
-            r"G_WS: /[ \t\n]+/",
+            'G_WS: " "',  # one space at most where the syntax allows space: no padding to max_tokens
         ]
 
     def rule(self, body: str) -> str:
@@ -156,14 +156,14 @@ def gemma4_tool_grammar(tok, tools: list[dict[str, Any]], only: str | None, many
     body = [f"g_fn: {' | '.join(fns)}", f"g_call: {call}", "g_calls: g_call+" if many else "g_calls: g_call",
             f"g_thought: {ids[CHANNEL_OPEN]} G_THOUGHT {ids[CHANNEL_CLOSE]}", r"G_THOUGHT: /thought(?s:.*)/"]
     if choice != "auto":
-        lines.append("start: g_thought? G_WS? g_calls G_WS?")
+        lines.append("start: g_thought? g_calls")
     elif answer is not None:
-        lines.append("start: g_thought? G_WS? (answer | g_calls G_WS?)")
+        lines.append("start: g_thought? (answer | g_calls)")
         body.append("answer: " + answer)
     else:
         # Free text (thought channels and other special tokens included), then calls or nothing:
         # a call opens only with its marker token, which free text cannot hold.
-        lines.append("start: g_free? | g_free? g_calls G_WS?")
+        lines.append("start: g_free? | g_free? g_calls")
         body.append(r"G_FREE: /(?s:.+)/")
         if free_special:
             body += ["g_free: G_FREE (g_special G_FREE?)* | (g_special G_FREE?)+", "g_special: " + free_special]
