@@ -44,6 +44,7 @@ class Completion:
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
+    reasoning: str | None = None  # chat: the thinking split off `text` (with tools, or Gemma 4's thought channel)
 
 
 @dataclass
@@ -237,11 +238,14 @@ class LLM:
         """
         ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
         out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
-        if offered and isinstance(out, Completion):
+        # Gemma 4 thinks by default: its thought channel is split off even without tools.
+        if isinstance(out, Completion) and (offered or syntax_for_template(self.template.source) == "gemma4"):
             parser = self.chat_parser(ids, offered)
             parsed = parser.push(out.text)
             parsed.extend(parser.flush())
-            out.text, out.tool_calls = parsed.content, parsed.tool_calls
+            out.text, out.reasoning = parsed.content, parsed.reasoning or None
+            if offered:
+                out.tool_calls = parsed.tool_calls
         return out
 
     def chat_events(
