@@ -242,8 +242,15 @@ GEMMA4_THOUGHT_HISTORY = [
     {"role": "assistant", "content": "<|channel>thought\nEasy.<channel|>4"},
     {"role": "user", "content": "  and 3+3?  "},
 ]
+GEMMA4_CONTENT_PARTS = [
+    {"role": "system", "content": [{"type": "text", "text": " Be brief. "}, {"type": "text", "text": "Really."}]},
+    {"role": "user", "content": [{"type": "text", "text": "  Hello "}, {"type": "text", "text": "world"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+    {"role": "user", "content": "x"},
+]
 # (case, messages, tools, add_generation_prompt, enable_thinking)
 GEMMA4_CASES = [
+    ("content_parts", GEMMA4_CONTENT_PARTS, None, True, False),
     ("user_only", USER_ONLY, None, True, False),
     ("user_only_thinking", USER_ONLY, None, True, True),
     ("system_user", SYSTEM_USER, None, True, False),

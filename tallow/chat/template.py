@@ -9,7 +9,8 @@ Where llama.cpp's server deliberately deviates from plain HF rendering we follow
 because the runtime must produce the same tokens as llama.cpp (see `common/chat.cpp`):
 
 * message `content` that is `None` becomes `""`, and a list of text parts is joined with
-  `"\\n"` (llama.cpp's `concat_typed_text`);
+  `"\\n"` (llama.cpp's `concat_typed_text`) — unless the template renders typed parts
+  itself (Gemma 4 does): then, as llama.cpp does, the parts reach it as a list;
 * tool-call `arguments` given as a JSON string (the OpenAI wire format) are parsed into an
   object when the template renders object arguments as JSON (llama.cpp's
   `func_args_not_string` workaround), so templates such as Qwen's `arguments | tojson` do not
@@ -230,6 +231,7 @@ class ChatTemplate:
             ) from None
         self.is_gemma4 = gemma4.is_gemma4_template(source)
         self.supports_object_arguments = self._probe_object_arguments()
+        self.supports_typed_content = self._probe_typed_content()
         self.template_adds_bos = self._probe_adds_bos()
 
     # ---------------------------------------------------------------- construction
@@ -336,7 +338,12 @@ class ChatTemplate:
                     f"Message {i} needs a 'role' that is a non-empty string."
                 )
             msg = copy.deepcopy(message)
-            msg["content"] = self._content_text(i, message.get("content"))
+            text = self._content_text(i, message.get("content"))
+            parts = message.get("content")
+            if self.supports_typed_content and isinstance(parts, list):
+                msg["content"] = [p if isinstance(p, dict) else {"type": "text", "text": p} for p in copy.deepcopy(parts)]
+            else:
+                msg["content"] = text
             tool_calls = msg.get("tool_calls")
             if tool_calls is not None:
                 if not isinstance(tool_calls, list):
@@ -401,6 +408,18 @@ class ChatTemplate:
         # Templates with their own argument syntax (Gemma 4's `key:<|"|>x<|"|>`) walk the
         # object too; a Python dict printed whole (`{'key': 'x'}`) does not count.
         return _PROBE_KEY in text and f"'{_PROBE_KEY}'" not in text
+
+    def _probe_typed_content(self) -> bool:
+        """Does the template render a list of text parts itself (llama.cpp's
+        `supports_typed_content` with string content supported too)?  Found by rendering the
+        parts: their text must come out, and not as the printed list (`[{'type': ...}]`)."""
+        marker = "tallow_probe_text"
+        try:
+            typed = self._render([{"role": "user", "content": [{"type": "text", "text": marker}]}], None, True, {})
+            plain = self._render([{"role": "user", "content": marker}], None, True, {})
+        except TallowError:
+            return False
+        return marker in typed and marker in plain and "'type'" not in typed and '"type"' not in typed
 
     def _probe_adds_bos(self) -> bool:
         """Does the rendered text start with the BOS token text?
