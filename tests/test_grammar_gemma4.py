@@ -78,6 +78,10 @@ CASES = [
     (GrammarSpec(tools=TOOLS), "<|channel>thought\nhm<channel|>Let me check." + call("get_weather", f"city:{Q}Oslo{Q}"), True, True),
     (GrammarSpec(tools=TOOLS), "Let me check." + call("get_weather", "city:Oslo"), False, False),  # a call, once opened, is constrained
     (GrammarSpec(tools=TOOLS), call("ping", "") + " and more text", False, False),
+    # a response format alone: the JSON answer, after an optional thought
+    (GrammarSpec(response_format={"type": "json_object"}), '{"a": [1, true]}', True, True),
+    (GrammarSpec(response_format={"type": "json_object"}), '<|channel>thought\nJSON, then.<channel|>{"a": 1}', True, True),
+    (GrammarSpec(response_format={"type": "json_object"}), 'Here: {"a": 1}', False, False),
 ]
 
 

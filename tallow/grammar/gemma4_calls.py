@@ -177,3 +177,11 @@ def _args(r: _Rules, params: Any) -> str:
     if params is None:
         return r.rule('"{" G_WS? "}"')
     return r.object(params) if isinstance(params, dict) and params.get("type", "object") == "object" else "g_object"
+
+
+def gemma4_answer_grammar(tok, answer: str) -> str:
+    """A response format for Gemma 4: the formatted answer, after an optional thought channel
+    (Gemma 4 thinks by default; llama.cpp's Gemma 4 grammar allows the thought here too)."""
+    channel_open, channel_close = (f"<[{tok.token_to_id[t]}]>" for t in (CHANNEL_OPEN, CHANNEL_CLOSE))
+    return "\n".join(["%llguidance {}", "start: g_thought? answer", f"g_thought: {channel_open} G_THOUGHT {channel_close}",
+                      r"G_THOUGHT: /thought(?s:.*)/", "answer: " + answer])
