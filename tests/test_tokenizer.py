@@ -295,6 +295,16 @@ def test_gemma4_tokenizer_facts():
     assert tok.encode("\n" * 31, add_special=False) == [t2i["\n" * 31]]
 
 
+def test_gemma4_switch_merges_whole_lines(monkeypatch):
+    """TALLOW_TOKENIZER_CUTS=0 takes the reference path, with the same ids on llama.cpp's strings."""
+    monkeypatch.setenv("TALLOW_TOKENIZER_CUTS", "0")
+    ref = Tokenizer.from_gguf(GGUFFile(_path("gemma-4")))
+    assert ref._bpe._chunk_boundary is None and _tokenizer("gemma-4")._bpe._chunk_boundary is not None
+    fx = _fixture("gemma-4")
+    for case in fx["cases"]:
+        assert ref.encode(case["text"]) == case["ids"], case["text"]
+
+
 def test_gemma4_line_chunks_merge_like_whole_lines():
     """Cutting a line before "▁" (not after ">" or "▁") gives the ids of merging the whole line."""
     import random

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -283,7 +284,9 @@ class BpeTokenizer:
         self.ranks: dict[str, int] = dict(zip(reversed(merges), range(n - 1, -1, -1)))
         self._cache: dict[str, list[int]] = {}
         self._byte_ids: list[int | None] = [token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
-        self._chunk_boundary = self._safe_boundaries(merges) if pre.spm_style else None
+        # TALLOW_TOKENIZER_CUTS=0: merge whole lines, as llama.cpp does (the reference; slower).
+        cuts = pre.spm_style and os.environ.get("TALLOW_TOKENIZER_CUTS", "1") != "0"
+        self._chunk_boundary = self._safe_boundaries(merges) if cuts else None
 
     @staticmethod
     def _safe_boundaries(merges: Sequence[str]) -> re.Pattern[str]:
