@@ -8,13 +8,22 @@ Dev-only: needs llama-cpp-python, which tallow itself never imports.
 * The built-in fallbacks (gemma, chatml) are rendered with llama.cpp's own C++ formatter,
   `llama_chat_apply_template`, which is what our built-ins are meant to reproduce.
 
-Run: python scripts/make_template_fixtures.py   (from the repository root)
+* Gemma 4's templates (the one inside llama.cpp's Gemma 4 vocabulary file and the two
+  in shared/vocab/) are rendered by llama.cpp itself: `llama-server --jinja` on a tiny
+  random-weight gemma4 model carrying the real vocabulary, through its `/apply-template`
+  endpoint — llama.cpp's own Jinja engine plus its Gemma 4 workarounds (role:tool messages
+  folded into `tool_responses` for the older templates, string arguments parsed into objects,
+  `<|turn>model\n` appended after a closed turn). The template texts go into the fixture too.
+
+Run: python scripts/make_template_fixtures.py [--llama-server /tmp/llama/llama-server]
+(from the repository root; without --llama-server the Gemma 4 cases are kept as they are)
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from tallow.gguf_file import GGUFFile
 
-MODELS = Path("/root/models")
+MODELS = Path(os.environ.get("TALLOW_TEST_MODELS", "/root/models"))
 OUT = ROOT / "tests" / "fixtures" / "chat_templates.json"
 
 WEATHER_TOOL = {
@@ -178,7 +187,221 @@ def llama_cpp_builtin(name: str, messages, add_generation_prompt: bool) -> str:
     return buf.raw[:n].decode("utf-8")
 
 
+# ----------------------------------------------------------------------------- Gemma 4
+
+GEMMA4_TEMPLATES = {  # fixture name -> file in shared/vocab ("" = the vocab GGUF's own template)
+    "gemma4-gguf": "",
+    "gemma4-31b-it": "google-gemma-4-31B-it.jinja",
+    "gemma4-31b-it-interleaved": "google-gemma-4-31B-it-interleaved.jinja",
+}
+NESTED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "description": "Plan a trip.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "stops": {"type": "array", "items": {"type": "string"}, "description": "Cities in order"},
+                "budget": {"type": "number", "nullable": True},
+                "options": {
+                    "type": "object",
+                    "properties": {"train": {"type": "boolean"}, "nights": {"type": "integer"}},
+                    "required": ["train"],
+                },
+            },
+            "required": ["stops"],
+        },
+    },
+}
+GEMMA4_TOOL_CALL = [
+    {"role": "user", "content": "Weather and time in Zürich?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich", "unit": "celsius"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "Europe/Zurich"}'}},
+    ]},
+]
+GEMMA4_RESPONSES = GEMMA4_TOOL_CALL + [
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21, "sky": "clear"}'},
+    {"role": "tool", "tool_call_id": "call_2", "content": "14:05"},
+]
+GEMMA4_ROUND_TRIP = [{"role": "system", "content": "You can call tools."}] + GEMMA4_RESPONSES + [
+    {"role": "assistant", "content": "It is 21 °C and 14:05 in Zürich."},
+    {"role": "user", "content": "Thanks! And tomorrow?"},
+]
+GEMMA4_REASONING_CALL = [
+    {"role": "user", "content": "Plan Paris then Rome, by train."},
+    {"role": "assistant", "content": "", "reasoning_content": "Two stops; the user wants the train.", "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "plan_trip", "arguments": {
+            "stops": ["Paris", "Rome"], "budget": None, "options": {"train": True, "nights": 3}}}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_9", "content": "booked"},
+]
+GEMMA4_THOUGHT_HISTORY = [
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "<|channel>thought\nEasy.<channel|>4"},
+    {"role": "user", "content": "  and 3+3?  "},
+]
+GEMMA4_CONTENT_PARTS = [
+    {"role": "system", "content": [{"type": "text", "text": " Be brief. "}, {"type": "text", "text": "Really."}]},
+    {"role": "user", "content": [{"type": "text", "text": "  Hello "}, {"type": "text", "text": "world"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+    {"role": "user", "content": "x"},
+]
+# (case, messages, tools, add_generation_prompt, enable_thinking)
+GEMMA4_CASES = [
+    ("content_parts", GEMMA4_CONTENT_PARTS, None, True, False),
+    ("user_only", USER_ONLY, None, True, False),
+    ("user_only_thinking", USER_ONLY, None, True, True),
+    ("system_user", SYSTEM_USER, None, True, False),
+    ("system_user_thinking", SYSTEM_USER, None, True, True),
+    ("multi_turn", MULTI_TURN, None, True, False),
+    ("multi_turn_no_generation_prompt", MULTI_TURN, None, False, False),
+    ("thought_in_history", GEMMA4_THOUGHT_HISTORY, None, True, True),
+    ("tools_declared", SYSTEM_USER, [WEATHER_TOOL, TIME_TOOL, NESTED_TOOL], True, False),
+    ("tools_declared_thinking", USER_ONLY, [WEATHER_TOOL, NESTED_TOOL], True, True),
+    ("tool_responses", GEMMA4_RESPONSES, [WEATHER_TOOL, TIME_TOOL], True, False),
+    ("tool_responses_thinking", GEMMA4_RESPONSES, [WEATHER_TOOL, TIME_TOOL], True, True),
+    ("tool_round_trip", GEMMA4_ROUND_TRIP, [WEATHER_TOOL, TIME_TOOL], True, False),
+    ("tool_round_trip_no_generation_prompt", GEMMA4_ROUND_TRIP, [WEATHER_TOOL, TIME_TOOL], False, False),
+    ("reasoning_before_call", GEMMA4_REASONING_CALL, [NESTED_TOOL], True, True),
+]
+
+
+def write_tiny_gemma4(vocab: Path, out: Path) -> None:
+    """A 2-layer random-weight gemma4 model (31B style) carrying the vocabulary file's tokenizer:
+    just enough for llama-server to start; its weights never run here."""
+    import numpy as np
+    from gguf import GGUFValueType, GGUFWriter
+
+    md = GGUFFile(str(vocab)).metadata
+    n_vocab = len(md["tokenizer.ggml.tokens"])
+    w = GGUFWriter(str(out), "gemma4")
+    dim, heads, hd, ffn = 64, 4, 16, 128
+    w.add_block_count(2)
+    w.add_context_length(8192)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn, ffn])
+    w.add_head_count(heads)
+    w.add_head_count_kv([1, 1])
+    for add in (w.add_key_length, w.add_value_length, w.add_key_length_swa, w.add_value_length_swa,
+                w.add_rope_dimension_count, w.add_rope_dimension_count_swa):
+        add(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern([True, False])
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_tokenizer_model(md["tokenizer.ggml.model"])
+    w.add_token_list(md["tokenizer.ggml.tokens"])
+    w.add_token_scores(md["tokenizer.ggml.scores"].tolist())
+    w.add_token_types(md["tokenizer.ggml.token_type"].tolist())
+    w.add_token_merges(md["tokenizer.ggml.merges"])
+    for key in ("bos", "eos", "unknown", "padding", "mask"):
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(md[f"tokenizer.ggml.{key}_token_id"]))
+    w.add_bool("tokenizer.ggml.add_bos_token", bool(md["tokenizer.ggml.add_bos_token"]))
+    w.add_key_value("tokenizer.chat_template", md["tokenizer.chat_template"], GGUFValueType.STRING)
+    rng = np.random.RandomState(0)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    matrix("token_embd.weight", n_vocab, dim)
+    ones("output_norm.weight", dim)
+    ones("rope_freqs.weight", hd // 2)
+    for i in range(2):
+        p = f"blk.{i}."
+        for name, n in (("attn_norm", dim), ("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", dim),
+                        ("ffn_norm", dim), ("post_ffw_norm", dim)):
+            ones(p + name + ".weight", n)
+        for name, rows, cols in (("attn_q", heads * hd, dim), ("attn_k", hd, dim), ("attn_v", hd, dim),
+                                 ("attn_output", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
+                                 ("ffn_down", dim, ffn)):
+            matrix(p + name + ".weight", rows, cols)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_server_render(server: Path, model: Path, template_file: Path | None, cases) -> list[str]:
+    """Each case's prompt from llama-server's /apply-template (llama.cpp's own chat rendering)."""
+    import os
+    import socket
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(server), "-m", str(model), "--jinja", "--port", str(port), "-t", "1", "-c", "8192"]
+    if template_file is not None:
+        cmd += ["--chat-template-file", str(template_file)]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(server.parent))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        out = []
+        for _, messages, tools, agp, thinking in cases:
+            body: dict[str, Any] = {"messages": messages, "add_generation_prompt": agp,
+                                    "chat_template_kwargs": {"enable_thinking": thinking}}
+            if tools:
+                body["tools"] = tools
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/apply-template", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                out.append(json.loads(urllib.request.urlopen(req, timeout=30).read())["prompt"])
+            except urllib.error.HTTPError as exc:
+                raise SystemExit(f"llama-server refused {body}: {exc.read().decode()}") from None
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def gemma4_fixture(server: Path, vocab_dir: Path) -> dict[str, Any]:
+    import lzma
+    import tempfile
+
+    sources: dict[str, str] = {}
+    cases: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = Path(tmp) / "ggml-vocab-gemma-4.gguf"
+        vocab.write_bytes(lzma.decompress((vocab_dir / "ggml-vocab-gemma-4.gguf.xz").read_bytes()))
+        model = Path(tmp) / "tiny-gemma4.gguf"
+        write_tiny_gemma4(vocab, model)
+        for name, file in GEMMA4_TEMPLATES.items():
+            path = vocab_dir / file if file else None
+            sources[name] = path.read_text(encoding="utf-8") if path else GGUFFile(str(vocab)).metadata["tokenizer.chat_template"]
+            for case, prompt in zip(GEMMA4_CASES, llama_server_render(server, model, path, GEMMA4_CASES)):
+                cases.append({"template": name, "case": case[0], "messages": case[1], "tools": case[2],
+                              "add_generation_prompt": case[3], "enable_thinking": case[4], "expected": prompt,
+                              "reference": "llama-server b11434 /apply-template"})
+    return {"sources": sources, "bos_token": "<bos>", "eos_token": "<eos>", "cases": cases}
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server (for the Gemma 4 cases)")
+    ap.add_argument("--vocab-dir", type=Path, default=ROOT.parent.parent / "shared" / "vocab")
+    args = ap.parse_args()
+    previous = json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {}
+    gemma4 = gemma4_fixture(args.llama_server, args.vocab_dir) if args.llama_server else previous.get("gemma4")
     cases: list[dict[str, Any]] = []
     for model, with_tools in [
         ("smollm2-135m", False),
@@ -221,6 +444,7 @@ def main() -> None:
                 "generator": "scripts/make_template_fixtures.py",
                 "llama_cpp_python": llama_cpp.__version__,
                 "cases": cases,
+                "gemma4": gemma4,
             },
             ensure_ascii=False,
             indent=1,

@@ -24,7 +24,7 @@ whose fixed 32-byte buffer mangles longer pieces; otherwise the rules are llama-
 longer than 32 bytes we check that ``Llama.detokenize`` agrees.
 
 Usage:
-    python scripts/make_tokenizer_fixtures.py [--models-dir DIR] [--out tests/fixtures]
+    python scripts/make_tokenizer_fixtures.py [--models-dir DIR] [--vocab-dir ../shared/vocab] [--out tests/fixtures]
     python scripts/make_tokenizer_fixtures.py --emit-unicode-table   # prints bpe.py's table
 """
 
@@ -35,15 +35,36 @@ import base64
 import ctypes
 import hashlib
 import json
+import lzma
 import os
 import random
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
+# Vocabulary-only GGUFs from llama.cpp's test models (../shared/vocab/), unpacked from .xz.
+VOCAB_ONLY = {"gemma-4": "ggml-vocab-gemma-4.gguf.xz"}
+
+# Gemma 4's own markup and whitespace shapes, added to the shared corpus for its fixture only
+# (the other fixtures keep their corpus unchanged).
+GEMMA4_EXTRA: list[str] = [
+    "<bos><|turn>system\n<|think|>You are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n",
+    "<|turn>model\n<|channel>thought\nLet me think.<channel|>The answer is 4.<turn|>",
+    "<|channel>thought\n<channel|>",
+    "<|tool>declaration:get_weather{description:<|\"|>Weather<|\"|>,parameters:{properties:{city:{type:<|\"|>STRING<|\"|>}},"
+    "required:[<|\"|>city<|\"|>],type:<|\"|>OBJECT<|\"|>}}<tool|>",
+    "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,metric:true}<tool_call|>",
+    "<|tool_response>response:get_weather{temp:21,sky:<|\"|>clear<|\"|>}<tool_response|>",
+    "<|\"|>", "<|tool", "call:", "<turn|><eos>", "<|image|><|audio|><|video|>",
+    "\n" * 40, "\n" * 31, " \n" * 5, "\t" * 33, " " * 40, "▁" * 3, "x▁y ▁ z",
+    "line one\nline two\n\nline four\n\n\n\nline eight",
+    "a very long line " * 60,
+    "\u00e9\u0301\u00e9 \ufb01 \u2028 \u2029 sep",
+]
 
 # ----------------------------------------------------------------------------- corpus
 
@@ -431,9 +452,25 @@ def default_models_dir() -> Path:
     return Path(os.environ.get("TALLOW_TEST_MODELS", "/root/models"))
 
 
+def read_vocab_tests(inp: Path) -> list[str]:
+    """llama.cpp's tokenizer test strings: a .inp file, strings separated by __ggml_vocab_test__ lines."""
+    return inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n") if inp.exists() else []
+
+
+def default_vocab_dir() -> Path:
+    """shared/vocab next to the checkout (../shared) or next to the worktrees folder (../../shared)."""
+    for up in Path(__file__).resolve().parents[1:4]:
+        if (up / "shared" / "vocab").is_dir():
+            return up / "shared" / "vocab"
+    return Path("../shared/vocab")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models-dir", type=Path, default=default_models_dir())
+    ap.add_argument("--vocab-dir", type=Path, default=default_vocab_dir(),
+                    help="llama.cpp's vocabulary-only test GGUFs (.xz); default: the shared/vocab folder beside the checkout")
+    ap.add_argument("--only", action="append", help="make only this fixture (repeatable), e.g. --only gemma-4")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "fixtures")
     ap.add_argument("--emit-unicode-table", action="store_true", help="print the class table constant for bpe.py")
     args = ap.parse_args(argv)
@@ -443,12 +480,25 @@ def main(argv: list[str] | None = None) -> int:
     corpus = build_corpus()
     class_digest = hashlib.sha256(llama_class_table().tobytes()).hexdigest()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in MODELS:
-        path = args.models_dir / f"{name}.gguf"
+    tmp = tempfile.TemporaryDirectory()
+    paths = {name: args.models_dir / f"{name}.gguf" for name in MODELS}
+    for name, packed in VOCAB_ONLY.items():
+        src = args.vocab_dir / packed
+        paths[name] = Path(tmp.name) / packed.removesuffix(".xz")
+        if src.exists():
+            paths[name].write_bytes(lzma.decompress(src.read_bytes()))
+    for name, path in paths.items():
+        if args.only and name not in args.only:
+            continue
         if not path.exists():
             print(f"skip {name}: {path} not found", file=sys.stderr)
             continue
-        fixture = make_fixture(name, path, corpus, class_digest)
+        model_corpus = corpus
+        if name in VOCAB_ONLY:  # plus llama.cpp's own test strings for this vocab, and its extras
+            inp = args.vocab_dir / VOCAB_ONLY[name].replace(".xz", ".inp")
+            extra = read_vocab_tests(inp) + (GEMMA4_EXTRA if name == "gemma-4" else [])
+            model_corpus = corpus + [t for t in dict.fromkeys(extra) if t not in corpus]
+        fixture = make_fixture(name, path, model_corpus, class_digest)
         variants = pre_variants(name, path, corpus)
         if variants:
             fixture["pre_variants"] = variants

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chat.parsers import ChatOutputParser, ParsedDelta
+from .chat.parsers import ChatOutputParser, ParsedDelta, syntax_for_template
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
@@ -44,6 +44,7 @@ class Completion:
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
+    reasoning: str | None = None  # chat: the thinking split off `text` (with tools, or Gemma 4's thought channel)
 
 
 @dataclass
@@ -237,11 +238,14 @@ class LLM:
         """
         ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
         out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
-        if offered and isinstance(out, Completion):
+        # Gemma 4 thinks by default: its thought channel is split off even without tools.
+        if isinstance(out, Completion) and (offered or syntax_for_template(self.template.source) == "gemma4"):
             parser = self.chat_parser(ids, offered)
             parsed = parser.push(out.text)
             parsed.extend(parser.flush())
-            out.text, out.tool_calls = parsed.content, parsed.tool_calls
+            out.text, out.reasoning = parsed.content, parsed.reasoning or None
+            if offered:
+                out.tool_calls = parsed.tool_calls
         return out
 
     def chat_events(
@@ -278,9 +282,11 @@ class LLM:
         """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""
         # A template that opens the thinking block itself (Qwen3 with thinking on) puts the
         # model inside it from the first token.
-        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special=False)
+        tail = self.tokenizer.decode(prompt_ids[-4:], skip_special=False).rstrip()
         names = [t["function"]["name"] for t in tools or []]
-        return ChatOutputParser(names or None, parse_tools=bool(tools), starts_in_reasoning=tail.rstrip().endswith("<think>"))
+        syntax = syntax_for_template(self.template.source)  # Gemma 4 writes its own thought and call syntax
+        opened = tail.endswith("<|channel>thought") if syntax == "gemma4" else tail.endswith("<think>")
+        return ChatOutputParser(names or None, parse_tools=bool(tools), starts_in_reasoning=opened, syntax=syntax)
 
     def _run(self, ids, max_tokens, stream, stop, should_stop, sampling, spec: GrammarSpec | None = None) -> Completion | Iterator[str]:
         if not isinstance(max_tokens, int) or max_tokens < 1:

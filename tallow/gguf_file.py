@@ -86,6 +86,9 @@ class SkippedStrings:
         return self.count
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf: memoryview, path: str, skip_strings: bool = False):
         self.buf = buf
@@ -112,6 +115,32 @@ class _Cursor:
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")
 
+    def string_array(self, count: int) -> list[str]:
+        """`count` strings in one tight loop: the generic path costs ~2.5 µs a string, which is
+        2 s for Gemma 4's 262k tokens and 515k merges; this costs about a fifth of that."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length_at = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):  # each item: an 8-byte length, then the UTF-8 bytes
+            if pos + 8 > end:
+                break
+            (n,) = length_at(buf, pos)
+            pos += 8
+            if n > end - pos:
+                break
+            raw = buf[pos:pos + n]
+            pos += n
+            if not self.skip_strings:
+                try:
+                    append(str(raw, "utf-8"))
+                except UnicodeDecodeError:
+                    append(str(raw, "utf-8", "replace"))
+        else:
+            self.pos = pos
+            return out
+        raise ModelFileError(f"{self.path}: the file is truncated (its header runs past the end of the file).")
+
     def value(self, vtype: int, depth: int = 0) -> Any:
         try:
             vtype = GGUFValueType(vtype)
@@ -124,10 +153,9 @@ class _Cursor:
             count = self.scalar("<Q")
             if count > len(self.buf) - self.pos:  # every item takes at least one byte
                 raise ModelFileError(f"{self.path}: the header declares an array of {count} items, longer than the file; the file is corrupt.")
-            if item_type == GGUFValueType.STRING and self.skip_strings:
-                for _ in range(count):  # each item: an 8-byte length, then the bytes
-                    self.take(self.scalar("<Q"))
-                return SkippedStrings(count)
+            if item_type == GGUFValueType.STRING:
+                strings = self.string_array(count)
+                return SkippedStrings(count) if self.skip_strings else strings
             if item_type in _NUMPY_DTYPES:
                 dtype = np.dtype(_NUMPY_DTYPES[GGUFValueType(item_type)]).newbyteorder("<")
                 raw = self.take(count * dtype.itemsize)

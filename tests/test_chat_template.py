@@ -19,11 +19,13 @@ from model_paths import require_model
 from tallow.chat.template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate
 from tallow.errors import TallowError
 
-FIXTURES = json.loads(
+_ALL = json.loads(
     (Path(__file__).parent / "fixtures" / "chat_templates.json").read_text(
         encoding="utf-8"
     )
-)["cases"]
+)
+FIXTURES = _ALL["cases"]
+GEMMA4 = _ALL["gemma4"]  # llama-server's /apply-template on Gemma 4's three templates
 
 
 class FakeGGUF:
@@ -263,3 +265,49 @@ def test_object_argument_probe() -> None:
         }
     ]
     assert prints_raw.render(msgs) == '{"a": 1}'  # left as the string the client sent
+
+
+@cache
+def gemma4_template(name: str) -> ChatTemplate:
+    return ChatTemplate(GEMMA4["sources"][name], GEMMA4["bos_token"], GEMMA4["eos_token"])
+
+
+@pytest.mark.parametrize("case", GEMMA4["cases"], ids=[f"{c['template']}-{c['case']}" for c in GEMMA4["cases"]])
+def test_gemma4_matches_llama_server(case: dict[str, Any]) -> None:
+    """Gemma 4's templates render as llama.cpp renders them (its Jinja engine and its Gemma 4
+    workarounds), thinking on and off, with tools, calls and responses in the history. llama.cpp
+    strips the template's BOS text (the tokenizer adds BOS), as prompt_for_tokenizer does."""
+    tmpl = gemma4_template(case["template"])
+    assert tmpl.is_gemma4 and tmpl.supports_object_arguments and tmpl.template_adds_bos
+    text = tmpl.render(copy.deepcopy(case["messages"]), tools=case["tools"],
+                       add_generation_prompt=case["add_generation_prompt"], enable_thinking=case["enable_thinking"])
+    assert tmpl.prompt_for_tokenizer(text, tokenizer_adds_bos=True) == case["expected"]
+
+
+def test_gemma4_thinking_defaults_on_like_llama_server() -> None:
+    tmpl = gemma4_template("gemma4-31b-it")
+    on = tmpl.render([{"role": "user", "content": "Hi"}])
+    assert "<|think|>" in on and not on.endswith("<|channel>thought\n<channel|>")
+    off = tmpl.render([{"role": "user", "content": "Hi"}], enable_thinking=False)
+    assert "<|think|>" not in off and off.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+
+
+def test_gemma4_tool_responses_folded_for_older_templates() -> None:
+    """The older templates read Gemma's own tool_responses; role:tool messages become those."""
+    from tallow.chat.gemma4 import fold_tool_responses
+
+    calls = [{"id": "a", "type": "function", "function": {"name": "f", "arguments": {}}},
+             {"id": "b", "type": "function", "function": {"name": "g", "arguments": {}}}]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "a", "content": '{"x": 1}'},
+            {"role": "tool", "tool_call_id": "b", "content": "not json"},
+            {"role": "tool", "tool_call_id": "c", "content": "3"},
+            {"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+    folded = fold_tool_responses(msgs)
+    assert [m["role"] for m in folded] == ["user", "assistant", "user"]
+    assert folded[1]["tool_responses"] == [{"name": "f", "response": {"x": 1}}, {"name": "g", "response": "not json"},
+                                           {"name": "c", "response": 3}]
+    assert folded[1]["content"] == "done"
+    from tallow.chat.gemma4 import needs_tool_response_folding
+
+    assert [needs_tool_response_folding(GEMMA4["sources"][n]) for n in ("gemma4-gguf", "gemma4-31b-it", "gemma4-31b-it-interleaved")] == [True, False, True]

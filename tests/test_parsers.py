@@ -136,3 +136,88 @@ def test_arguments_stream_as_they_are_written():
     assert len(arg_pushes) > 10
     assert "".join(d.arguments for d in deltas) == json.dumps(json.loads(text)["arguments"])
     assert not any(p.content for p in pieces)
+
+
+# ----------------------------------------------------------------------------- Gemma 4
+Q = '<|"|>'
+GEMMA4_CASES = [
+    # (text, starts_in_reasoning, reasoning, content, [(name, args)])
+    ("Paris.", False, "", "Paris.", []),
+    ("<|channel>thought\nThe capital.\n<channel|>Paris.", False, "The capital.\n", "Paris.", []),
+    ("Paris.<|channel>thought\n<channel|>", False, "", "Paris.", []),  # the trailing empty channel
+    ("Paris.<channel|>", False, "", "Paris.", []),  # a stray close
+    ("<|channel><|channel>thought x<channel|>y", False, "x", "y", []),  # an empty channel first
+    ("still thinking<channel|>done", True, "still thinking", "done", []),
+    ("<|turn>model\nHi", False, "", "Hi", []),
+    ("<|channel>thought\ncut by max_tokens", False, "cut by max_tokens", "", []),
+    ("a <|chan", False, "", "a <|chan", []),  # a partial marker at the end is text
+    (f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>", False, "", "", [("get_weather", {"city": "Paris"})]),
+    (f"<|channel>thought\nNeed data.<channel|><|tool_call>call:get_weather{{city:{Q}Zürich \"q\" {{x}}{Q},days:3,"
+     f"detail:{{metric:true,hours:[1, -2.5e1, {Q}n{Q}],note:null}}}}<tool_call|>", False, "Need data.", "",
+     [("get_weather", {"city": 'Zürich "q" {x}', "days": 3, "detail": {"metric": True, "hours": [1, -25.0, "n"], "note": None}})]),
+    (f"Sure.<|tool_call>call:set_light{{on:true}}<tool_call|><|tool_call>call:get_weather{{ city: {Q}A{Q} , n: [ ] }}<tool_call|>",
+     False, "", "Sure.", [("set_light", {"on": True}), ("get_weather", {"city": "A", "n": []})]),
+    ("<|tool_call>call:set_light{}<tool_call|>", False, "", "", [("set_light", {})]),
+    ("<|tool_call>call:any_name{k:1}<tool_call|>", False, "", "", [("any_name", {"k": 1})]),  # the tag says it is a call
+    # not a call: the text is kept
+    ("<|tool_call>oops", False, "", "<|tool_call>oops", []),
+    ("<|tool_call>call:{a:1}<tool_call|>", False, "", "<|tool_call>call:{a:1}<tool_call|>", []),
+    ("<|tool_call>call:bad name{a:1}", False, "", "<|tool_call>call:bad name{a:1}", []),
+    # arguments that leave the syntax end the call there; the rest is content
+    ("<|tool_call>call:set_light{on:maybe}<tool_call|>", False, "", "maybe}<tool_call|>", [("set_light", None)]),
+    # cut by max_tokens inside the arguments: still a call, its arguments as far as written
+    (f"<|tool_call>call:get_weather{{city:{Q}Pa", False, "", "", [("get_weather", None)]),
+    (f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}", False, "", "", [("get_weather", {"city": "Paris"})]),
+]
+
+
+def _gemma4_parser(starts: bool) -> ChatOutputParser:
+    return ChatOutputParser(TOOLS, parse_tools=True, starts_in_reasoning=starts, syntax="gemma4")
+
+
+@pytest.mark.parametrize("text,starts,reasoning,content,calls", GEMMA4_CASES)
+def test_gemma4_one_shot(text, starts, reasoning, content, calls):
+    _check(parse_chat_output(text, TOOLS, parse_tools=True, starts_in_reasoning=starts, syntax="gemma4"), reasoning, content, calls)
+
+
+@pytest.mark.parametrize("text,starts,reasoning,content,calls", GEMMA4_CASES)
+def test_gemma4_streamed_in_any_split(text, starts, reasoning, content, calls):
+    rng = random.Random(len(text))
+    for k in range(30):
+        parser = _gemma4_parser(starts)
+        total = ParsedDelta()
+        i = 0
+        while i < len(text):
+            n = 1 if k == 0 else rng.randint(1, 7)  # one character at a time once, then random pieces
+            delta = parser.push(text[i : i + n])
+            assert "<|tool_c" not in delta.content or "<|tool_call>" in content
+            assert "<|chan" not in delta.content or "<|chan" in content
+            total.extend(delta)
+            i += n
+        total.extend(parser.flush())
+        _check(total, reasoning, content, calls)
+
+
+def test_gemma4_arguments_are_llama_cpp_json_and_stream():
+    """Compact JSON as llama.cpp's gemma4_to_json writes it, streamed in many pieces."""
+    text = f"<|tool_call>call:set_light{{room:{Q}kitchen, by the window{Q},brightness:80,rgb:[255,200,150]}}<tool_call|>"
+    parser = _gemma4_parser(False)
+    pieces = [parser.push(text[i : i + 3]) for i in range(0, len(text), 3)] + [parser.flush()]
+    deltas = [d for p in pieces for d in p.call_deltas]
+    assert deltas[0].id and deltas[0].name == "set_light" and deltas[0].arguments == ""
+    assert "".join(d.arguments for d in deltas) == '{"room":"kitchen, by the window","brightness":80,"rgb":[255,200,150]}'
+    assert sum(1 for p in pieces if any(d.id is None for d in p.call_deltas)) > 10
+    assert not any(p.content for p in pieces)
+
+
+def test_gemma4_without_tools_calls_are_text_but_thoughts_split():
+    text = "<|channel>thought\nhm<channel|><|tool_call>call:f{}<tool_call|>"
+    out = parse_chat_output(text, None, parse_tools=False, syntax="gemma4")
+    assert (out.reasoning, out.content, out.tool_calls) == ("hm", "<|tool_call>call:f{}<tool_call|>", [])
+
+
+def test_syntax_for_template():
+    from tallow.chat.parsers import syntax_for_template
+
+    assert syntax_for_template("{{- '<|tool_call>call:' + function['name'] + '{' -}}") == "gemma4"
+    assert syntax_for_template("<tool_call>{{ tool_call | tojson }}</tool_call>") == "default"

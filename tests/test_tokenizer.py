@@ -1,7 +1,9 @@
-"""The tokenizer against llama.cpp: ids, text, streaming, special tokens, on three real models.
+"""The tokenizer against llama.cpp: ids, text, streaming, special tokens, on three real models and
+llama.cpp's vocabulary-only Gemma 4 file.
 
 Fixtures come from scripts/make_tokenizer_fixtures.py (llama-cpp-python as the oracle). Each test
-skips, saying why, when its model file is not found (see tests/model_paths.py).
+skips, saying why, when its model file is not found (see tests/model_paths.py and
+tests/shared_data.py).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from tallow.gguf_file import GGUFFile
 from tallow.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 from tallow.tokenizer.bpe import codepoint_classes, split_words
 
-from model_paths import KNOWN_MODELS, model_path, require_model
+from model_paths import KNOWN_MODELS, require_model
+from shared_data import shared_file, vocab_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures"
+VOCAB_ONLY = ("gemma-4",)  # llama.cpp's vocabulary-only test files (shared/vocab/)
 _loaded: dict[str, Tokenizer] = {}
 
 
@@ -29,14 +33,21 @@ def _fixture(name: str) -> dict:
     return json.loads((FIXTURES / f"tokenizer_{name}.json").read_text(encoding="utf-8"))
 
 
+def _path(name: str) -> Path:
+    if name in VOCAB_ONLY:
+        return vocab_gguf(name)  # skips when the shared folder is absent
+    return require_model(name)  # skips, or fails under TALLOW_REQUIRE_MODELS=1
+
+
 def _tokenizer(name: str) -> Tokenizer:
     if name not in _loaded:
-        path = require_model(name)  # skips, or fails under TALLOW_REQUIRE_MODELS=1
-        gf = GGUFFile(path)
+        path = _path(name)
         t0 = time.perf_counter()
+        gf = GGUFFile(path)
+        t1 = time.perf_counter()
         _loaded[name] = Tokenizer.from_gguf(gf)
-        print(f"\n{name}: tokenizer built in {(time.perf_counter() - t0) * 1e3:.0f} ms "
-              f"(vocab {_loaded[name].vocab_size})")
+        print(f"\n{name}: header read in {(t1 - t0) * 1e3:.0f} ms, tokenizer built in "
+              f"{(time.perf_counter() - t1) * 1e3:.0f} ms (vocab {_loaded[name].vocab_size})")
     return _loaded[name]
 
 
@@ -44,7 +55,7 @@ def _expected_bytes(case: dict, key: str) -> bytes:
     return case[key].encode("utf-8") if key in case else bytes.fromhex(case[key + "_hex"])
 
 
-@pytest.fixture(scope="module", params=KNOWN_MODELS)
+@pytest.fixture(scope="module", params=KNOWN_MODELS + VOCAB_ONLY)
 def model(request) -> tuple[Tokenizer, dict]:
     tok = _tokenizer(request.param)
     return tok, _fixture(request.param)
@@ -140,7 +151,7 @@ def test_encode_speed(model):
     n = 2000
     # cut the text to about 2,000 tokens
     text = tok.decode(ids[:n], skip_special=False)
-    fresh = Tokenizer.from_gguf(GGUFFile(model_path(fx["model"])))  # cold word cache
+    fresh = Tokenizer.from_gguf(GGUFFile(_path(fx["model"])))  # cold word cache
     t0 = time.perf_counter()
     cold = fresh.encode(text)
     t1 = time.perf_counter()
@@ -252,3 +263,56 @@ def test_pre_tokenizer_digit_rules():
     assert split_words("12345", "qwen2") == ["1", "2", "3", "4", "5"]
     assert split_words("x 12345", "starcoder") == ["x", " ", "1", "2", "3", "4", "5"]
     assert split_words("x 12345", "gpt2") == ["x", " 12345"]
+
+
+def test_gemma4_llama_cpp_test_strings():
+    """llama.cpp's own tokenizer test for this vocab (tests/test-tokenizer-0): every string of the
+    .inp file, tokenized with add_special=False and parse_special=False, gives the .out line."""
+    tok = _tokenizer("gemma-4")
+    inp = shared_file("vocab/ggml-vocab-gemma-4.gguf.inp").read_text(encoding="utf-8")
+    out = shared_file("vocab/ggml-vocab-gemma-4.gguf.out").read_text(encoding="utf-8")
+    texts = inp.split("\n__ggml_vocab_test__\n")
+    expected = [[int(x) for x in line.split()] for line in out.split("\n")[: len(texts)]]
+    assert len(texts) == len(expected) == 46
+    bad = [(t, e, tok.encode(t, add_special=False, parse_special=False)) for t, e in zip(texts, expected)]
+    bad = [b for b in bad if b[1] != b[2]]
+    assert not bad, "\n".join(f"{t!r}\n  llama.cpp {e}\n  tallow    {g}" for t, e, g in bad[:10])
+    assert all(tok.decode(e) == t for t, e in zip(texts, expected))  # and every one decodes back
+
+
+def test_gemma4_tokenizer_facts():
+    """What llama.cpp derives for Gemma 4: BOS always added, the turn/tool markers are EOG or
+    control, "<unusedN>" are plain text, raw spaces become "▁" and unknown bytes "<0xXX>"."""
+    tok = _tokenizer("gemma-4")
+    assert (tok.kind, tok.pre, tok.add_bos, tok.bos_id, tok.eos_id) == ("bpe", "gemma4", True, 2, 1)
+    t2i = tok.token_to_id
+    assert {t2i["<eos>"], t2i["<turn|>"], t2i["<|tool_response>"]} <= tok.eog_ids
+    assert tok.encode("<|turn>user\nhi<turn|>", add_special=False)[:1] == [t2i["<|turn>"]]
+    assert tok.encode("<|turn>", add_special=False, parse_special=False) != [t2i["<|turn>"]]
+    assert tok.encode("<unused0>", add_special=False) != [t2i["<unused0>"]]  # NORMAL in this vocab
+    assert tok.encode("a b", add_special=False) == [t2i["a"], t2i["▁b"]]
+    assert tok.decode([t2i["<0xF0>"], t2i["<0x9F>"], t2i["<0x98>"], t2i["<0x80>"]]) == "😀"
+    assert tok.encode("\n" * 31, add_special=False) == [t2i["\n" * 31]]
+
+
+def test_gemma4_switch_merges_whole_lines(monkeypatch):
+    """TALLOW_TOKENIZER_CUTS=0 takes the reference path, with the same ids on llama.cpp's strings."""
+    monkeypatch.setenv("TALLOW_TOKENIZER_CUTS", "0")
+    ref = Tokenizer.from_gguf(GGUFFile(_path("gemma-4")))
+    assert ref._bpe._chunk_boundary is None and _tokenizer("gemma-4")._bpe._chunk_boundary is not None
+    fx = _fixture("gemma-4")
+    for case in fx["cases"]:
+        assert ref.encode(case["text"]) == case["ids"], case["text"]
+
+
+def test_gemma4_line_chunks_merge_like_whole_lines():
+    """Cutting a line before "▁" (not after ">" or "▁") gives the ids of merging the whole line."""
+    import random
+
+    tok = _tokenizer("gemma-4")
+    bpe = tok._bpe
+    rng = random.Random(5)
+    pieces = ["a", "b", "the", "▁", " ", "  ", ">", "<", "é", "中", "😀", "ing", "-", "\t", "x>", "> ", "0"]
+    for _ in range(400):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))).replace(" ", "▁")
+        assert bpe.encode(line) == bpe._encode_spm_style(line), line

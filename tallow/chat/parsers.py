@@ -495,9 +495,20 @@ class ToolCallParser:
 
 
 class ChatOutputParser:
-    """Reasoning split first, then tool calls in the answer part; `push` per delta, `flush` once."""
+    """Reasoning split first, then tool calls in the answer part; `push` per delta, `flush` once.
 
-    def __init__(self, tool_names: Iterable[str] | None = None, parse_tools: bool = False, starts_in_reasoning: bool = False) -> None:
+    syntax: "default" (``<think>``, Hermes tags and JSON calls) or "gemma4" (thought channels
+    and ``<|tool_call>call:NAME{…}<tool_call|>``, see gemma4_parse.py); `syntax_for_template`
+    picks it from the chat template."""
+
+    def __init__(self, tool_names: Iterable[str] | None = None, parse_tools: bool = False, starts_in_reasoning: bool = False,
+                 syntax: str = "default") -> None:
+        if syntax == "gemma4":
+            from .gemma4_parse import Gemma4ReasoningParser, Gemma4ToolCallParser  # it builds on this module
+
+            self.reasoning: Any = Gemma4ReasoningParser(starts_in_reasoning)
+            self.tools: Any = Gemma4ToolCallParser(tool_names) if parse_tools else None
+            return
         self.reasoning = ReasoningParser(starts_in_reasoning)
         self.tools = ToolCallParser(tool_names) if parse_tools else None
 
@@ -525,9 +536,15 @@ class ChatOutputParser:
         return out
 
 
-def parse_chat_output(text: str, tool_names: Iterable[str] | None = None, parse_tools: bool = False, starts_in_reasoning: bool = False) -> ParsedDelta:
+def syntax_for_template(source: str) -> str:
+    """The output syntax a chat template's model writes: "gemma4" or "default"."""
+    return "gemma4" if "'<|tool_call>call:'" in source else "default"
+
+
+def parse_chat_output(text: str, tool_names: Iterable[str] | None = None, parse_tools: bool = False, starts_in_reasoning: bool = False,
+                      syntax: str = "default") -> ParsedDelta:
     """The whole answer at once: the same machine as streaming, so both paths agree."""
-    parser = ChatOutputParser(tool_names, parse_tools, starts_in_reasoning)
+    parser = ChatOutputParser(tool_names, parse_tools, starts_in_reasoning, syntax)
     out = parser.push(text)
     out.extend(parser.flush())
     return out

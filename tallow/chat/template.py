@@ -9,7 +9,8 @@ Where llama.cpp's server deliberately deviates from plain HF rendering we follow
 because the runtime must produce the same tokens as llama.cpp (see `common/chat.cpp`):
 
 * message `content` that is `None` becomes `""`, and a list of text parts is joined with
-  `"\\n"` (llama.cpp's `concat_typed_text`);
+  `"\\n"` (llama.cpp's `concat_typed_text`) — unless the template renders typed parts
+  itself (Gemma 4 does): then, as llama.cpp does, the parts reach it as a list;
 * tool-call `arguments` given as a JSON string (the OpenAI wire format) are parsed into an
   object when the template renders object arguments as JSON (llama.cpp's
   `func_args_not_string` workaround), so templates such as Qwen's `arguments | tojson` do not
@@ -22,6 +23,11 @@ because the runtime must produce the same tokens as llama.cpp (see `common/chat.
   (llama-cpp-python's `Jinja2ChatFormatter` instead never lets the tokenizer add BOS and
   relies on the template alone; the two agree whenever the template emits BOS iff the
   vocabulary wants one, which holds for the models we ship tests for.)
+
+* `{{ none }}` prints nothing (llama.cpp's Jinja engine), not "None";
+* `enable_thinking` is passed as True unless the caller sets it (llama-server's default);
+* Gemma 4 templates get llama.cpp's Gemma 4 handling (`gemma4.py`): role:tool messages folded
+  into `tool_responses` for the older templates, `<|turn>model\n` after a closed turn.
 
 When the file has no template we fall back to a built-in one that reproduces llama.cpp's own
 C++ formatter (`llama_chat_apply_template`) for that format: gemma's turn format for gemma
@@ -41,6 +47,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import TallowError
+from . import gemma4
 from .template_limits import BoundedEnvironment, render_bounded
 
 __all__ = ["CHATML_TEMPLATE", "GEMMA_TEMPLATE", "ChatTemplate"]
@@ -135,6 +142,12 @@ def _tojson(
     )
 
 
+def _none_is_empty(value: Any) -> Any:
+    """`{{ x }}` with x None prints nothing, as llama.cpp's Jinja engine does (Python's prints
+    "None"; Gemma 4 writes a null tool argument that way)."""
+    return "" if value is None else value
+
+
 def _raise_exception(message: str) -> None:
     raise _TemplateRaised(message)
 
@@ -152,6 +165,7 @@ def _make_environment() -> ImmutableSandboxedEnvironment:
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+        finalize=_none_is_empty,
     )
     env.filters["tojson"] = _tojson
     env.filters["tallow_ascii_trim"] = _ascii_trim
@@ -215,7 +229,9 @@ class ChatTemplate:
                     f"line {exc.lineno}: {exc.message}"
                 )
             ) from None
+        self.is_gemma4 = gemma4.is_gemma4_template(source)
         self.supports_object_arguments = self._probe_object_arguments()
+        self.supports_typed_content = self._probe_typed_content()
         self.template_adds_bos = self._probe_adds_bos()
 
     # ---------------------------------------------------------------- construction
@@ -250,13 +266,22 @@ class ChatTemplate:
         **template_kwargs: Any,
     ) -> str:
         """Render the prompt text.  Extra keyword arguments (e.g. `enable_thinking`) become
-        template variables, as with transformers' `apply_chat_template(**kwargs)`."""
+        template variables, as with transformers' `apply_chat_template(**kwargs)`.
+
+        `enable_thinking` is True unless given, as llama.cpp's server passes it (templates
+        without a thinking switch ignore it; Qwen3 treats it like an absent one; Gemma 4 then
+        writes `<|think|>` and lets the model open its thought channel).
+        """
         msgs = self._normalize_messages(messages)
         if tools is not None and not (
             isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
         ):
             raise TallowError("Tools must be a list of JSON objects.")
-        return self._render(msgs, tools, add_generation_prompt, template_kwargs)
+        template_kwargs.setdefault("enable_thinking", True)
+        if gemma4.needs_tool_response_folding(self.source):
+            msgs = gemma4.fold_tool_responses(msgs)
+        text = self._render(msgs, tools, add_generation_prompt, template_kwargs)
+        return gemma4.finish_prompt(text, add_generation_prompt) if self.is_gemma4 else text
 
     def prompt_for_tokenizer(self, text: str, tokenizer_adds_bos: bool) -> str:
         """Apply llama.cpp's rule before tokenizing with add_special=True, parse_special=True.
@@ -313,7 +338,12 @@ class ChatTemplate:
                     f"Message {i} needs a 'role' that is a non-empty string."
                 )
             msg = copy.deepcopy(message)
-            msg["content"] = self._content_text(i, message.get("content"))
+            text = self._content_text(i, message.get("content"))
+            parts = message.get("content")
+            if self.supports_typed_content and isinstance(parts, list):
+                msg["content"] = [p if isinstance(p, dict) else {"type": "text", "text": p} for p in copy.deepcopy(parts)]
+            else:
+                msg["content"] = text
             tool_calls = msg.get("tool_calls")
             if tool_calls is not None:
                 if not isinstance(tool_calls, list):
@@ -373,7 +403,23 @@ class ChatTemplate:
             text = self._render(copy.deepcopy(_PROBE_MESSAGES), None, False, {})
         except TallowError:
             return False
-        return f'"{_PROBE_KEY}": "x"' in text or f'"{_PROBE_KEY}":"x"' in text
+        if f'"{_PROBE_KEY}": "x"' in text or f'"{_PROBE_KEY}":"x"' in text:
+            return True
+        # Templates with their own argument syntax (Gemma 4's `key:<|"|>x<|"|>`) walk the
+        # object too; a Python dict printed whole (`{'key': 'x'}`) does not count.
+        return _PROBE_KEY in text and f"'{_PROBE_KEY}'" not in text
+
+    def _probe_typed_content(self) -> bool:
+        """Does the template render a list of text parts itself (llama.cpp's
+        `supports_typed_content` with string content supported too)?  Found by rendering the
+        parts: their text must come out, and not as the printed list (`[{'type': ...}]`)."""
+        marker = "tallow_probe_text"
+        try:
+            typed = self._render([{"role": "user", "content": [{"type": "text", "text": marker}]}], None, True, {})
+            plain = self._render([{"role": "user", "content": marker}], None, True, {})
+        except TallowError:
+            return False
+        return marker in typed and marker in plain and "'type'" not in typed and '"type"' not in typed
 
     def _probe_adds_bos(self) -> bool:
         """Does the rendered text start with the BOS token text?

@@ -6,6 +6,8 @@ the constraint asks how many tokens a *closing policy* needs to reach a state wh
 may end, by playing that policy on a copy of the matcher, without the model:
 
 1. tokens the grammar forces;
+1b. else an allowed special-token marker (how Gemma 4 closes a string, `<|"|>`, or a thought,
+   `<channel|>`: free text inside them never ends on its own);
 2. else the longest allowed token made only of `"`, `]`, `}` (brackets before quotes) that
    completes something, byte by byte: after none of its bytes may a `"` or a letter follow,
    which in JSON means a string is open (`]]` inside a string is text, and `"]]` at the
@@ -27,10 +29,12 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import llguidance
 import numpy as np
+
+from .vocab import special_ids
 
 MARGIN = 24  # steer within this many tokens of the count: more than one token can add to it
 # (`, {"` opening an object with required keys adds ~10-20)
@@ -57,6 +61,7 @@ class ClosingVocab:
     single: np.ndarray  # ids of the one-byte tokens: the shortest, checked before the whole mask
     in_string: list[int]  # ids of `"` and `a`: may one follow? then a string is open
     lengths: np.ndarray  # (grammar vocabulary,) bytes per token
+    markers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # special tokens that are not EOG (step 1b)
 
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -81,6 +86,7 @@ def closing_vocab(tok, n_grammar: int) -> ClosingVocab:
             single=np.array(sorted(single.values()), dtype=np.int64),
             in_string=[single[p] for p in (b'"', b"a") if p in single],
             lengths=lengths,
+            markers=np.array([i for i in special_ids(tok) if i not in tok.eog_ids and i < n_grammar], dtype=np.int64),
         )
     return cv
 
@@ -104,6 +110,9 @@ def closing_path(matcher: llguidance.LLMatcher, vocab: ClosingVocab, limit: int)
 def _policy_token(m: llguidance.LLMatcher, vocab: ClosingVocab, bits: np.ndarray) -> int:
     """The policy's choice where nothing is forced (steps 2-5 of the module doc); -1 if none."""
     m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    markers = vocab.markers[_allowed(bits, vocab.markers)]
+    if len(markers):
+        return int(markers[0])
     for t in vocab.closers[_allowed(bits, vocab.closers)]:
         if _completes(m, vocab.spelled[int(t)], vocab.in_string):
             return int(t)

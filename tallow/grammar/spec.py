@@ -10,6 +10,7 @@ from .errors import GrammarError
 from .limits import check_tool_count
 from .raw import raw_grammar
 from .schema import response_format_rule
+from .gemma4_calls import gemma4_answer_grammar
 from .tools import tool_grammar, tool_syntax
 
 
@@ -51,6 +52,8 @@ class GrammarSpec:
             # Forced calls leave no room for a formatted answer this turn: the format is unused.
             return tool_grammar(tok, self.tools, self.tool_choice, self.parallel_tool_calls, tool_syntax(template_source), fmt)
         if fmt is not None:
+            if tool_syntax(template_source) == "gemma4":
+                return gemma4_answer_grammar(tok, fmt)  # an optional thought channel first
             return "%llguidance {}\nstart: answer\nanswer: " + fmt
         return None
 

@@ -4,6 +4,7 @@ A call is `{"name": "...", "arguments": {...}}`, written in any of the forms `ch
 reads: bare objects one after another, a JSON array of them, either inside ```json fences, and —
 for templates with `<tool_call>` tags ("hermes": Qwen2.5 and others) — each call in its tags,
 `<tool_call>\\n{...}\\n</tool_call>`. `parallel_tool_calls: false` makes every form one call.
+Gemma 4 ("gemma4") writes calls in a syntax of its own, built in gemma4_calls.py.
 
 The call envelope is fixed text and the arguments are the tool's own JSON schema (`%json`), so
 `$ref`s inside a tool resolve against that tool's schema. With `tool_choice: "auto"` the grammar
@@ -19,13 +20,19 @@ import json
 from typing import Any
 
 from .errors import GrammarError
+from .gemma4_calls import CALL_CLOSE as GEMMA4_CALL_CLOSE
+from .gemma4_calls import CALL_OPEN as GEMMA4_CALL_OPEN
+from .gemma4_calls import gemma4_tool_grammar
 from .schema import json_rule
 from .vocab import special_ids, special_token
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
+GEMMA4_MARKER = "'<|tool_call>call:'"  # Gemma 4's templates write calls in its own syntax (gemma4_calls.py)
 
 
 def tool_syntax(template_source: str) -> str:
+    if GEMMA4_MARKER in (template_source or ""):
+        return "gemma4"
     return "hermes" if TAG_OPEN in (template_source or "") else "json"
 
 
@@ -80,8 +87,13 @@ def tool_grammar(tok, tools: list[dict[str, Any]], choice: str | dict[str, Any],
     if not tools or choice == "none":
         return None
     only = choice["function"]["name"] if isinstance(choice, dict) else None
-    rules, names = _functions(tools, only)
     many = parallel and only is None
+    if syntax == "gemma4":
+        markers = {tok.token_to_id.get(t) for t in (GEMMA4_CALL_OPEN, GEMMA4_CALL_CLOSE)}
+        others = [i for i in special_ids(tok) if i not in tok.eog_ids and i not in markers]
+        return gemma4_tool_grammar(tok, tools, only, many, choice if isinstance(choice, str) else "named",
+                                   _ranges(others) if others else None, answer)
+    rules, names = _functions(tools, only)
     lines = ["%llguidance {}", "fn: " + " | ".join(names), *rules]
     # Every call syntax the parser (chat/parsers.py) reads: bare objects one after another, a
     # JSON array, the same inside ```json fences, and (templates that have them) tags. With

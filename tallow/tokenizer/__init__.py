@@ -6,7 +6,7 @@ token text), special ids, the end-of-generation set, and the list of special tok
 out of the text before tokenizing. ``encode`` mirrors ``llama_tokenize(text, add_special,
 parse_special)``; ``decode`` mirrors llama-cpp-python's ``Llama.detokenize`` (see ``detok.py`` for
 the exact rules). Supported vocabularies: byte-level BPE (``gpt2``) and SentencePiece-style
-(``llama``); others raise a clear error instead of tokenizing differently.
+(``llama``), and Gemma 4's SentencePiece-shaped BPE (``gemma4``); others raise a clear error instead of tokenizing differently.
 """
 
 from __future__ import annotations
@@ -136,10 +136,15 @@ class Tokenizer:
             self.add_bos = pre.add_bos
             if not pre.has_bos:
                 ids["bos"] = None
+        elif model == "gemma4":
+            # BPE merges over "▁"-escaped text with "<0xXX>" byte fallback; every special id comes
+            # from the metadata (no defaults), and BOS is always added (llama.cpp PR 21500).
+            self.kind = "bpe"
+            pre = pre_tokenizer_for("gemma4", path)
         else:
             raise ModelFileError(
                 f"{path}: tokenizer type {model!r} (tokenizer.ggml.model) is not supported; tallow supports "
-                "'gpt2' (byte-level BPE) and 'llama' (SentencePiece-style)."
+                "'gpt2' (byte-level BPE), 'llama' (SentencePiece-style) and 'gemma4'."
             )
         prefix = md.get("tokenizer.ggml.add_space_prefix")
         if isinstance(prefix, bool):
@@ -162,6 +167,8 @@ class Tokenizer:
             value = md.get(key)
             if isinstance(value, (bool, np.bool_)):
                 setattr(self, flag, bool(value))
+        if pre is not None and pre.spm_style:
+            self.add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4
         if self.add_bos and ids["bos"] is None:
             raise ModelFileError(f"{path}: tokenizer.ggml.add_bos_token is true but the model has no BOS token.")
         if self.add_eos and ids["eos"] is None:
@@ -203,6 +210,7 @@ class Tokenizer:
             self._bpe = BpeTokenizer(self.token_to_id, merges, pre)  # type: ignore[arg-type]
             self._spm = None
         self.pre = pre.name if pre is not None else None
+        self._gpt2_bytes = pre is not None and not pre.spm_style  # NORMAL pieces spelled in GPT-2 byte characters
         self._pieces: list[bytes | None] = [None] * n
 
     # ------------------------------------------------------------------ loading helpers
@@ -438,7 +446,7 @@ class Tokenizer:
             return b""
         piece = self._pieces[token_id]
         if piece is None:
-            piece = self._pieces[token_id] = token_piece(self.tokens[token_id], attr, self.kind == "bpe")
+            piece = self._pieces[token_id] = token_piece(self.tokens[token_id], attr, self._gpt2_bytes)
         return piece
 
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:

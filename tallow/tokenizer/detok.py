@@ -4,8 +4,8 @@
 Semantics (mirrored from llama-cpp-python, documented because they surprise):
 
 * A token's piece depends on its attribute, not on its text alone: NORMAL tokens of a byte-level
-  BPE vocab are mapped back through the GPT-2 byte table; NORMAL tokens of an SPM vocab have "▁"
-  turned into spaces; BYTE tokens ``<0xXX>`` give that one byte (possibly half a character);
+  BPE vocab are mapped back through the GPT-2 byte table; NORMAL tokens of an SPM vocab (and of
+  Gemma 4's SentencePiece-shaped BPE) have "▁" turned into spaces; BYTE tokens ``<0xXX>`` give that one byte (possibly half a character);
   CONTROL, UNKNOWN and USER_DEFINED tokens give their text verbatim; UNUSED/UNDEFINED give nothing.
 * ``special=False`` (tallow's ``skip_special=True``) renders CONTROL and UNKNOWN tokens as
   nothing, exactly like llama.cpp's ``token_to_piece(..., special=false)``. USER_DEFINED tokens
@@ -69,12 +69,16 @@ def bpe_normal_piece(text: str) -> bytes:
     return bytes(out)
 
 
-def token_piece(text: str, attr: int, is_bpe: bool) -> bytes:
-    """llama.cpp's token_to_piece(token, special=true) for one vocab entry."""
+def token_piece(text: str, attr: int, gpt2_bytes: bool) -> bytes:
+    """llama.cpp's token_to_piece(token, special=true) for one vocab entry.
+
+    gpt2_bytes: NORMAL tokens are spelled in GPT-2 byte characters (byte-level BPE); otherwise
+    (SentencePiece, and Gemma 4's BPE) they are UTF-8 text with "▁" for spaces.
+    """
     if attr & (ATTR_SPECIAL | ATTR_USER_DEFINED):
         return text.encode("utf-8")
     if attr & ATTR_NORMAL:
-        if is_bpe:
+        if gpt2_bytes:
             return bpe_normal_piece(text)
         return text.replace(SPACE, " ").encode("utf-8")
     if attr & ATTR_BYTE:
