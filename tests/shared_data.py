@@ -1,8 +1,9 @@
 """Where the tests find the project's shared data folder (llama.cpp's vocabularies and templates).
 
 The folder is `shared/` beside the checkout: `$TALLOW_SHARED` if set, else `../shared` from the
-repository root, else `../../shared` (a worktree one level deeper). Tests that need it skip, saying
-what is missing, when it is absent.
+repository root, else `../../shared` (a worktree one level deeper), else the copy of the files the
+tests read in tests/fixtures/shared/ (Gemma 4's vocabulary and llama.cpp's test strings for it), so
+a checkout alone runs them. A test whose file is in none of these skips, saying which.
 """
 
 from __future__ import annotations
@@ -18,20 +19,19 @@ _REPO = Path(__file__).resolve().parent.parent
 _unpacked: dict[str, Path] = {}
 
 
-def shared_dir() -> Path | None:
+def shared_dirs() -> list[Path]:
     env = os.environ.get("TALLOW_SHARED")
     candidates = [Path(env)] if env else []
-    candidates += [_REPO.parent / "shared", _REPO.parent.parent / "shared"]
-    return next((p for p in candidates if p.is_dir()), None)
+    candidates += [_REPO.parent / "shared", _REPO.parent.parent / "shared", _REPO / "tests" / "fixtures" / "shared"]
+    return [p for p in candidates if p.is_dir()]
 
 
 def shared_file(relative: str) -> Path:
     """A file of the shared folder, or skip the test saying which file is missing."""
     import pytest
 
-    root = shared_dir()
-    path = root / relative if root is not None else None
-    if path is None or not path.is_file():
+    path = next((root / relative for root in shared_dirs() if (root / relative).is_file()), None)
+    if path is None:
         pytest.skip(f"shared/{relative} not found (set TALLOW_SHARED to the project's shared folder)")
     return path
 
