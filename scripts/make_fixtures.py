@@ -154,18 +154,37 @@ def long_context_fixture(path: Path) -> dict:
             "greedy": cont}
 
 
-def tiny_fixture(arch: str, folder: Path) -> dict:
-    path = write_tiny_model(arch, folder / f"tiny-{arch}.gguf")
+TINY_N_GEN = 16  # gemma4's greedy continuation: 24 prompt + 16 tokens, far past the window of 8
+
+
+def tiny_fixture(arch: str, folder: Path, qtype=None) -> dict:
+    """llama.cpp's logits over the tiny prompt (F32 KV); for gemma4 also its greedy continuation
+    with the top-2 gap of every step. qtype: the matrices' type (default F32)."""
+    from gguf import GGMLQuantizationType as QT
+
+    qtype = qtype or QT.F32
+    path = write_tiny_model(arch, folder / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype)
     ids = tiny_prompt()
     llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
     llm.eval(ids)
-    return {"arch": arch, "ids": ids, "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    data = {"arch": arch, "qtype": qtype.name, "ids": ids,
+            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    if arch.startswith("gemma4"):
+        out, gaps = [], []
+        for _ in range(TINY_N_GEN):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            out.append(int(row.argmax()))
+            gaps.append(round(top2_gap(row), 5))
+            llm.eval([out[-1]])
+        data["greedy"] = {"ids": out, "gaps": gaps}
+    return data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="/root/models", help="folder with <name>.gguf files")
     ap.add_argument("--only", choices=("tiny", "real", "long"), default=None)
+    ap.add_argument("--arch", default=None, help="with --only tiny: just this tiny architecture (and its quantized variant)")
     args = ap.parse_args()
     out = ROOT / "tests" / "fixtures"
     out.mkdir(parents=True, exist_ok=True)
@@ -180,9 +199,17 @@ def main() -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            for arch in ARCHITECTURES:
+            for arch in [a for a in ARCHITECTURES if args.arch in (None, a)]:
                 (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_fixture(arch, Path(tmp))))
                 print("wrote", f"tiny_{arch}.json")
+            from gguf import GGMLQuantizationType as QT
+
+            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0)):  # llama.cpp quantizes activations
+                if args.arch not in (None, arch):
+                    continue
+                name = f"tiny_{arch}-{qtype.name.lower()}.json"
+                (out / name).write_text(json.dumps(tiny_fixture(arch, Path(tmp), qtype)))
+                print("wrote", name)
     if args.only != "tiny":
         for name in MODELS:
             print(name, flush=True)
