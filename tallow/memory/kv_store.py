@@ -68,10 +68,10 @@ def model_fingerprint(header_bytes: bytes) -> str:
     return hashlib.sha256(header_bytes).hexdigest()
 
 
-def _layout(spec: ModelSpec, kv: KVPool) -> list[list]:
+def _layout(spec: ModelSpec, kv: KVPool) -> list[list[int]]:
     """Per layer [KV heads, K dim, V dim, slots]; a shared-KV layer (gemma4), which stores
-    nothing of its own, ["shared", the layer it reads]."""
-    return [[layer.n_kv_heads, layer.head_dim, layer.v_head_dim, cap] if layer.owns_kv else ["shared", layer.kv_source]
+    nothing of its own, [0, 0, 0, the layer whose cache it reads]."""
+    return [[layer.n_kv_heads, layer.head_dim, layer.v_head_dim, cap] if layer.owns_kv else [0, 0, 0, layer.kv_source]
             for layer, cap in zip(spec.layers, kv.caps)]
 
 
