@@ -185,6 +185,11 @@ def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_
 
     matrix("token_embd.weight", n_vocab, dim, 1.0)
     vector("output_norm.weight", dim, 1.0, 0.1)
+    if e2b_style:
+        # Untied: with logits from the tied embedding the tiny model's greedy run repeats one
+        # token; its own output projection gives a varied continuation to compare. (The 31B
+        # style keeps the tie, as the real files do.)
+        matrix("output.weight", n_vocab, dim, 1.0)
     n_rot = hd_full // 2 // 4  # partial_rotary_factor 0.25, as the converter writes it
     w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
     if e2b_style:
