@@ -138,19 +138,19 @@ class Gemma4Model(DecoderModel):
             raise ValueError("Gemma 4 with per-layer embeddings runs its blocks through _blocks (they need the token ids).")
         return self.gemma4_block(w, x, delta, kv, start, None)
 
-    def gemma4_attention_inputs(self, w: LayerWeights, h: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        """Q (n, nh, hd) of this block, normed and rotated at positions start..; for a layer that
-        owns its cache, K (normed, rotated) and V (weightless-normed) written to the pool."""
+    def attention_inputs(self, w: LayerWeights, proj: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """Q (n, nh, hd) of this block from its projection `proj`, normed and rotated at positions
+        start..: for a layer that owns its cache proj is Q, K (and V) side by side, and K (normed,
+        rotated) and V (weightless-normed) are written to the pool; for a shared-KV layer proj is
+        Q alone. (The hook models/step.py and engine/speculate.py rebind, as in DecoderModel.)"""
         spec, layer = self.spec, self.spec.layers[w.index]
-        n, eps = h.shape[0], spec.norm_eps
+        n, eps = proj.shape[0], spec.norm_eps
         nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
         rope = self.rope[layer.rope_key]
         if not layer.owns_kv:
-            q = rms_norm(w.attn_q(h).view(n, nh, hd), w.attn_q_norm, eps)
-            return rope.apply_at(q, start)
-        qkv = w.attn_qkv(h)  # (n, (nh + nkv) * hd [+ nkv * hd])
-        qk = qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
-        v = qk[:, nh:] if w.index in self.v_is_k else qkv[:, (nh + nkv) * hd :].view(n, nkv, hd)
+            return rope.apply_at(rms_norm(proj.view(n, nh, hd), w.attn_q_norm, eps), start)
+        qk = proj[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
+        v = qk[:, nh:] if w.index in self.v_is_k else proj[:, (nh + nkv) * hd :].view(n, nkv, hd)
         v = rms_norm(v, self.v_norm_ones[layer.v_head_dim], eps)
         qk = rope.apply_at(rms_norm(qk, w.attn_qk_norm, eps), start)
         kv.store(w.index, start, qk[:, nh:], v)
@@ -162,7 +162,8 @@ class Gemma4Model(DecoderModel):
         Returns the stream and a pending delta, like DecoderModel.block."""
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.gemma4_attention_inputs(w, h, kv, start)
+        proj = w.attn_qkv(h) if self.spec.layers[w.index].owns_kv else w.attn_q(h)
+        q = self.attention_inputs(w, proj, kv, start)
         attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
         delta = ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)
