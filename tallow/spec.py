@@ -88,6 +88,46 @@ class ModelSpec:
         return sum(2 * layer.n_kv_heads * (layer.head_dim + layer.v_head_dim) for layer in self.layers if layer.owns_kv)
 
 
+def layer_kind_lines(spec: ModelSpec) -> list[str]:
+    """`tallow inspect`'s lines on per-layer kinds, for models whose layers differ in more than
+    the sliding window (gemma4: head sizes, KV heads, RoPE per type, shared-KV layers); none
+    for the others."""
+    kinds: dict[tuple, list[int]] = {}
+    for layer in spec.layers:
+        if layer.owns_kv:
+            kinds.setdefault((layer.sliding_window, layer.head_dim, layer.n_kv_heads, layer.rope_base, layer.rope_dim,
+                              layer.rope_factors), []).append(layer.index)
+    shared = [layer for layer in spec.layers if not layer.owns_kv]
+    if len(kinds) < 2 and not shared and len({layer.ffn_dim for layer in spec.layers}) < 2:
+        return []
+    lines = []
+    for (window, hd, nkv, base, rope_dim, factors), idx in kinds.items():
+        rope = f"RoPE base {base:g} on {rope_dim} dims"
+        if factors is not None:
+            rope += f", {sum(1 for f in factors[: rope_dim // 2] if f < 1e20)} of {rope_dim // 2} pairs turning"
+        kind = f"sliding (window {window})" if window else "global"
+        lines.append(f"  {kind:<22s} head {hd}, {nkv} KV heads, {rope}: layers {_ranges(idx)}")
+    if shared:
+        pairs = ", ".join(f"{layer.index}->{layer.kv_source}" for layer in shared)
+        lines.append(f"  shared KV (no cache)   {len(shared)} layers read an earlier layer's: {pairs}")
+    widths = sorted({layer.ffn_dim for layer in spec.layers})
+    if len(widths) > 1:
+        lines.append(f"  ffn widths             {', '.join(str(w) for w in widths)}")
+    if spec.per_layer_input_dim:
+        lines.append(f"  per-layer embeddings   {spec.per_layer_input_dim} per layer (table memory-mapped)")
+    return ["layer kinds"] + lines
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 4] -> '0-2, 4'."""
+    out, start = [], idx[0]
+    for a, b in zip(idx, idx[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else f"{a}")
+            start = b
+    return ", ".join(out)
+
+
 # Bounds on what a file may claim, far past any real model: a hostile or corrupt file must end
 # in one sentence here, not in a ZeroDivisionError, a wrapped int or a multi-GB allocation.
 MAX_LAYERS = 4096

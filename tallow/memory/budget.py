@@ -448,6 +448,10 @@ class MemoryPlan:
             n_ring = sum(1 for sl in slots if sl < self.n_ctx)
             if n_ring:
                 rings = f"; {n_ring} of {len(slots)} layers sliding-window rings of {min(slots)} slots"
+        if self.spec is not None and any(not layer.owns_kv for layer in self.spec.layers):
+            owners = sum(1 for layer in self.spec.layers if layer.owns_kv)
+            rings += (f"; {owners} of {len(self.spec.layers)} layers own a cache, the rest share one"
+                      f" ({kv_bytes_per_token(self.spec, self.kv_dtype, shared=False)} bytes per token without sharing)")
         where = f" in {self.device} memory" if self.device.startswith("cuda") else ""
         lines = [f"memory plan for {self.model}{where} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
                  f" bytes per token over all layers{rings}):"]
