@@ -114,8 +114,12 @@ def test_forward_chunk_with_padding_matches_forward(arch, triton_ops, tmp_path):
                                        torch.tensor([end - start - 1]), kv_b))
         kv_b.tokens.extend(ids[start:end])
         kv_b.mark_written(start + bucket - 1)
+    # Padded shapes reorder sums. The E2B-style tiny gemma4 measured 3.5e-4 on the torch path: its
+    # fp16 GELU roundings amplify reordering (with every GELU in fp32 its chunked-vs-batch
+    # prefill spread falls from 1.05e-2 to 5e-5; docs/performance.md).
+    torch_bound = 1e-3 if arch == "gemma4" else 1e-4
     for g_, w_ in zip(got, want):
-        assert float((g_ - w_).abs().max() / w_.abs().max()) < (2e-3 if triton_ops else 1e-4)  # padded shapes reorder sums
+        assert float((g_ - w_).abs().max() / w_.abs().max()) < (2e-3 if triton_ops else torch_bound)
 
 
 @pytest.mark.parametrize("arch", ["gemma3"])  # GeGLU, sandwich norms; slow in the interpreter, so one arch
