@@ -9,6 +9,8 @@ global layers 2, 4 with head size 32) and layers 5, 6 (sliding) and 7 (global) r
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,39 @@ def test_gelu_table_is_ggml_gelu_at_fp16():
     assert ulp[x > -3.5].max().item() <= 1
     big = torch.tensor([12.0, -12.0, 10.0, -10.0])
     assert gelu_ggml(big).tolist() == [12.0, 0.0, 10.0, 0.0]
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("attention.sliding_window_pattern", None, "sliding_window_pattern is missing"),
+    ("attention.sliding_window_pattern", np.array([True, False]), "must be an array of 8 per-layer flags"),
+    ("attention.sliding_window_pattern", 5, "must be an array of 8 per-layer flags"),
+    ("attention.key_length_swa", None, "key_length_swa is missing"),
+    ("attention.value_length_swa", 8, "equal key and value head sizes"),
+    ("embedding_length_per_layer_input", None, "embedding_length_per_layer_input is missing"),
+    ("attention.shared_kv_layers", 7, "leave 1 of 8 layers with a cache"),
+    ("attention.shared_kv_layers", 4, "shared-KV layer 4 (global) would read layer 3, which is not global"),
+    ("attention.head_count_kv", np.array([2] * 8), "has 1 KV heads of 32, but its source layer"),
+])
+def test_bad_gemma4_metadata_is_one_sentence(tmp_path, key, value, needle):
+    """A corrupt or inconsistent gemma4 header ends in one ModelFileError naming what is wrong."""
+    from tallow.errors import ModelFileError
+
+    gf = GGUFFile(write_tiny_model("gemma4", tmp_path / "g4.gguf"))
+    name = f"gemma4.{key}"
+    if value is None:
+        del gf.metadata[name]
+    else:
+        gf.metadata[name] = value
+    if key == "attention.head_count_kv":  # the shared global layer 7 keeps 1 KV head, its source 4 gets 2
+        value[7] = 1
+    with pytest.raises(ModelFileError, match=re.escape(needle)):
+        spec_from_gguf(gf)
+
+
+def test_missing_rope_freqs_is_one_sentence(tmp_path):
+    from tallow.errors import ModelFileError
+
+    gf = GGUFFile(write_tiny_model("gemma4-31b", tmp_path / "g4.gguf"))
+    del gf.tensors["rope_freqs.weight"]
+    with pytest.raises(ModelFileError, match="rope_freqs.weight .the global layers' RoPE factors. is missing"):
+        spec_from_gguf(gf)
