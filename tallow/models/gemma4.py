@@ -63,6 +63,10 @@ class Gemma4Model(DecoderModel):
                 "model_proj": self.linear("per_layer_model_proj.weight"),
                 "proj_norm": self.norm_weight("per_layer_proj_norm.weight"),
             }
+            # Also listed with block 0's tensors, where the engine's walks over the model's
+            # linears look (speculation's row-exactness, the prefill plan, nbytes).
+            self.layers[0].tensors["per_layer_model_proj"] = self.per_layer["model_proj"]
+            self.layers[0].tensors["per_layer_proj_norm"] = self.per_layer["proj_norm"]
         # V's RMSNorm has no weight: a row of ones keeps the fused one-call norm (x * 1 is exact).
         self.v_norm_ones = {}
         for layer in spec.layers:
@@ -103,13 +107,6 @@ class Gemma4Model(DecoderModel):
             t["ple_proj"] = self.linear(p + "proj.weight")  # d -> dim
             t["ple_post_norm"] = self.norm_weight(p + "post_norm.weight")
         return LayerWeights(i, t)
-
-    @property
-    def nbytes(self) -> int:
-        total = super().nbytes
-        if self.per_layer is not None:
-            total += self.per_layer["model_proj"].nbytes + self.per_layer["proj_norm"].numel() * 4
-        return total
 
     # -- forward ---------------------------------------------------------------------------
     def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
