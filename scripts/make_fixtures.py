@@ -154,18 +154,93 @@ def long_context_fixture(path: Path) -> dict:
             "greedy": cont}
 
 
-def tiny_fixture(arch: str, folder: Path) -> dict:
-    path = write_tiny_model(arch, folder / f"tiny-{arch}.gguf")
+TINY_N_GEN = 16  # gemma4's greedy continuation: 24 prompt + 16 tokens, far past the window of 8
+
+
+def tiny_fixture(arch: str, folder: Path, qtype=None) -> dict:
+    """llama.cpp's logits over the tiny prompt (F32 KV); for gemma4 also its greedy continuation
+    with the top-2 gap of every step. qtype: the matrices' type (default F32)."""
+    from gguf import GGMLQuantizationType as QT
+
+    qtype = qtype or QT.F32
+    path = write_tiny_model(arch, folder / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype)
     ids = tiny_prompt()
     llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
     llm.eval(ids)
-    return {"arch": arch, "ids": ids, "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    data = {"arch": arch, "qtype": qtype.name, "ids": ids,
+            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    if arch.startswith("gemma4"):
+        out, gaps = [], []
+        for _ in range(TINY_N_GEN):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            out.append(int(row.argmax()))
+            gaps.append(round(top2_gap(row), 5))
+            llm.eval([out[-1]])
+        data["greedy"] = {"ids": out, "gaps": gaps}
+    return data
+
+
+def tiny_greedy_llama_server(path: Path, ids: list[int], n: int) -> dict:
+    """Greedy continuation of `ids` by llama.cpp's own server build (../shared/llama.cpp, unpacked
+    to $LLAMA_DIR, default /tmp/llama), with each step's top-2 log-probability gap (= the logit
+    gap). For quantized tiny models: llama-cpp-python 0.3.36 dies of SIGILL in its quantized
+    matrix products on the development machine."""
+    import os
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    folder = Path(os.environ.get("LLAMA_DIR", "/tmp/llama"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(folder)}
+    server = subprocess.Popen([str(folder / "llama-server"), "-m", str(path), "-c", "256", "-t", "2", "-fa", "off",
+                               "-ctk", "f32", "-ctv", "f32", "--no-warmup", "--port", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        r = httpx.post(url + "/completion", timeout=120, json={
+            "prompt": ids, "n_predict": n, "temperature": 0, "n_probs": 2, "return_tokens": True,
+            "cache_prompt": False}).json()
+    finally:
+        server.terminate()
+        server.wait()
+    if "tokens" not in r:
+        raise SystemExit(f"llama-server answered {str(r)[:300]}")
+    # The server leaves a step's probabilities out when its text is not whole UTF-8 (a byte
+    # token), so the gaps come as (token id, gap) pairs, not one per step.
+    gaps = [[p["id"], round(p["top_logprobs"][0]["logprob"] - p["top_logprobs"][1]["logprob"], 5)]
+            for p in r.get("completion_probabilities") or []]
+    return {"ids": r["tokens"], "gaps_by_id": gaps, "llama_cpp": "llama-server b11434 (../shared/llama.cpp)"}
+
+
+# The quantized check's prompt: of tiny_prompt's seeds 1-12, the one whose 16 greedy steps on
+# the Q8_0 gemma4 have the largest smallest top-2 gap (0.28; seed 1's first step is a 0.08 tie,
+# which llama.cpp's 8-bit activation rounding alone decides).
+QUANTIZED_PROMPT_SEED = 11
+
+
+def tiny_quantized_fixture(arch: str, folder: Path, qtype) -> dict:
+    path = write_tiny_model(arch, folder / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype)
+    ids = tiny_prompt(seed=QUANTIZED_PROMPT_SEED)
+    return {"arch": arch, "qtype": qtype.name, "ids": ids, "greedy": tiny_greedy_llama_server(path, ids, TINY_N_GEN)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="/root/models", help="folder with <name>.gguf files")
     ap.add_argument("--only", choices=("tiny", "real", "long"), default=None)
+    ap.add_argument("--arch", default=None, help="with --only tiny: just this tiny architecture (and its quantized variant)")
     args = ap.parse_args()
     out = ROOT / "tests" / "fixtures"
     out.mkdir(parents=True, exist_ok=True)
@@ -180,9 +255,17 @@ def main() -> None:
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            for arch in ARCHITECTURES:
+            for arch in [a for a in ARCHITECTURES if args.arch in (None, a)]:
                 (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_fixture(arch, Path(tmp))))
                 print("wrote", f"tiny_{arch}.json")
+            from gguf import GGMLQuantizationType as QT
+
+            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0)):  # llama.cpp quantizes activations
+                if args.arch not in (None, arch):
+                    continue
+                name = f"tiny_{arch}-{qtype.name.lower()}.json"
+                (out / name).write_text(json.dumps(tiny_quantized_fixture(arch, Path(tmp), qtype)))
+                print("wrote", name)
     if args.only != "tiny":
         for name in MODELS:
             print(name, flush=True)

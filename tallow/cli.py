@@ -266,6 +266,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"memory @ctx {ctx}: weights {tensor_bytes / 2**20:.1f} MiB + KV (f16) {kv_bytes / 2**20:.1f} MiB"
         f" = {(tensor_bytes + kv_bytes) / 2**20:.1f} MiB  ({spec.kv_bytes_per_token_f16} KV bytes/token)",
     ]
+    from .memory.budget import kv_bytes_per_token
+    from .spec import layer_kind_lines
+
+    lines += layer_kind_lines(spec)  # gemma4: per-layer head sizes, RoPE, shared-KV layers
+    if kv_bytes_per_token(spec, shared=False) != spec.kv_bytes_per_token_f16:
+        lines.append(f"KV sharing    {spec.kv_bytes_per_token_f16} bytes/token (f16) with it,"
+                     f" {kv_bytes_per_token(spec, shared=False)} were every layer to own a cache")
     print("\n".join(lines))
     return 0
 

@@ -60,11 +60,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class RotaryTables:
     """Precomputed cos/sin for one RoPE base, grown on demand up to the context length."""
 
-    def __init__(self, rope_dim: int, base: float, style: str, position_scale: float = 1.0):
+    def __init__(self, rope_dim: int, base: float, style: str, position_scale: float = 1.0,
+                 freq_factors: "tuple[float, ...] | None" = None):
         if style not in ("norm", "neox"):
             raise ValueError(f"unknown RoPE style {style!r}")
         self.rope_dim = rope_dim
         self.base = base
+        # ggml's rope freq_factors: pair i turns at frequency inv_freq[i] / freq_factors[i].
+        self.freq_factors = None if freq_factors is None else torch.tensor(freq_factors[: rope_dim // 2], dtype=torch.float64)
         self.style = style
         self.position_scale = position_scale
         self.cos = torch.empty(0, rope_dim // 2)
@@ -81,6 +84,8 @@ class RotaryTables:
         n = max(n_positions, 2 * self.cos.shape[0], 256)
         # float64 for the angle so large positions keep their precision, then float32 tables.
         inv_freq = self.base ** (-torch.arange(0, self.rope_dim, 2, dtype=torch.float64) / self.rope_dim)
+        if self.freq_factors is not None:
+            inv_freq = inv_freq / self.freq_factors
         pos = torch.arange(n, dtype=torch.float64) / self.position_scale
         angles = torch.outer(pos, inv_freq)  # (n, rope_dim/2)
         self.cos = angles.cos().float()

@@ -16,15 +16,16 @@ import numpy as np
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4")
 
 # RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
 # the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
-_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "gemma4": "neox"}
 
 # llama.cpp's per-architecture defaults where the GGUF may not carry the key.
 _GEMMA3_SWA_PATTERN = 6
 _GEMMA3_ROPE_BASE_SWA = 10000.0
+_GEMMA4_ROPE_BASE_SWA = 10000.0  # llama.cpp's hparams default when rope.freq_base_swa is absent
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,25 @@ class LayerSpec:
     n_kv_heads: int
     sliding_window: int | None  # None: global attention over the whole context
     rope_base: float
+    head_dim: int  # key/query head size of this layer (gemma4: one per layer type)
+    v_head_dim: int
+    rope_dim: int  # leading dims of each head that rotate
+    ffn_dim: int
+    # The layer whose K/V cache this layer attends over: itself, or for gemma4's shared-KV
+    # layers an earlier layer of the same type (this layer then computes no K/V and owns no cache).
+    kv_source: int
+    # Per rotated pair, a divisor of its frequency (ggml's rope freq_factors; gemma4's global
+    # layers rotate only the first pairs, the rest get 1e30 so they stay put). None: all 1.
+    rope_factors: tuple[float, ...] | None = None
+
+    @property
+    def owns_kv(self) -> bool:
+        return self.kv_source == self.index
+
+    @property
+    def rope_key(self) -> tuple:
+        """What identifies this layer's RoPE tables (layers with equal keys share one)."""
+        return (self.rope_base, self.rope_dim, self.rope_factors)
 
 
 @dataclass(frozen=True)
@@ -60,11 +80,52 @@ class ModelSpec:
     attn_logit_softcap: float | None
     tied_embeddings: bool
     layers: tuple[LayerSpec, ...] = field(repr=False)
+    per_layer_input_dim: int = 0  # gemma4's per-layer embeddings, width per layer (0: none)
 
     @property
     def kv_bytes_per_token_f16(self) -> int:
-        """Bytes of f16 K+V one token costs across all layers (no window savings)."""
-        return sum(2 * layer.n_kv_heads * (self.head_dim + self.v_head_dim) for layer in self.layers)
+        """Bytes of f16 K+V one token costs across the layers that own a cache (no window savings)."""
+        return sum(2 * layer.n_kv_heads * (layer.head_dim + layer.v_head_dim) for layer in self.layers if layer.owns_kv)
+
+
+def layer_kind_lines(spec: ModelSpec) -> list[str]:
+    """`tallow inspect`'s lines on per-layer kinds, for models whose layers differ in more than
+    the sliding window (gemma4: head sizes, KV heads, RoPE per type, shared-KV layers); none
+    for the others."""
+    kinds: dict[tuple, list[int]] = {}
+    for layer in spec.layers:
+        if layer.owns_kv:
+            kinds.setdefault((layer.sliding_window, layer.head_dim, layer.n_kv_heads, layer.rope_base, layer.rope_dim,
+                              layer.rope_factors), []).append(layer.index)
+    shared = [layer for layer in spec.layers if not layer.owns_kv]
+    if len(kinds) < 2 and not shared and len({layer.ffn_dim for layer in spec.layers}) < 2:
+        return []
+    lines = []
+    for (window, hd, nkv, base, rope_dim, factors), idx in kinds.items():
+        rope = f"RoPE base {base:g} on {rope_dim} dims"
+        if factors is not None:
+            rope += f", {sum(1 for f in factors[: rope_dim // 2] if f < 1e20)} of {rope_dim // 2} pairs turning"
+        kind = f"sliding (window {window})" if window else "global"
+        lines.append(f"  {kind:<22s} head {hd}, {nkv} KV heads, {rope}: layers {_ranges(idx)}")
+    if shared:
+        pairs = ", ".join(f"{layer.index}->{layer.kv_source}" for layer in shared)
+        lines.append(f"  shared KV (no cache)   {len(shared)} layers read an earlier layer's: {pairs}")
+    widths = sorted({layer.ffn_dim for layer in spec.layers})
+    if len(widths) > 1:
+        lines.append(f"  ffn widths             {', '.join(str(w) for w in widths)}")
+    if spec.per_layer_input_dim:
+        lines.append(f"  per-layer embeddings   {spec.per_layer_input_dim} per layer (table memory-mapped)")
+    return ["layer kinds"] + lines
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 4] -> '0-2, 4'."""
+    out, start = [], idx[0]
+    for a, b in zip(idx, idx[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else f"{a}")
+            start = b
+    return ", ".join(out)
 
 
 # Bounds on what a file may claim, far past any real model: a hostile or corrupt file must end
@@ -134,10 +195,15 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     for h, kv in zip(heads, kv_heads):
         if h % kv:
             raise ModelFileError(f"{path}: {h} attention heads cannot share {kv} KV heads evenly.")
-    ffn = gf.arch_get("feed_forward_length")
+    ffn = need("feed_forward_length")
     if isinstance(ffn, np.ndarray) and len(ffn) == 0:
         raise ModelFileError(f"{path}: the metadata key {key('feed_forward_length')} is an empty array.")
-    ffn_dim = _int(ffn[0] if isinstance(ffn, np.ndarray) else need("feed_forward_length"), key("feed_forward_length"), path)
+    if isinstance(ffn, np.ndarray):
+        if len(ffn) != n_layers:
+            raise ModelFileError(f"{path}: {key('feed_forward_length')} has {len(ffn)} entries for {n_layers} layers.")
+        ffn_dims = [_int(v, key("feed_forward_length"), path) for v in ffn]
+    else:
+        ffn_dims = [_int(ffn, key("feed_forward_length"), path)] * n_layers
     head_dim = _int(gf.arch_get("attention.key_length", dim // heads[0]), key("attention.key_length"), path)
     v_head_dim = _int(gf.arch_get("attention.value_length", head_dim), key("attention.value_length"), path)
     if "token_embd.weight" not in gf.tensors:
@@ -154,18 +220,27 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         rope_scale = _float(gf.arch_get("rope.scaling.factor"), key("rope.scaling.factor"), path, positive=True)
 
     window = gf.arch_get("attention.sliding_window")
-    layers = []
-    for i in range(n_layers):
-        sliding = None
-        base = rope_base
-        if arch == "gemma3" and window:
-            pattern = _int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN), key("attention.sliding_window_pattern"), path, 1, MAX_LAYERS)
-            if i % pattern < pattern - 1:
-                sliding = _int(window, key("attention.sliding_window"), path, 1, MAX_CONTEXT)
-                base = _float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA), key("rope.freq_base_swa"), path, positive=True)
-        layers.append(LayerSpec(i, heads[i], kv_heads[i], sliding, base))
+    per_layer_input_dim = 0
+    if arch == "gemma4":
+        layers, per_layer_input_dim = _gemma4_layers(gf, n_layers, heads, kv_heads, ffn_dims, head_dim, v_head_dim,
+                                                     rope_base, rope_dim)
+    else:
+        layers = []
+        for i in range(n_layers):
+            sliding = None
+            base = rope_base
+            if arch == "gemma3" and window:
+                pattern = _int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN), key("attention.sliding_window_pattern"), path, 1, MAX_LAYERS)
+                if i % pattern < pattern - 1:
+                    sliding = _int(window, key("attention.sliding_window"), path, 1, MAX_CONTEXT)
+                    base = _float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA), key("rope.freq_base_swa"), path, positive=True)
+            layers.append(LayerSpec(i, heads[i], kv_heads[i], sliding, base, head_dim=head_dim, v_head_dim=v_head_dim,
+                                    rope_dim=rope_dim, ffn_dim=ffn_dims[i], kv_source=i))
 
-    if arch == "gemma3":
+    if arch == "gemma4":
+        attn_scale = 1.0  # llama.cpp: Gemma 4 scales Q·K by 1 (its Q/K RMSNorm sets the scale)
+        embed_scale = math.sqrt(dim)
+    elif arch == "gemma3":
         attn_scale = 1.0 / math.sqrt(head_dim)  # llama.cpp: 1/sqrt(n_embd_head_k) for all but 27B
         embed_scale = math.sqrt(dim)
     else:
@@ -183,7 +258,7 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         name=str(name),
         n_layers=n_layers,
         dim=dim,
-        ffn_dim=ffn_dim,
+        ffn_dim=max(ffn_dims),
         n_heads=heads[0],
         n_kv_heads=kv_heads[0],
         head_dim=head_dim,
@@ -201,4 +276,85 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         attn_logit_softcap=float(attn_softcap) if attn_softcap else None,
         tied_embeddings="output.weight" not in gf.tensors,
         layers=tuple(layers),
+        per_layer_input_dim=per_layer_input_dim,
     )
+
+
+def _gemma4_layers(gf: GGUFFile, n_layers: int, heads: list[int], kv_heads: list[int], ffn_dims: list[int],
+                   head_dim_full: int, v_head_dim_full: int, rope_base: float,
+                   rope_dim_full: int) -> tuple[list[LayerSpec], int]:
+    """Gemma 4's per-layer facts, read as llama.cpp's gemma4 loader reads them: a per-layer
+    sliding-window flag array; sliding layers with their own head size, RoPE base and rotated
+    width; global layers with `rope_freqs` factors ("proportional" RoPE); and the trailing
+    `shared_kv_layers` layers reading the cache of the last cached layer of their type."""
+    path, arch = gf.path, gf.architecture
+
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    def need(name: str):
+        value = gf.arch_get(name)
+        if value is None:
+            raise ModelFileError(f"{path}: the metadata key {key(name)} is missing.")
+        return value
+
+    pattern = need("attention.sliding_window_pattern")
+    if not isinstance(pattern, np.ndarray) or len(pattern) != n_layers:
+        raise ModelFileError(f"{path}: {key('attention.sliding_window_pattern')} must be an array of {n_layers} "
+                             f"per-layer flags, not {_kind(pattern)}.")
+    is_swa = [bool(v) for v in pattern]
+    window = _int(need("attention.sliding_window"), key("attention.sliding_window"), path, 1, MAX_CONTEXT)
+    head_dim_swa = _int(need("attention.key_length_swa"), key("attention.key_length_swa"), path)
+    v_head_dim_swa = _int(need("attention.value_length_swa"), key("attention.value_length_swa"), path)
+    if head_dim_swa != v_head_dim_swa or head_dim_full != v_head_dim_full:
+        raise ModelFileError(f"{path}: Gemma 4 needs equal key and value head sizes (global {head_dim_full}/"
+                             f"{v_head_dim_full}, sliding {head_dim_swa}/{v_head_dim_swa}).")
+    rope_dim_swa = _int(gf.arch_get("rope.dimension_count_swa", rope_dim_full), key("rope.dimension_count_swa"),
+                        path, 0, head_dim_swa)
+    base_swa = _float(gf.arch_get("rope.freq_base_swa", _GEMMA4_ROPE_BASE_SWA), key("rope.freq_base_swa"), path,
+                      positive=True)
+    per_layer_dim = _int(need("embedding_length_per_layer_input"), key("embedding_length_per_layer_input"), path, 0)
+    n_shared = _int(gf.arch_get("attention.shared_kv_layers", 0), key("attention.shared_kv_layers"), path, 0, MAX_LAYERS)
+    n_cached = n_layers - n_shared
+    if n_shared and n_cached < 2:
+        raise ModelFileError(f"{path}: {n_shared} shared-KV layers leave {n_cached} of {n_layers} layers with a "
+                             f"cache; Gemma 4 needs at least 2.")
+
+    factors = None
+    if not all(is_swa):
+        t = gf.tensors.get("rope_freqs.weight")
+        if t is None:
+            raise ModelFileError(f"{path}: the tensor rope_freqs.weight (the global layers' RoPE factors) is missing.")
+        if t.qtype not in (0, 1) or int(np.prod(t.shape)) != rope_dim_full // 2:  # F32 or F16
+            raise ModelFileError(f"{path}: the tensor rope_freqs.weight must be {rope_dim_full // 2} F32/F16 values, "
+                                 f"not {list(t.shape)} of type {t.qtype.name}.")
+        raw = np.asarray(t.data).reshape(-1).view(np.float32 if t.qtype == 0 else np.float16).astype(np.float64)
+        if not np.all(np.isfinite(raw)) or np.any(raw <= 0):
+            raise ModelFileError(f"{path}: the tensor rope_freqs.weight holds values that are not finite and positive.")
+        factors = tuple(float(v) for v in raw)
+
+    layers = []
+    for i in range(n_layers):
+        source = i
+        if i >= n_cached:
+            # llama.cpp's rule (llama-model.cpp, the gemma3n/gemma4 reuse callback): a sliding
+            # layer reads layer n_cached - 2, a global one n_cached - 1.
+            source = n_cached - (2 if is_swa[i] else 1)
+            if is_swa[source] != is_swa[i]:
+                kind = "sliding" if is_swa[i] else "global"
+                raise ModelFileError(f"{path}: shared-KV layer {i} ({kind}) would read layer {source}, which is not "
+                                     f"{kind}: the layer pattern does not end in a sliding and a global cached layer.")
+        if is_swa[i]:
+            layers.append(LayerSpec(i, heads[i], kv_heads[i], window, base_swa, head_dim=head_dim_swa,
+                                    v_head_dim=v_head_dim_swa, rope_dim=rope_dim_swa, ffn_dim=ffn_dims[i],
+                                    kv_source=source))
+        else:
+            layers.append(LayerSpec(i, heads[i], kv_heads[i], None, rope_base, head_dim=head_dim_full,
+                                    v_head_dim=v_head_dim_full, rope_dim=rope_dim_full, ffn_dim=ffn_dims[i],
+                                    kv_source=source, rope_factors=factors))
+    for layer in layers:
+        src = layers[layer.kv_source]
+        if (src.n_kv_heads, src.head_dim) != (layer.n_kv_heads, layer.head_dim):
+            raise ModelFileError(f"{path}: shared-KV layer {layer.index} has {layer.n_kv_heads} KV heads of "
+                                 f"{layer.head_dim}, but its source layer {src.index} has {src.n_kv_heads} of {src.head_dim}.")
+    return layers, per_layer_dim

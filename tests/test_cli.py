@@ -118,6 +118,22 @@ def test_inspect_and_models(smollm2):
     assert r.returncode == 0 and "qwen2.5-coder-1.5b-instruct" in r.stdout
 
 
+def test_inspect_and_plan_show_gemma4_layer_kinds(tmp_path):
+    """Per-layer kinds (head sizes, RoPE per type, shared-KV layers) and the KV bytes per token
+    with and without sharing: 5 cached layers of the tiny E2B-style model, 8 layers in all."""
+    from tiny_models import write_tiny_model
+
+    path = str(write_tiny_model("gemma4", tmp_path / "g4.gguf"))
+    r = _tallow("inspect", path, "--ctx", "128")
+    assert r.returncode == 0, r.stderr
+    assert "shared KV (no cache)   3 layers read an earlier layer's: 5->3, 6->3, 7->4" in r.stdout
+    assert "global                 head 32, 1 KV heads, RoPE base 1e+06 on 32 dims, 4 of 16 pairs turning" in r.stdout
+    assert "KV sharing    640 bytes/token (f16) with it, 1024 were every layer to own a cache" in r.stdout
+    r = _tallow("plan", path, "--ctx", "128")
+    assert r.returncode == 0, r.stderr
+    assert "5 of 8 layers own a cache, the rest share one (1024 bytes per token without sharing)" in r.stdout
+
+
 def test_bench_json(smollm2):
     r = _tallow("bench", "-m", smollm2, "-p", "8", "-n", "4", "-r", "1", "--json")
     assert r.returncode == 0, r.stderr

@@ -34,7 +34,12 @@ from tallow.spec import spec_from_gguf
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 NEAR_TIE = {"smollm2-135m": 0.7, "gemma3-270m": 0.8, "qwen2.5-coder-1.5b-instruct": 0.5}
-TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3}
+# gemma4: the same fp16 GELU table as gemma3, in more places (a double-wide MLP, the per-layer
+# embeddings' gate), where a GELU input one float ulp across an fp16 rounding edge moves its
+# output a whole fp16 ulp. Measured max |Δlogit|: 2.0e-3 (31B style, tied logits up to ~10)
+# and 1.05e-2 (E2B style, untied logits up to 24), the same as our own prefill in chunks of 5
+# against one batch on that model (1.05e-2): rounding order alone, not a difference in the model.
+TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3, "gemma4": 2e-2, "gemma4-31b": 5e-3}
 # Teacher-forced bounds. At positions where llama.cpp's own top-2 gap is below NEAR_TIE,
 # its activation rounding alone decides the argmax (our exact-weight fp32 reference agrees
 # with it there no more often than our fast path does), so top-1 agreement is required at
@@ -141,3 +146,80 @@ def test_teacher_forced_logits_match_llama_cpp(name):
     assert agree_all >= TEACHER_TOP1_ALL_MIN
     assert delta.max().item() <= TEACHER_MAX_DELTA
     assert delta.mean().item() <= TEACHER_MEAN_DELTA
+
+
+GEMMA4_VARIANTS = ("gemma4", "gemma4-31b")
+
+
+def _tiny(arch: str, tmp_path, qtype=None):
+    from gguf import GGMLQuantizationType as QT
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"tiny-{arch}.gguf", qtype=qtype or QT.F32))
+    spec = spec_from_gguf(gf)
+    return spec, build_model(gf, spec)
+
+
+@pytest.mark.parametrize("arch", GEMMA4_VARIANTS)
+@pytest.mark.parametrize("max_chunk", [64, 5])
+def test_tiny_gemma4_greedy_matches_llama_cpp(arch, max_chunk, tmp_path):
+    """Greedy decode of 16 tokens after the 24-token prompt (positions to 39, window 8), token by
+    token through the pool, equals llama.cpp's; with max_chunk 5 the sliding layers are rings of
+    12 slots that wrap several times, read by the shared-KV layers too."""
+    ref = json.loads((FIXTURES / f"tiny_{arch}.json").read_text())
+    spec, model = _tiny(arch, tmp_path)
+    kv = KVPool(spec, 64, torch.float32, max_chunk=max_chunk)
+    assert kv.has_rings == (max_chunk == 5)
+    logits = model.forward(ref["ids"], 0, kv, all_logits=True)
+    delta = (logits - torch.tensor(ref["logits"])).abs().max().item()
+    assert delta < TINY_TOLERANCE[arch], f"{arch}: prompt max |Δlogit| {delta:.2e}"
+    ours, row = [], logits[-1:]
+    for i in range(len(ref["greedy"]["ids"])):
+        ours.append(int(row.argmax()))
+        row = model.forward([ours[-1]], len(ref["ids"]) + i, kv)
+    assert ours == ref["greedy"]["ids"], f"llama.cpp top-2 gaps: {ref['greedy']['gaps']}"
+
+
+def test_tiny_gemma4_shared_layers_own_no_cache(tmp_path):
+    """The E2B-style tiny model's 3 trailing layers read layers 3 (sliding) and 4 (global): they
+    hold no tensors of their own, and the pool's bytes are the 5 cached layers' only."""
+    spec, _ = _tiny("gemma4", tmp_path)
+    assert [layer.kv_source for layer in spec.layers] == [0, 1, 2, 3, 4, 3, 3, 4]
+    kv = KVPool(spec, 64, torch.float32)
+    assert kv.k[5] is kv.k[3] and kv.v[7] is kv.v[4]
+    assert kv.owners == [0, 1, 2, 3, 4]
+    per_token = sum(2 * layer.n_kv_heads * layer.head_dim * 4 for layer in spec.layers[:5])
+    assert kv.nbytes == 64 * per_token
+
+
+TINY_QUANTIZED_NEAR_TIE = 0.5  # as for the real Q4 models: 8-bit activation rounding moves gaps by ~0.3 here
+
+
+@pytest.mark.parametrize("arch, qtype", [("gemma4", "Q8_0"), ("gemma4-31b", "Q4_0")])
+def test_tiny_gemma4_quantized_greedy_matches_llama_cpp(arch, qtype, tmp_path):
+    """Quantized weights: llama.cpp rounds activations to 8 bits, we keep them in float, so
+    logits differ a little. The 16 greedy tokens must be llama-server's (fixture from
+    ../shared/llama.cpp: llama-cpp-python dies of SIGILL on quantized products here) up to a
+    near-tie: a divergence passes only at a step whose llama.cpp top-2 gap is known and below
+    TINY_QUANTIZED_NEAR_TIE, after at least 8 identical tokens. (The server gives no gap for a
+    byte token that is not whole UTF-8, so its gaps come as (token, gap) pairs, matched in order.)"""
+    from gguf import GGMLQuantizationType as QT
+
+    ref = json.loads((FIXTURES / f"tiny_{arch}-{qtype.lower()}.json").read_text())
+    expected, pairs = ref["greedy"]["ids"], ref["greedy"]["gaps_by_id"]
+    gaps, j = [], 0
+    for tok in expected:
+        if j < len(pairs) and pairs[j][0] == tok:
+            gaps.append(pairs[j][1])
+            j += 1
+        else:
+            gaps.append(None)
+    spec, model = _tiny(arch, tmp_path, QT[qtype])
+    kv = KVPool(spec, 64, torch.float32)
+    row, ours = model.forward(ref["ids"], 0, kv), []
+    for i in range(len(expected)):
+        ours.append(int(row.argmax()))
+        row = model.forward([ours[-1]], len(ref["ids"]) + i, kv)
+    n = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), len(expected))
+    if n < len(expected):
+        assert n >= 8 and gaps[n] is not None and gaps[n] < TINY_QUANTIZED_NEAR_TIE, \
+            f"diverges at step {n}: ours {ours}, llama.cpp {expected}, its gaps {gaps}"

@@ -57,6 +57,22 @@ def test_save_and_load_round_trip(tiny, tmp_path):
     assert store.load("unknown", KVPool(spec, 64)) == 0
 
 
+def test_gemma4_round_trip_stores_shared_layers_once(tmp_path):
+    """Gemma 4's shared-KV layers read an earlier layer's cache: the file holds the 5 cached
+    layers (per-layer head sizes) and loading restores what the shared layers read."""
+    with GGUFFile(write_tiny_model("gemma4", tmp_path / "g4.gguf")) as gf:
+        spec, fp = spec_from_gguf(gf), model_fingerprint(gf.header_bytes())
+    store = KVStore(spec, fp, tmp_path)
+    kv = _filled_pool(spec)
+    path = store.save("g4", kv)
+    owned = sum(2 * layer.n_kv_heads * layer.head_dim * 2 for layer in spec.layers if layer.owns_kv)
+    assert 20 * (owned + 4) <= path.stat().st_size < 20 * (owned + 4) + 2048
+    fresh = KVPool(spec, 64)
+    assert store.load("g4", fresh) == 20
+    assert _same_used(kv, fresh)
+    assert fresh.k[6] is fresh.k[3] and torch.equal(fresh.k[6][:, :20], kv.k[3][:, :20])
+
+
 def test_kill_mid_save_leaves_the_old_file(tiny, tmp_path, monkeypatch):
     spec, fp = tiny
     store = KVStore(spec, fp, tmp_path)

@@ -61,7 +61,7 @@ def test_type_sets_agree_with_the_kernels():
     assert budget.PREFILL_DEQUANT_SCRATCH == dequant_matmul.SCRATCH_ELEMENTS * 3
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma4", "gemma4-31b"])
 def test_plan_weights_and_kv_equal_what_the_model_allocates(arch, tmp_path):
     from gguf import GGMLQuantizationType as QT
 
@@ -75,6 +75,28 @@ def test_plan_weights_and_kv_equal_what_the_model_allocates(arch, tmp_path):
     assert abs(plan.weights - llm.model.nbytes) <= 0.02 * llm.model.nbytes
     assert plan.kv == llm.engine.kv.nbytes
     assert llm.memory.weights == plan.weights
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "gemma4-31b"])
+def test_kv_plan_equals_the_pool_per_layer_kind(arch, tmp_path):
+    """Gemma 4: per-layer head sizes, sliding rings and shared-KV layers (which own nothing):
+    the plan's KV bytes are what KVPool allocates, for every dtype, with and without rings."""
+    import torch
+
+    from tallow.gguf_file import GGUFFile
+    from tallow.memory.kv_pool import KVPool
+    from tallow.spec import spec_from_gguf
+
+    with GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf")) as gf:
+        spec = spec_from_gguf(gf)
+    for kv_dtype in ("f16", "int8", "fp8", "f32"):
+        for ring, chunk in ((True, 16), (False, 16), (True, 256)):
+            pool = KVPool(spec, 200, kv_dtype, ring=ring, max_chunk=chunk)
+            assert budget.kv_bytes(spec, 200, kv_dtype, chunk, ring) == pool.nbytes, (kv_dtype, ring, chunk)
+    shared = budget.kv_bytes_per_token(spec, "f16")
+    unshared = budget.kv_bytes_per_token(spec, "f16", shared=False)
+    assert shared == spec.kv_bytes_per_token_f16
+    assert (shared < unshared) == (arch == "gemma4")
 
 
 @pytest.mark.parametrize("name", REAL_MODELS)

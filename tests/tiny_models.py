@@ -15,7 +15,9 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# "gemma4": E2B/E4B-style (per-layer embeddings, shared-KV layers with a double-wide MLP,
+# per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
 N_VOCAB_BYTES = 256
 
 
@@ -43,6 +45,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
     """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32."""
     if arch not in ARCHITECTURES:
         raise ValueError(arch)
+    if arch.startswith("gemma4"):
+        return _write_gemma4(path, seed, qtype, e2b_style=arch == "gemma4")
     rng = np.random.RandomState(seed)
     dim, n_heads, n_kv, ffn = 64, 4, 2, 128
     # llama.cpp's llama and qwen2 derive the head size from dim/n_heads; qwen3 and gemma3
@@ -110,6 +114,112 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
         matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
         matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
         matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+# Tiny Gemma 4: 8 layers, sliding (s) and global (g) as below; the last 3 share KV in the E2B
+# style (llama.cpp's rule: a sliding one reads layer 3, a global one layer 4).
+GEMMA4_LAYER_TYPES = "ssgsgssg"
+GEMMA4_SHARED_KV = 3
+
+
+def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_style: bool) -> Path:
+    """A tiny `gemma4` GGUF with every per-layer-type fact distinct: sliding layers with head size
+    16, 2 KV heads, window 8 and RoPE base 1e4; global ones with head size 32, 1 KV head, base 1e6
+    and proportional RoPE (rope_freqs: the first 4 of 16 pairs rotate)."""
+    rng = np.random.RandomState(seed)
+    dim, n_heads, hd_swa, hd_full, per_layer = 64, 4, 16, 32, 32
+    swa = [t == "s" for t in GEMMA4_LAYER_TYPES]
+    n_layers = len(swa)
+    n_shared = GEMMA4_SHARED_KV if e2b_style else 0
+    n_cached = n_layers - n_shared
+    kv_heads = [2 if s else 1 for s in swa]
+    ffn = [128 if i < n_cached else 256 for i in range(n_layers)]  # double-wide shared-KV layers
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(hd_swa)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(n_shared)
+    w.add_embedding_length_per_layer_input(per_layer if e2b_style else 0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(n_vocab - 2)
+    w.add_eos_token_id(n_vocab - 1)
+    w.add_add_bos_token(False)
+
+    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float, scale: float) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    if e2b_style:
+        # Untied: with logits from the tied embedding the tiny model's greedy run repeats one
+        # token; its own output projection gives a varied continuation to compare. (The 31B
+        # style keeps the tie, as the real files do.)
+        matrix("output.weight", n_vocab, dim, 1.0)
+    n_rot = hd_full // 2 // 4  # partial_rotary_factor 0.25, as the converter writes it
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    if e2b_style:
+        matrix("per_layer_token_embd.weight", n_vocab, per_layer * n_layers, 1.0)
+        matrix("per_layer_model_proj.weight", per_layer * n_layers, dim, dim**-0.5)
+        vector("per_layer_proj_norm.weight", per_layer, 1.0, 0.1)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        hd = hd_swa if swa[i] else hd_full
+        nkv = kv_heads[i]
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * hd, dim, dim**-0.5)
+        vector(p + "attn_q_norm.weight", hd, 1.0, 0.1)
+        if i < n_cached:
+            matrix(p + "attn_k.weight", nkv * hd, dim, dim**-0.5)
+            vector(p + "attn_k_norm.weight", hd, 1.0, 0.1)
+            if e2b_style or swa[i]:  # the 31B style: global layers' V is their K projection
+                matrix(p + "attn_v.weight", nkv * hd, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * hd, (n_heads * hd) ** -0.5)
+        vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "ffn_gate.weight", ffn[i], dim, dim**-0.5)
+        matrix(p + "ffn_up.weight", ffn[i], dim, dim**-0.5)
+        matrix(p + "ffn_down.weight", dim, ffn[i], ffn[i] ** -0.5)
+        vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
+        if e2b_style:
+            matrix(p + "inp_gate.weight", per_layer, dim, dim**-0.5)
+            matrix(p + "proj.weight", dim, per_layer, per_layer**-0.5)
+            vector(p + "post_norm.weight", dim, 1.0, 0.1)
+            vector(p + "layer_output_scale.weight", 1, 0.8, 0.1)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

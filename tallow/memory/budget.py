@@ -148,8 +148,8 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     tied = "output.weight" not in header.tensors
     total = 0
     for t in header.tensors.values():
-        if t.name == "token_embd.weight" and not tied:
-            continue  # only its rows, read from the map on lookup
+        if (t.name == "token_embd.weight" and not tied) or t.name == "per_layer_token_embd.weight":
+            continue  # only its rows, read from the map on lookup (gemma4's per-layer table too)
         if len(t.shape) >= 2 and t.n_rows > 1:
             total += linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
@@ -183,17 +183,20 @@ def kv_layer_slots(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PRE
 
 def kv_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
              ring: bool | None = None) -> int:
-    """The KV pool: K and V codes of every layer for every slot, plus (int8/fp8) one fp32 scale
-    per slot and head for K and for V (as `KVPool` allocates it)."""
+    """The KV pool: K and V codes of every layer that owns a cache, for every slot, in that
+    layer's head sizes, plus (int8/fp8) one fp32 scale per slot and head for K and for V (as
+    `KVPool` allocates it; gemma4's shared-KV layers read an earlier layer's cache and add nothing)."""
     item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    return sum(slots * layer.n_kv_heads * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale)
-               for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, prefill_chunk, ring)))
+    return sum(slots * layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale)
+               for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, prefill_chunk, ring)) if layer.owns_kv)
 
 
-def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "f16") -> int:
-    """Bytes one position costs across all layers, were every layer global (no ring savings)."""
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "f16", shared: bool = True) -> int:
+    """Bytes one position costs across the layers that own a cache, were every layer global
+    (no ring savings). shared=False: as if every layer owned one (what KV sharing saves)."""
     item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    return sum(layer.n_kv_heads * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale) for layer in spec.layers)
+    return sum(layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale) for layer in spec.layers
+               if layer.owns_kv or not shared)
 
 
 def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_dtype: str = "f16") -> int:
@@ -242,7 +245,9 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     """The residual stream plus the larger block phase of one prefill chunk (scratch_bytes' table)."""
     c = min(prefill_chunk, n_ctx)
     n = n_ctx
-    h, hkv, hd = spec.n_heads, spec.n_kv_heads, max(spec.head_dim, spec.v_head_dim)
+    h = max(layer.n_heads for layer in spec.layers)
+    hkv = max(layer.n_kv_heads for layer in spec.layers)
+    hd = max(max(layer.head_dim, layer.v_head_dim) for layer in spec.layers)
     residual = 3 * c * spec.dim * 4
     attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
     if KV_SCALE_BYTES[kv_dtype]:
@@ -266,7 +271,7 @@ def prefix_cache_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16") -> in
     the cache. On disk (kv_store): saving and hydrating stage one layer's K and V (and scales)
     of the used positions at a time, plus the token ids (a Python int and a list slot each)."""
     item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    per_layer = max(layer.n_kv_heads for layer in spec.layers) * ((spec.head_dim + spec.v_head_dim) * item + 2 * scale)
+    per_layer = max(layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale) for layer in spec.layers)
     return n_ctx * per_layer + n_ctx * 36
 
 
@@ -443,6 +448,10 @@ class MemoryPlan:
             n_ring = sum(1 for sl in slots if sl < self.n_ctx)
             if n_ring:
                 rings = f"; {n_ring} of {len(slots)} layers sliding-window rings of {min(slots)} slots"
+        if self.spec is not None and any(not layer.owns_kv for layer in self.spec.layers):
+            owners = sum(1 for layer in self.spec.layers if layer.owns_kv)
+            rings += (f"; {owners} of {len(self.spec.layers)} layers own a cache, the rest share one"
+                      f" ({kv_bytes_per_token(self.spec, self.kv_dtype, shared=False)} bytes per token without sharing)")
         where = f" in {self.device} memory" if self.device.startswith("cuda") else ""
         lines = [f"memory plan for {self.model}{where} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
                  f" bytes per token over all layers{rings}):"]

@@ -23,6 +23,10 @@ position p is gone, so truncating back to a point whose window reaches before th
 oldest intact position would leave stale keys. `reusable(n)` says how much of a prefix can
 still be kept (n or 0), and `truncate` to a point that is not reusable empties the pool.
 
+Gemma 4's shared-KV layers (`LayerSpec.kv_source` != the layer) own no cache: their entries in
+`k`/`v`/`caps` are the source layer's own tensors, so attention reads the source's slots, the
+model never stores into them, and `nbytes`, the plan and persistence count each cache once.
+
 `canonical` counts the leading positions whose K/V are bit for bit what a cold prefill of the
 same tokens writes (engine/prefill_plan.py): only those are reused, so that the cache never
 changes an answer. The engine raises it after each such prefill chunk; truncation lowers it.
@@ -94,17 +98,24 @@ class KVPool:
         ring = ring_enabled() if ring is None else ring
         self.windows = [layer.sliding_window for layer in spec.layers]
         self.caps = [layer_capacity(w, n_ctx, self.max_chunk, ring) for w in self.windows]
-        self.k = [torch.zeros(layer.n_kv_heads, cap, spec.head_dim, dtype=self.dtype, device=device)
-                  for layer, cap in zip(spec.layers, self.caps)]
-        self.v = [torch.zeros(layer.n_kv_heads, cap, spec.v_head_dim, dtype=self.dtype, device=device)
-                  for layer, cap in zip(spec.layers, self.caps)]
-        if self.scaled:
-            self.k_scale = [torch.zeros(layer.n_kv_heads, cap, dtype=torch.float32, device=device)
-                            for layer, cap in zip(spec.layers, self.caps)]
-            self.v_scale = [torch.zeros(layer.n_kv_heads, cap, dtype=torch.float32, device=device)
-                            for layer, cap in zip(spec.layers, self.caps)]
-        else:
-            self.k_scale = self.v_scale = None
+        self.sources = [layer.kv_source for layer in spec.layers]  # the layer whose cache each layer reads
+        self.k, self.v = [], []
+        self.k_scale = [] if self.scaled else None
+        self.v_scale = [] if self.scaled else None
+        for layer, cap in zip(spec.layers, self.caps):
+            if not layer.owns_kv:  # a shared-KV layer: the source's tensors (an earlier layer)
+                src = layer.kv_source
+                self.k.append(self.k[src])
+                self.v.append(self.v[src])
+                if self.scaled:
+                    self.k_scale.append(self.k_scale[src])
+                    self.v_scale.append(self.v_scale[src])
+                continue
+            self.k.append(torch.zeros(layer.n_kv_heads, cap, layer.head_dim, dtype=self.dtype, device=device))
+            self.v.append(torch.zeros(layer.n_kv_heads, cap, layer.v_head_dim, dtype=self.dtype, device=device))
+            if self.scaled:
+                self.k_scale.append(torch.zeros(layer.n_kv_heads, cap, dtype=torch.float32, device=device))
+                self.v_scale.append(torch.zeros(layer.n_kv_heads, cap, dtype=torch.float32, device=device))
         self.tokens: list[int] = []  # ids whose K/V occupy positions 0..len(tokens)-1
         self._high = -1  # highest position written since the pool was last emptied
         self._intact_from = [0] * len(self.caps)  # a hydrated ring holds nothing before this position
@@ -113,8 +124,16 @@ class KVPool:
     # -- layout ------------------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
-        tensors = self.k + self.v + (self.k_scale + self.v_scale if self.scaled else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes allocated: each cache once (shared-KV layers add nothing)."""
+        return sum(t.numel() * t.element_size() for i in self.owners for t in self.layer_tensors(i))
+
+    @property
+    def owners(self) -> list[int]:
+        """The layers that own a cache (all of them but gemma4's shared-KV layers)."""
+        return [i for i, src in enumerate(self.sources) if src == i]
+
+    def owns(self, layer: int) -> bool:
+        return self.sources[layer] == layer
 
     def is_ring(self, layer: int) -> bool:
         return self.caps[layer] < self.n_ctx
@@ -229,7 +248,7 @@ class KVPool:
             return 0
         high = max(self._high, len(self.tokens) - 1)
         for layer, cap in enumerate(self.caps):
-            if cap == self.n_ctx:
+            if cap == self.n_ctx or not self.owns(layer):
                 continue
             need_from = max(0, n - self.windows[layer] + 1)  # oldest key position n will see
             intact_from = max(self._intact_from[layer], high - cap + 1)  # older slots were overwritten

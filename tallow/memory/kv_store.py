@@ -69,7 +69,10 @@ def model_fingerprint(header_bytes: bytes) -> str:
 
 
 def _layout(spec: ModelSpec, kv: KVPool) -> list[list[int]]:
-    return [[layer.n_kv_heads, spec.head_dim, spec.v_head_dim, cap] for layer, cap in zip(spec.layers, kv.caps)]
+    """Per layer [KV heads, K dim, V dim, slots]; a shared-KV layer (gemma4), which stores
+    nothing of its own, [0, 0, 0, the layer whose cache it reads]."""
+    return [[layer.n_kv_heads, layer.head_dim, layer.v_head_dim, cap] if layer.owns_kv else [0, 0, 0, layer.kv_source]
+            for layer, cap in zip(spec.layers, kv.caps)]
 
 
 def _stored_from(kv: KVPool) -> list[int]:
@@ -77,8 +80,8 @@ def _stored_from(kv: KVPool) -> list[int]:
     ring still holds (it forgot what came before) for a sliding-window one."""
     n = len(kv.tokens)
     high = max(kv._high, n - 1)
-    return [0 if cap >= kv.n_ctx else max(0, kv._intact_from[i], high - cap + 1, n - cap)
-            for i, cap in enumerate(kv.caps)]
+    return [n if not kv.owns(i) else 0 if cap >= kv.n_ctx else max(0, kv._intact_from[i], high - cap + 1, n - cap)
+            for i, cap in enumerate(kv.caps)]  # a shared-KV layer stores nothing: from n
 
 
 MAX_HEADER_BYTES = 1 << 20  # a real header is a few KB; a bigger length is a corrupt file
@@ -189,7 +192,7 @@ class KVStore:
 
                 put(MAGIC + struct.pack("<II", VERSION, len(header)) + header)
                 put(np.asarray(kv.tokens, dtype=np.int32).tobytes())
-                for layer in range(len(kv.k)):
+                for layer in kv.owners:
                     self._write_layer(put, kv, layer, lo[layer], n)
                 f.write(digest.digest())
                 f.flush()
@@ -273,20 +276,22 @@ class KVStore:
             if not 0 < n <= kv.n_ctx:
                 raise ValueError(f"it holds {n} tokens, the context holds {kv.n_ctx}")
             lo = header["lo"]
+            owners = kv.owners
             if len(lo) != len(kv.caps) or any(not 0 <= a <= n or n - a > cap or (a and cap >= kv.n_ctx)
-                                              for a, cap in zip(lo, kv.caps)):
+                                              for i, (a, cap) in enumerate(zip(lo, kv.caps)) if i in owners):
                 raise ValueError("its stored position ranges do not fit this pool")
             item = kv.k[0].element_size()
             scale_bytes = 8 if kv.scaled else 0
-            body = 4 * n + sum((n - a) * h * ((kd + vd) * item + scale_bytes)
-                               for a, (h, kd, vd, _) in zip(lo, header["layout"]))
+            layout = header["layout"]
+            body = 4 * n + sum((n - lo[i]) * layout[i][0] * ((layout[i][1] + layout[i][2]) * item + scale_bytes)
+                               for i in owners)
             if size != 16 + header_len + body + 32:
                 raise ValueError(f"it is {size} bytes, its header promises {16 + header_len + body + 32} (truncated?)")
             digest = hashlib.sha256(head + raw_header)
             raw_tokens = f.read(4 * n)
             digest.update(raw_tokens)
             kv.truncate(0)  # from here on the pool's positions are being overwritten
-            for layer in range(len(kv.k)):
+            for layer in owners:  # shared-KV layers read their source's cache: nothing of their own
                 m = n - lo[layer]
                 for t in kv.layer_tensors(layer):
                     heads, dim = t.shape[0], (t.shape[2] if t.dim() == 3 else 1)
@@ -303,7 +308,7 @@ class KVStore:
                 raise ValueError("its checksum does not match (corrupt)")
         kv.tokens.extend(np.frombuffer(raw_tokens, dtype=np.int32).tolist())  # only now is it reusable
         kv._high = n - 1
-        kv._intact_from = lo
+        kv._intact_from = [lo[i] if kv.owns(i) else 0 for i in range(len(lo))]
         kv.canonical = self._canonical(header, n)
         return n
 

@@ -6,6 +6,7 @@ from ..gguf_file import GGUFFile
 from ..spec import ModelSpec
 from .base import DecoderModel
 from .gemma3 import Gemma3Model
+from .gemma4 import Gemma4Model
 from .llama import LlamaModel
 from .qwen import Qwen2Model, Qwen3Model
 
@@ -14,6 +15,7 @@ FAMILIES: dict[str, type[DecoderModel]] = {
     "qwen2": Qwen2Model,
     "qwen3": Qwen3Model,
     "gemma3": Gemma3Model,
+    "gemma4": Gemma4Model,
 }
 
 

@@ -42,6 +42,10 @@ class LayerWeights:
 class DecoderModel:
     """Weights and forward pass of one decoder-only model."""
 
+    # Whether the CUDA-graph step may replace `attention_inputs` with the one-launch Triton
+    # Q/K norm + RoPE + K/V store (models/step.py); a family whose inputs differ says False.
+    fused_attention_inputs = True
+
     def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str | torch.device = "cpu",
                  weight_cache=None):
         self.gf = gf
@@ -55,9 +59,10 @@ class DecoderModel:
         output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
         self.output = self.place.cached([output.name], lambda: self.place.linear(output))
         self.rope = {}
-        for layer in spec.layers:
-            if layer.rope_base not in self.rope:
-                self.rope[layer.rope_base] = RotaryTables(spec.rope_dim, layer.rope_base, spec.rope_style, spec.rope_scale)
+        for layer in spec.layers:  # one table per distinct (base, rotated width, factors)
+            if layer.rope_key not in self.rope:
+                self.rope[layer.rope_key] = RotaryTables(layer.rope_dim, layer.rope_base, spec.rope_style, spec.rope_scale,
+                                                         layer.rope_factors)
         if self.place.on_gpu:
             # Tables for the whole trained context, built once and kept on the device.
             for table in self.rope.values():
@@ -101,13 +106,13 @@ class DecoderModel:
         Returns q (n, nh, hd). The CUDA-graph step does all of it in one launch (step.py)."""
         spec, layer = self.spec, self.spec.layers[w.index]
         n = qkv.shape[0]
-        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
         qk = qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
-        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, spec.v_head_dim)
+        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, layer.v_head_dim)
         qk_norm = w.get("attn_qk_norm")
         if qk_norm is not None:
             qk = rms_norm(qk, qk_norm, spec.norm_eps)
-        qk = self.rope[layer.rope_base].apply_at(qk, start)
+        qk = self.rope[layer.rope_key].apply_at(qk, start)
         kv.store(w.index, start, qk[:, nh:], v)
         return qk[:, :nh]
 

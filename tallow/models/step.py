@@ -75,14 +75,14 @@ class _FusedAttentionInputs:
 
     def __call__(self, w, qkv: torch.Tensor, kv: _BoundKV, start: int) -> torch.Tensor:
         spec, layer = self.model.spec, self.model.spec.layers[w.index]
-        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, spec.head_dim
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
         rows = kv.cache_rows(w.index)
-        if rows is None or spec.v_head_dim != hd or qkv.stride(-1) != 1:
+        if rows is None or layer.v_head_dim != hd or qkv.stride(-1) != 1:
             return self.fallback(w, qkv, kv, start)
         from ..kernels.triton.rope import rope
 
         k_cache, v_cache, slot = rows
-        table = self.model.rope[layer.rope_base]
+        table = self.model.rope[layer.rope_key]
         n = qkv.shape[0]
         q = qkv[:, : nh * hd].view(n, nh, hd)
         k = qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
@@ -127,11 +127,11 @@ class _BoundAttention:
 
             n_heads = q.shape[1]
             splits = default_splits(k_cache.shape[0], k_cache.shape[1])
-            key = (n, n_heads, splits)
+            key = (n, n_heads, splits, layer.head_dim, layer.v_head_dim)  # gemma4: a head size per layer type
             scratch = self.model._step_scratch.get(key)
             if scratch is None:
-                out = torch.empty((n, n_heads, spec.v_head_dim), dtype=torch.float32, device=q.device)
-                scratch = self.model._step_scratch[key] = (out, make_scratch(n * n_heads, splits, spec.head_dim, q.device))
+                out = torch.empty((n, n_heads, layer.v_head_dim), dtype=torch.float32, device=q.device)
+                scratch = self.model._step_scratch[key] = (out, make_scratch(n * n_heads, splits, layer.head_dim, q.device))
             out, buffers = scratch
             # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
             # are read with their per-position scales.
@@ -183,7 +183,7 @@ def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
     step = copy.copy(model)
     step.rope = {base: _BoundRotary(table, position) for base, table in model.rope.items()}
     step.attend = _BoundAttention(model, seq_len)
-    if model.ops.fused_step:
+    if model.ops.fused_step and model.fused_attention_inputs:
         step.attention_inputs = _FusedAttentionInputs(model, type(model).attention_inputs.__get__(step), position)
     return step, _BoundKV(kv, position)
 
@@ -215,6 +215,6 @@ def bind_rows(model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool
     step = copy.copy(model)
     step.attend = _BoundAttention(model, seq_lens[:1], fallback=rows.attend)
     step.attention_inputs = rows.attention_inputs
-    if model.ops.fused_step:
+    if model.ops.fused_step and model.fused_attention_inputs:
         step.attention_inputs = _FusedAttentionInputs(model, rows.attention_inputs, positions)
     return step, _BoundKV(kv, positions)

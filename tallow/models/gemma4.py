@@ -1,0 +1,175 @@
+"""Gemma 4, dense variants (GGUF `gemma4`), as llama.cpp's src/models/gemma4.cpp computes them.
+
+Per block: sandwich RMSNorms around attention and the GELU-gated MLP (per-layer widths: the
+shared-KV layers of E2B/E4B are double wide); per-head RMSNorm of Q and K and a weightless
+RMSNorm of V; attention scale 1; RoPE per layer type (sliding layers: their own base, head
+size and window; global layers: `rope_freqs` factors that leave all but the first pairs
+unrotated, "proportional" RoPE). The trailing `shared_kv_layers` compute only Q and attend
+over an earlier layer's cache (spec.LayerSpec.kv_source; memory/kv_pool.py aliases it).
+
+Per-layer embeddings (E2B/E4B, spec.per_layer_input_dim > 0): every token gathers one row of
+`per_layer_token_embd` (n_layers x d values, read from the file map, never dequantized whole),
+adds a projection of its scaled embedding, and each block mixes its slice in after the MLP
+through a GELU gate. An optional per-layer scalar scales each block's output; embeddings are
+scaled by sqrt(dim) and logits soft-capped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..layers import rms_norm
+from ..memory.kv_pool import KVPool
+from .base import DecoderModel, LayerWeights
+
+
+_GELU_TABLE: dict = {}  # device -> the table
+
+
+def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
+    """ggml's CPU GELU (GGML_GELU_FP16): x rounded to fp16 indexes a 65536-entry fp16 table of
+    0.5·x·(1 + tanh(sqrt(2/π)·x·(1 + 0.044715·x²))) evaluated in float32; x <= -10 gives 0 and
+    x >= 10 gives x. The table is built the way ggml builds it, because torch's fp16 GELU rounds
+    260 of its entries one ulp apart, which moved the tiny model's logits by up to 7e-3."""
+    table = _GELU_TABLE.get(x.device)
+    if table is None:
+        f = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+        c, a, half, one = np.float32(math.sqrt(2 / math.pi)), np.float32(0.044715), np.float32(0.5), np.float32(1)
+        with np.errstate(all="ignore"):  # the table's inf/nan entries are never read for finite |x| < 10
+            g = half * f * (one + np.tanh(c * f * (one + a * f * f)))
+        table = _GELU_TABLE[x.device] = torch.from_numpy(g.astype(np.float16).astype(np.float32)).to(x.device)
+    y = table[x.half().view(torch.int16).long() & 0xFFFF]
+    return torch.where(x >= 10, x, torch.where(x <= -10, torch.zeros_like(x), y))
+
+
+class Gemma4Model(DecoderModel):
+    # The Triton one-launch Q/K norm + RoPE + K/V store has no V norm and no Q-only layers.
+    fused_attention_inputs = False
+
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+        self.v_is_k: set[int] = set()  # layers whose V is their K projection (no attn_v)
+        super().__init__(gf, spec, linear_mode, device, weight_cache)
+        self.per_layer = None
+        if spec.per_layer_input_dim:
+            d, n_layers = spec.per_layer_input_dim, spec.n_layers
+            table = self._tensor("per_layer_token_embd.weight")
+            if table.n_cols != d * n_layers or table.n_rows != spec.vocab_size:
+                raise self._shape_error(table, [d * n_layers, spec.vocab_size])
+            self.per_layer = {
+                "token_embd": self.place.embedding(table),  # rows gathered per token from the map
+                "model_proj": self.linear("per_layer_model_proj.weight"),
+                "proj_norm": self.norm_weight("per_layer_proj_norm.weight"),
+            }
+            # Also listed with block 0's tensors, where the engine's walks over the model's
+            # linears look (speculation's row-exactness, the prefill plan, nbytes).
+            self.layers[0].tensors["per_layer_model_proj"] = self.per_layer["model_proj"]
+            self.layers[0].tensors["per_layer_proj_norm"] = self.per_layer["proj_norm"]
+        # V's RMSNorm has no weight: a row of ones keeps the fused one-call norm (x * 1 is exact).
+        self.v_norm_ones = {}
+        for layer in spec.layers:
+            self.v_norm_ones.setdefault(layer.v_head_dim, torch.ones(layer.v_head_dim, device=self.device))
+
+    def _shape_error(self, t, expected):
+        from ..errors import ModelFileError
+
+        return ModelFileError(f"{self.gf.path}: the tensor {t.name} has shape {list(t.shape)}, not {expected}.")
+
+    def load_layer(self, i: int) -> LayerWeights:
+        p = f"blk.{i}."
+        layer = self.spec.layers[i]
+        names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+        t = {name: self.norm_weight(p + name + ".weight") for name in names}
+        q_norm = self.norm_weight(p + "attn_q_norm.weight").expand(layer.n_heads, -1)
+        if layer.owns_kv:
+            k_norm = self.norm_weight(p + "attn_k_norm.weight").expand(layer.n_kv_heads, -1)
+            # One norm over the Q and K heads side by side: each head keeps its own weight row.
+            t["attn_qk_norm"] = torch.cat((q_norm, k_norm))
+            qkv = [p + "attn_q.weight", p + "attn_k.weight"]
+            # Without attn_v (llama.cpp: "use_alternative_attention") V is the K projection.
+            if p + "attn_v.weight" in self.gf.tensors:
+                qkv.append(p + "attn_v.weight")
+            else:
+                self.v_is_k.add(i)
+            t["attn_qkv"] = self.linear_group(qkv)
+        else:  # a shared-KV layer: Q only, attending over its source layer's cache
+            t["attn_q_norm"] = q_norm[0].contiguous()  # (hd,): the same weight for every head
+            t["attn_q"] = self.linear(p + "attn_q.weight")
+        t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
+        for name in ("attn_output", "ffn_down"):
+            t[name] = self.linear(p + name + ".weight")
+        if p + "layer_output_scale.weight" in self.gf.tensors:
+            t["out_scale"] = self.norm_weight(p + "layer_output_scale.weight")  # (1,)
+        if self.spec.per_layer_input_dim:
+            t["ple_gate"] = self.linear(p + "inp_gate.weight")  # dim -> d
+            t["ple_proj"] = self.linear(p + "proj.weight")  # d -> dim
+            t["ple_post_norm"] = self.norm_weight(p + "post_norm.weight")
+        return LayerWeights(i, t)
+
+    # -- forward ---------------------------------------------------------------------------
+    def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Each token's input to every block (n, n_layers, d): its row of the per-layer table
+        scaled by sqrt(d), plus the normed projection of its scaled embedding x (n, dim) scaled
+        by 1/sqrt(dim), the sum scaled by 1/sqrt(2) (llama.cpp's project_per_layer_inputs)."""
+        spec, pl = self.spec, self.per_layer
+        n, d = ids.shape[0], spec.per_layer_input_dim
+        rows = pl["token_embd"](ids).view(n, spec.n_layers, d) * math.sqrt(d)
+        proj = (pl["model_proj"](x) * (1.0 / math.sqrt(spec.dim))).view(n, spec.n_layers, d)
+        proj = rms_norm(proj, pl["proj_norm"], spec.norm_eps)
+        return (proj + rows) * (1.0 / math.sqrt(2.0))
+
+    def _blocks(self, step, ids: torch.Tensor, positions: torch.Tensor, kv, start: int):
+        x = self.embedding(ids) * self.spec.embed_scale  # (n, dim)
+        inputs = self.per_layer_inputs(ids, x) if self.per_layer is not None else None
+        delta = None
+        for w in self.layers:
+            per_layer = None if inputs is None else inputs[:, w.index]
+            x, delta = step.gemma4_block(w, x, delta, kv, start, per_layer)
+        return x, delta
+
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.per_layer is not None:
+            raise ValueError("Gemma 4 with per-layer embeddings runs its blocks through _blocks (they need the token ids).")
+        return self.gemma4_block(w, x, delta, kv, start, None)
+
+    def attention_inputs(self, w: LayerWeights, proj: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """Q (n, nh, hd) of this block from its projection `proj`, normed and rotated at positions
+        start..: for a layer that owns its cache proj is Q, K (and V) side by side, and K (normed,
+        rotated) and V (weightless-normed) are written to the pool; for a shared-KV layer proj is
+        Q alone. (The hook models/step.py and engine/speculate.py rebind, as in DecoderModel.)"""
+        spec, layer = self.spec, self.spec.layers[w.index]
+        n, eps = proj.shape[0], spec.norm_eps
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
+        rope = self.rope[layer.rope_key]
+        if not layer.owns_kv:
+            return rope.apply_at(rms_norm(proj.view(n, nh, hd), w.attn_q_norm, eps), start)
+        qk = proj[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
+        v = qk[:, nh:] if w.index in self.v_is_k else proj[:, (nh + nkv) * hd :].view(n, nkv, hd)
+        v = rms_norm(v, self.v_norm_ones[layer.v_head_dim], eps)
+        qk = rope.apply_at(rms_norm(qk, w.attn_qk_norm, eps), start)
+        kv.store(w.index, start, qk[:, nh:], v)
+        return qk[:, :nh]
+
+    def gemma4_block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, kv: KVPool, start: int,
+                     per_layer: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over x + delta; per_layer (n, d): this block's per-layer input, or None.
+        Returns the stream and a pending delta, like DecoderModel.block."""
+        eps, ops = self.spec.norm_eps, self.ops
+        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        proj = w.attn_qkv(h) if self.spec.layers[w.index].owns_kv else w.attn_q(h)
+        q = self.attention_inputs(w, proj, kv, start)
+        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
+        x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
+        delta = ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)
+        if per_layer is None and w.get("out_scale") is None:
+            return x, delta
+        x = x + delta
+        if per_layer is not None:
+            gate = gelu_ggml(w.ple_gate(x)) * per_layer  # (n, d)
+            x = x + ops.norm(w.ple_proj(gate), w.ple_post_norm, eps)
+        if w.get("out_scale") is not None:
+            x = x * w.out_scale
+        return x, torch.zeros_like(x)  # nothing pending: the scale applies to the whole stream
