@@ -160,3 +160,27 @@ def test_attention_rounds_where_ggml_does():
             p = f16(e * np.float32(1.0 / e.astype(np.float64).sum()))
             ref[i, h * 16 : (h + 1) * 16] = p.astype(np.float64) @ f16(v[kv]).astype(np.float64)
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=2e-6)
+
+
+GREEDY_NEAR_TIE = 0.15  # issue 14: the top-2 gap two llama.cpp builds agree above
+GREEDY_TOKENS = 16
+
+
+def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
+    """The real smollm2 under TALLOW_NUMERICS=ggml on the fixture's first raw prompt: the
+    continuation equals llama.cpp's up to the first step where llama.cpp's own top-2 gap is
+    below 0.15 (there is none in its 64 tokens; measured identical for all 64)."""
+    from model_paths import require_model
+
+    import tallow
+
+    path = require_model("smollm2-135m")
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    llm = tallow.LLM(path, ctx=256)
+    assert {p.kind for layer in llm.model.layers for p in [layer.attn_output, layer.ffn_down]} == {"ggml"}
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "conformance_smollm2-135m.json").read_text())
+    for case in fixture["greedy"][:1]:
+        expected = case["ids"][:GREEDY_TOKENS]
+        tie = next((i for i, g in enumerate(case["gaps"][:GREEDY_TOKENS]) if g < GREEDY_NEAR_TIE), len(expected))
+        ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
+        assert ours[:tie] == expected[:tie], f"{case['mode']} {case['prompt']!r}: differs before llama.cpp's first near-tie ({tie})"
