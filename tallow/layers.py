@@ -12,6 +12,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles
+
 
 def _env_off(var: str) -> bool:
     return os.environ.get(var, "").strip().lower() in ("0", "false", "no", "off")
@@ -49,6 +51,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     One aten call instead of five; bit-identical to `rms_norm_reference` on float32
     (tests/test_cpu_fastpaths.py), ~20% less time per call at decode sizes.
     """
+    if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's double sum and float scale (numerics.py)
+        return ggml_rms_norm(x, weight, eps)
     if fast_paths_enabled() and x.dtype == torch.float32:
         if weight.dim() == 1:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -70,6 +74,7 @@ class RotaryTables:
         self.freq_factors = None if freq_factors is None else torch.tensor(freq_factors[: rope_dim // 2], dtype=torch.float64)
         self.style = style
         self.position_scale = position_scale
+        self.ggml = ggml_enabled()  # TALLOW_NUMERICS=ggml: angles by ggml's float32 recurrence
         self.cos = torch.empty(0, rope_dim // 2)
         self.sin = torch.empty(0, rope_dim // 2)
 
@@ -82,14 +87,20 @@ class RotaryTables:
         if n_positions <= self.cos.shape[0]:
             return
         n = max(n_positions, 2 * self.cos.shape[0], 256)
-        # float64 for the angle so large positions keep their precision, then float32 tables.
-        inv_freq = self.base ** (-torch.arange(0, self.rope_dim, 2, dtype=torch.float64) / self.rope_dim)
-        if self.freq_factors is not None:
-            inv_freq = inv_freq / self.freq_factors
-        pos = torch.arange(n, dtype=torch.float64) / self.position_scale
-        angles = torch.outer(pos, inv_freq)  # (n, rope_dim/2)
-        self.cos = angles.cos().float()
-        self.sin = angles.sin().float()
+        if self.ggml:
+            angles = ggml_rope_angles(n, self.rope_dim, self.base, 1.0 / self.position_scale)  # float32
+            if self.freq_factors is not None:  # ggml divides each pair's float32 angle by its factor
+                angles = angles / self.freq_factors.float()
+            self.cos, self.sin = angles.cos(), angles.sin()
+        else:
+            # float64 for the angle so large positions keep their precision, then float32 tables.
+            inv_freq = self.base ** (-torch.arange(0, self.rope_dim, 2, dtype=torch.float64) / self.rope_dim)
+            if self.freq_factors is not None:
+                inv_freq = inv_freq / self.freq_factors
+            pos = torch.arange(n, dtype=torch.float64) / self.position_scale
+            angles = torch.outer(pos, inv_freq)  # (n, rope_dim/2)
+            self.cos = angles.cos().float()
+            self.sin = angles.sin().float()
         # Full-width tables for `apply_at`: out = x * cos_full + swap(x) * sin_signed, where swap
         # exchanges the two members of each rotated pair. (n, 1, rope_dim), broadcast over heads.
         if self.style == "neox":

@@ -234,6 +234,8 @@ class WeightCache:
             return None
         reference = linear_mode == "reference" or (linear_mode in (None, "auto") and
                                                    os.environ.get("TALLOW_REFERENCE", "").strip().lower() in ("1", "true", "yes", "on"))
+        if os.environ.get("TALLOW_NUMERICS", "").strip().lower() == "ggml":
+            return None  # GgmlLinear holds fp32 weights built at load, like the reference
         if reference:  # fp32 weights are 4-8x the file (15 GiB for a 4B model) and quick to dequantize
             return None
         show = progress if progress is not None else _progress_default()

@@ -18,6 +18,7 @@ from ..kernels.dispatch import Placement
 from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
                       block_aligned_keys_enabled, decode_attention, fast_paths_enabled, rms_norm, softcap_logits)
 from ..memory.kv_pool import KVPool
+from ..numerics import ggml_attention, ggml_enabled
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
 
@@ -122,6 +123,8 @@ class DecoderModel:
         spec, layer = self.spec, self.spec.layers[index]
         n = q.shape[0]
         end = start + n
+        if ggml_enabled() and not self.place.on_gpu:  # TALLOW_NUMERICS=ggml: llama.cpp's f16 attention
+            return self.ggml_attend(index, q, kv, start)
         if n == 1 and fast_paths_enabled():
             if kv.dtype in (torch.float16, torch.bfloat16, torch.float32) and not kv.is_ring(index):
                 return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
@@ -153,6 +156,23 @@ class DecoderModel:
             return attention(qp.transpose(0, 1), keys, values, mask, spec.attn_scale)[:n]
         mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
+
+    # llama.cpp scales Q in float32 before attention for gemma (gemma3.cpp), so the f16 rounding
+    # of Q sees the scaled values; the other families scale the scores inside soft_max.
+    ggml_prescaled_q = False
+
+    def ggml_attend(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """`attend` with llama.cpp's arithmetic with flash attention off (numerics.ggml_attention)."""
+        spec, layer = self.spec, self.spec.layers[index]
+        n = q.shape[0]
+        end = start + n
+        lo = kv.window_start(index, start)
+        keys, values = kv.view(index, lo, end)  # (n_kv_heads, n_keys, dim), position order
+        mask = attention_mask(torch.arange(start, end), end - lo, layer.sliding_window, lo)
+        scale = spec.attn_scale
+        if self.ggml_prescaled_q:
+            q, scale = q * scale, 1.0
+        return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)
 
     def block(self, layer: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
               kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,8 @@ from .base import DecoderModel, LayerWeights
 
 
 class Gemma3Model(DecoderModel):
+    ggml_prescaled_q = True  # llama.cpp's gemma3.cpp: Qcur = ggml_scale(Qcur, f_attention_scale)
+
     def load_layer(self, i: int) -> LayerWeights:
         p = f"blk.{i}."
         layer = self.spec.layers[i]

@@ -13,6 +13,8 @@ Environment switches, read when a layer is constructed (so tests and the CLI can
   TALLOW_INT8=0       int8 candidates become DenseLinear bf16
   TALLOW_REFERENCE=1  every layer is a ReferenceLinear (fp32 dequantized weight, fp32 matmul),
                       as is mode="reference"
+  TALLOW_NUMERICS=ggml  every layer is a GgmlLinear (ggml_linear.py): llama.cpp's activation
+                      rounding and block arithmetic over fp32 weights (before all the above)
   TALLOW_INT4X2=1     opt-in: Q8_0/Q5_0/Q5_1/Q5_K become exact-code int4 over a doubled K
                       (kind "int4x2", as is mode="int4x2"): ~6x less weight error than int8
                       at equal decode speed, ~1.5x slower for multi-token prefill
@@ -36,6 +38,7 @@ from ...errors import ModelFileError
 from ...gguf_file import TensorInfo
 from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
                            INT8_TYPES, Int4Pack, _row_chunks, pack_int4, pack_int8)
+from ...numerics import ggml_enabled
 from ...quant.reference import SUPPORTED_TYPES, _as_uint8_tensor, dequantize
 from . import dequant_matmul
 
@@ -308,6 +311,10 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     mode = mode or "auto"
     if mode not in MODES:
         raise ValueError(f"unknown linear mode {mode!r}; expected one of {MODES}")
+    if mode == "auto" and ggml_enabled():  # TALLOW_NUMERICS=ggml: llama.cpp's arithmetic, fp32 weights
+        from .ggml_linear import GgmlLinear
+
+        return GgmlLinear(tensor, b)
     qt = tensor.qtype
     if mode == "auto" and tensor.name in OUTPUT_NAMES and _output_int8g(tensor.n_cols):
         mode = "int8g"
