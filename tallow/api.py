@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import switches
 from .chat.parsers import ChatOutputParser, ParsedDelta
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
@@ -98,6 +99,8 @@ class LLM:
         On the CPU the packed weights are cached on disk (memory/weight_cache.py) and mapped by the
         next load; progress: a bar on stderr while packing (None: only on a terminal)."""
         t0 = time.perf_counter()
+        switches.refresh()  # every TALLOW_* variable is parsed here, once per load: a bad value is one sentence
+        switches.current()
         bound_heap()  # one malloc arena (and, opt-in, large temporaries unmapped on free): the peak stays the planned one
         self.path = str(path)
         self.gguf = GGUFFile(path)
@@ -373,7 +376,7 @@ def resolve_device(device: str | None) -> str:
     """The device to run on: the argument, else $TALLOW_DEVICE, else cuda when a GPU is present."""
     import torch
 
-    device = device or os.environ.get("TALLOW_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or switches.value("TALLOW_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device != "cpu" and not device.startswith("cuda"):
         raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N.")
     if device.startswith("cuda"):

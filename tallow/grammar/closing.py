@@ -25,12 +25,13 @@ as before). TALLOW_GRAMMAR_CLOSE=0 switches this off.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 
 import llguidance
 import numpy as np
+
+from .. import switches
 
 MARGIN = 24  # steer within this many tokens of the count: more than one token can add to it
 # (`, {"` opening an object with required keys adds ~10-20)
@@ -42,7 +43,7 @@ CLOSING = b'"]},'  # what closers are made of
 
 
 def closing_enabled() -> bool:
-    return os.environ.get("TALLOW_GRAMMAR_CLOSE", "1") != "0"
+    return switches.enabled("TALLOW_GRAMMAR_CLOSE")
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ from ..grammar import GrammarError, GrammarSpec
 from ..sampling import SamplingParams
 from .limits import Limits, prompt_too_long
 from .protocol import APIError, ChatRequest, CompletionRequest, bad
+from .. import switches
 
 log = logging.getLogger("tallow.server")
 
@@ -43,14 +43,10 @@ WORKER_STACK_BYTES = 256 << 20
 # /health calls the worker stuck (503) when the running request has posted nothing (no token,
 # no event) for this long. A long CPU prefill posts nothing until its first token, so the
 # default is generous; TALLOW_STALL_TIMEOUT=SECONDS changes it.
-DEFAULT_STALL_S = 300.0
 
 
 def stall_timeout_s() -> float:
-    try:
-        return float(os.environ.get("TALLOW_STALL_TIMEOUT") or DEFAULT_STALL_S)
-    except ValueError:
-        return DEFAULT_STALL_S
+    return switches.value("TALLOW_STALL_TIMEOUT")
 
 
 @dataclass
