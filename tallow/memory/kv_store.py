@@ -47,14 +47,14 @@ import torch
 from ..spec import ModelSpec
 from .kv_pool import KVPool
 from ..durable import fsync_dir, pid_alive
+from .. import switches
 
 MAGIC = b"TALLOWKV"
 VERSION = 2
-DEFAULT_MAX_BYTES = 2 << 30
 
 
 def persist_enabled() -> bool:
-    return os.environ.get("TALLOW_PERSIST_KV", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_PERSIST_KV")
 
 
 def default_dir() -> Path:
@@ -131,8 +131,7 @@ class KVStore:
         self.spec = spec
         self.fingerprint = fingerprint
         self.dir = Path(directory) if directory is not None else default_dir()
-        env = os.environ.get("TALLOW_KV_STORE_BYTES")
-        self.max_bytes = max_bytes if max_bytes is not None else int(env) if env else DEFAULT_MAX_BYTES
+        self.max_bytes = max_bytes if max_bytes is not None else switches.value("TALLOW_KV_STORE_BYTES")
         self.numerics = ""  # the engine's numerics key: a file's canonical prefix counts only under the same one
         self._failing: str | None = None  # the error of the last failed save, until one succeeds
 
@@ -277,7 +276,7 @@ class KVStore:
                                               for a, cap in zip(lo, kv.caps)):
                 raise ValueError("its stored position ranges do not fit this pool")
             item = kv.k[0].element_size()
-            scale_bytes = 8 if kv.scaled else 0
+            scale_bytes = 2 * kv.format.scale_bytes  # K's and V's
             body = 4 * n + sum((n - a) * h * ((kd + vd) * item + scale_bytes)
                                for a, (h, kd, vd, _) in zip(lo, header["layout"]))
             if size != 16 + header_len + body + 32:
