@@ -45,6 +45,19 @@ class Completion:
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
+    reasoning: str | None = None  # chat: the thinking (`<think>...</think>`) split out of `text`, as the server's reasoning_content
+
+
+@dataclass
+class PreparedChat:
+    """A chat request made ready to generate (LLM.prepare_chat): the prompt's token ids, the
+    tools offered (none for tool_choice "none"), the constraint on the answer and the parser
+    that LLM.chat_events feeds (its `tool_calls` hold the complete calls once the stream ends)."""
+
+    ids: list[int]
+    tools: list[dict[str, Any]] | None
+    spec: GrammarSpec
+    parser: ChatOutputParser
 
 
 @dataclass
@@ -154,6 +167,12 @@ class LLM:
         v = h.mean(0) if pooling == "mean" else h[-1]
         return torch.nn.functional.normalize(v, dim=0).cpu().tolist()
 
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    tool_choice: str | dict[str, Any] = "auto", **template_kwargs: Any) -> str:
+        """The chat as the model's template writes it, with the generation prompt (what
+        llama-server's /apply-template answers). tool_choice "none" offers no tools."""
+        return self.template.render(messages, tools=_offered(tools, tool_choice), add_generation_prompt=True, **template_kwargs)
+
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],
@@ -167,9 +186,14 @@ class LLM:
         generation prompt, special tokens parsed). Tool calls are forced by grammar instead
         (`chat(..., tool_choice="required")`), which also checks the arguments.
         """
-        text = self.template.render(messages, tools=tools, add_generation_prompt=True, **template_kwargs) + assistant_prefix
+        text = self.render_chat(messages, tools, **template_kwargs) + assistant_prefix
         text = self.template.prompt_for_tokenizer(text, self.tokenizer.add_bos)
         return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    @property
+    def context_used(self) -> int:
+        """Tokens whose K/V the cache holds now (the prefix the next request may reuse)."""
+        return len(self.engine.kv.tokens)
 
     @property
     def last_tokens(self) -> list[int]:
@@ -237,19 +261,24 @@ class LLM:
 
         `conversation_id="..."` (a sampling-style keyword) keeps the conversation's KV on disk
         under $TALLOW_HOME/kv: the next turn, even after a restart, prefills only what is new.
+
+        A whole answer is parsed as the server parses it: `text` is the answer, `reasoning` the
+        thinking split out of it (None when there is none). stream=True yields the raw text;
+        `chat_events` streams it parsed.
         """
-        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
-        out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
-        if offered and isinstance(out, Completion):
-            parser = self.chat_parser(ids, offered)
-            parsed = parser.push(out.text)
-            parsed.extend(parser.flush())
-            out.text, out.tool_calls = parsed.content, parsed.tool_calls
+        chat = self.prepare_chat(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
+        out = self._run(chat.ids, max_tokens, stream, stop, should_stop, sampling, chat.spec)
+        if isinstance(out, Completion):
+            parsed = chat.parser.push(out.text)
+            parsed.extend(chat.parser.flush())
+            out.text, out.reasoning = parsed.content, parsed.reasoning or None
+            if chat.tools:
+                out.tool_calls = parsed.tool_calls
         return out
 
     def chat_events(
         self,
-        messages: list[dict[str, Any]],
+        messages: "list[dict[str, Any]] | PreparedChat",
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int = 1024,
         stop: list[str] | str | None = None,
@@ -264,18 +293,26 @@ class LLM:
         """`chat` streamed as parsed events, what the server streams: each `ParsedDelta` holds
         `reasoning` and `content` text, `call_deltas` (a call's id and name first, then its
         arguments as the model writes them) and `tool_calls` (each call once complete).
-        Arguments are as for `chat`; a bad request raises at call time."""
-        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
-        deltas = self._run(ids, max_tokens, True, stop, should_stop, sampling, spec)
-        return _parsed(deltas, self.chat_parser(ids, offered))
+        Arguments are as for `chat`; a bad request raises at call time. `messages` may instead be
+        a PreparedChat (prepare_chat), for a caller that checks the prompt's length first, as the
+        server does; the request's own arguments are then in it."""
+        chat = messages if isinstance(messages, PreparedChat) else self.prepare_chat(
+            messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
+        deltas = self._run(chat.ids, max_tokens, True, stop, should_stop, sampling, chat.spec)
+        return _parsed(deltas, chat.parser)
 
-    def _chat_request(self, messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar
-                      ) -> tuple[list[int], list[dict[str, Any]] | None, GrammarSpec]:
-        """What `chat` and `chat_events` share: the prompt's ids, the tools offered (none for
-        tool_choice "none") and the constraint on the answer."""
-        offered = tools if tool_choice != "none" else None
+    def prepare_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None, tool_choice: str | dict[str, Any] = "auto",
+                     parallel_tool_calls: bool = True, response_format: dict[str, Any] | None = None,
+                     grammar: str | None = None) -> PreparedChat:
+        """The one place a chat request becomes a prompt, a constraint and a parser (for `chat`,
+        `chat_events` and the server): the tools offered (none for tool_choice "none"), the
+        grammar spec, the <think> detection of the prompt's end. Generate from it once: its
+        parser keeps the answer's state."""
+        offered = _offered(tools, tool_choice)
         ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
-        return ids, offered, GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        return PreparedChat(ids, offered, spec, self.chat_parser(ids, offered))
 
     def chat_parser(self, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> ChatOutputParser:
         """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""
@@ -360,6 +397,11 @@ class LLM:
                 yield tail
         if constraint is not None:
             stats.grammar_steered = constraint.steered
+
+
+def _offered(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools a chat offers the model: none for tool_choice "none" (OpenAI's rule)."""
+    return tools if tool_choice != "none" else None
 
 
 def _parsed(deltas: Iterator[str], parser: ChatOutputParser) -> Iterator[ParsedDelta]:
