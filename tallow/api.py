@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import switches
 from .chat.parsers import ChatOutputParser, ParsedDelta, syntax_for_template
 from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
@@ -44,7 +45,19 @@ class Completion:
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[Any] | None = None  # chat with tools: the calls parsed from `text` (chat.parsers.ToolCall)
-    reasoning: str | None = None  # chat: the thinking split off `text` (with tools, or Gemma 4's thought channel)
+    reasoning: str | None = None  # chat: the thinking (`<think>...</think>`, Gemma 4's thought channel) split out of `text`, as the server's reasoning_content
+
+
+@dataclass
+class PreparedChat:
+    """A chat request made ready to generate (LLM.prepare_chat): the prompt's token ids, the
+    tools offered (none for tool_choice "none"), the constraint on the answer and the parser
+    that LLM.chat_events feeds (its `tool_calls` hold the complete calls once the stream ends)."""
+
+    ids: list[int]
+    tools: list[dict[str, Any]] | None
+    spec: GrammarSpec
+    parser: ChatOutputParser
 
 
 @dataclass
@@ -99,6 +112,8 @@ class LLM:
         On the CPU the packed weights are cached on disk (memory/weight_cache.py) and mapped by the
         next load; progress: a bar on stderr while packing (None: only on a terminal)."""
         t0 = time.perf_counter()
+        switches.refresh()  # every TALLOW_* variable is parsed here, once per load: a bad value is one sentence
+        switches.current()
         bound_heap()  # one malloc arena (and, opt-in, large temporaries unmapped on free): the peak stays the planned one
         self.path = str(path)
         self.gguf = GGUFFile(path)
@@ -152,6 +167,12 @@ class LLM:
         v = h.mean(0) if pooling == "mean" else h[-1]
         return torch.nn.functional.normalize(v, dim=0).cpu().tolist()
 
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    tool_choice: str | dict[str, Any] = "auto", **template_kwargs: Any) -> str:
+        """The chat as the model's template writes it, with the generation prompt (what
+        llama-server's /apply-template answers). tool_choice "none" offers no tools."""
+        return self.template.render(messages, tools=_offered(tools, tool_choice), add_generation_prompt=True, **template_kwargs)
+
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],
@@ -165,9 +186,14 @@ class LLM:
         generation prompt, special tokens parsed). Tool calls are forced by grammar instead
         (`chat(..., tool_choice="required")`), which also checks the arguments.
         """
-        text = self.template.render(messages, tools=tools, add_generation_prompt=True, **template_kwargs) + assistant_prefix
+        text = self.render_chat(messages, tools, **template_kwargs) + assistant_prefix
         text = self.template.prompt_for_tokenizer(text, self.tokenizer.add_bos)
         return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    @property
+    def context_used(self) -> int:
+        """Tokens whose K/V the cache holds now (the prefix the next request may reuse)."""
+        return len(self.engine.kv.tokens)
 
     @property
     def last_tokens(self) -> list[int]:
@@ -235,22 +261,24 @@ class LLM:
 
         `conversation_id="..."` (a sampling-style keyword) keeps the conversation's KV on disk
         under $TALLOW_HOME/kv: the next turn, even after a restart, prefills only what is new.
+
+        A whole answer is parsed as the server parses it: `text` is the answer, `reasoning` the
+        thinking split out of it (None when there is none). stream=True yields the raw text;
+        `chat_events` streams it parsed.
         """
-        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
-        out = self._run(ids, max_tokens, stream, stop, should_stop, sampling, spec)
-        # Gemma 4 thinks by default: its thought channel is split off even without tools.
-        if isinstance(out, Completion) and (offered or syntax_for_template(self.template.source) == "gemma4"):
-            parser = self.chat_parser(ids, offered)
-            parsed = parser.push(out.text)
-            parsed.extend(parser.flush())
+        chat = self.prepare_chat(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
+        out = self._run(chat.ids, max_tokens, stream, stop, should_stop, sampling, chat.spec)
+        if isinstance(out, Completion):
+            parsed = chat.parser.push(out.text)
+            parsed.extend(chat.parser.flush())
             out.text, out.reasoning = parsed.content, parsed.reasoning or None
-            if offered:
+            if chat.tools:
                 out.tool_calls = parsed.tool_calls
         return out
 
     def chat_events(
         self,
-        messages: list[dict[str, Any]],
+        messages: "list[dict[str, Any]] | PreparedChat",
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int = 1024,
         stop: list[str] | str | None = None,
@@ -265,18 +293,26 @@ class LLM:
         """`chat` streamed as parsed events, what the server streams: each `ParsedDelta` holds
         `reasoning` and `content` text, `call_deltas` (a call's id and name first, then its
         arguments as the model writes them) and `tool_calls` (each call once complete).
-        Arguments are as for `chat`; a bad request raises at call time."""
-        ids, offered, spec = self._chat_request(messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
-        deltas = self._run(ids, max_tokens, True, stop, should_stop, sampling, spec)
-        return _parsed(deltas, self.chat_parser(ids, offered))
+        Arguments are as for `chat`; a bad request raises at call time. `messages` may instead be
+        a PreparedChat (prepare_chat), for a caller that checks the prompt's length first, as the
+        server does; the request's own arguments are then in it."""
+        chat = messages if isinstance(messages, PreparedChat) else self.prepare_chat(
+            messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar)
+        deltas = self._run(chat.ids, max_tokens, True, stop, should_stop, sampling, chat.spec)
+        return _parsed(deltas, chat.parser)
 
-    def _chat_request(self, messages, tools, template_kwargs, tool_choice, parallel_tool_calls, response_format, grammar
-                      ) -> tuple[list[int], list[dict[str, Any]] | None, GrammarSpec]:
-        """What `chat` and `chat_events` share: the prompt's ids, the tools offered (none for
-        tool_choice "none") and the constraint on the answer."""
-        offered = tools if tool_choice != "none" else None
+    def prepare_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     template_kwargs: dict[str, Any] | None = None, tool_choice: str | dict[str, Any] = "auto",
+                     parallel_tool_calls: bool = True, response_format: dict[str, Any] | None = None,
+                     grammar: str | None = None) -> PreparedChat:
+        """The one place a chat request becomes a prompt, a constraint and a parser (for `chat`,
+        `chat_events` and the server): the tools offered (none for tool_choice "none"), the
+        grammar spec, the <think> detection of the prompt's end. Generate from it once: its
+        parser keeps the answer's state."""
+        offered = _offered(tools, tool_choice)
         ids = self.chat_prompt(messages, offered, **(template_kwargs or {}))
-        return ids, offered, GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        spec = GrammarSpec(response_format, grammar, offered, tool_choice, parallel_tool_calls)
+        return PreparedChat(ids, offered, spec, self.chat_parser(ids, offered))
 
     def chat_parser(self, prompt_ids: list[int], tools: list[dict[str, Any]] | None) -> ChatOutputParser:
         """The parser of a chat answer (reasoning, content, tool calls), shared by the API and the server."""
@@ -365,6 +401,11 @@ class LLM:
             stats.grammar_steered = constraint.steered
 
 
+def _offered(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The tools a chat offers the model: none for tool_choice "none" (OpenAI's rule)."""
+    return tools if tool_choice != "none" else None
+
+
 def _parsed(deltas: Iterator[str], parser: ChatOutputParser) -> Iterator[ParsedDelta]:
     for text in deltas:
         delta = parser.push(text)
@@ -379,7 +420,7 @@ def resolve_device(device: str | None) -> str:
     """The device to run on: the argument, else $TALLOW_DEVICE, else cuda when a GPU is present."""
     import torch
 
-    device = device or os.environ.get("TALLOW_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or switches.value("TALLOW_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device != "cpu" and not device.startswith("cuda"):
         raise UsageError(f"unknown device {device!r}: use cpu, cuda or cuda:N.")
     if device.startswith("cuda"):

@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from . import switches
 from .errors import TallowError, UsageError
 
 
@@ -361,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arg(p)
     p.add_argument("--system", default=None)
     p.add_argument("--url", default=None, help="talk to a running `tallow serve` at this URL instead of loading a model")
-    p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="API key for --url (default: $TALLOW_API_KEY)")
+    p.add_argument("--api-key", default=switches.value("TALLOW_API_KEY"), help="API key for --url (default: $TALLOW_API_KEY)")
     _add_sampling_args(p)
     _add_memory_args(p)
     _add_device_arg(p)
@@ -371,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--api-key", default=os.environ.get("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
+    p.add_argument("--api-key", default=switches.value("TALLOW_API_KEY"), help="require 'Authorization: Bearer KEY' on /v1/ (default: $TALLOW_API_KEY)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: min(model, 4096))")
     p.add_argument("--queue", type=int, default=16, help="requests that may wait for the engine before 503 (default 16)")
     _add_memory_args(p)
@@ -434,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    switches.refresh()  # the flags' defaults below read $TALLOW_API_KEY: parse the environment first
+    try:
+        switches.current()
+    except TallowError as exc:
+        _err(f"tallow: error: {exc}")
+        return exc.exit_code
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

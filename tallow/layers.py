@@ -7,23 +7,18 @@ how a weight is stored or which device runs it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from . import switches
 from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles
-
-
-def _env_off(var: str) -> bool:
-    return os.environ.get(var, "").strip().lower() in ("0", "false", "no", "off")
 
 
 def fast_paths_enabled() -> bool:
     """TALLOW_FAST_LAYERS=0 turns off the fused elementwise paths below (one-call RMSNorm, the
     table-driven RoPE, the single-query attention), falling back to the step-by-step forms.
-    Read at call time."""
-    return not _env_off("TALLOW_FAST_LAYERS")
+    Consulted at call time (a dict lookup: tallow/switches.py parses the environment once)."""
+    return switches.enabled("TALLOW_FAST_LAYERS")
 
 
 # SDPA's CPU flash kernel walks the keys in blocks of 512 (its kvSplitSize) and the queries in
@@ -36,8 +31,8 @@ QUERY_BLOCK = 64
 
 def block_aligned_keys_enabled() -> bool:
     """TALLOW_ALIGNED_REUSE=0 also turns off the key padding that makes prefill attention
-    row-invariant (engine/prefill_plan.py). Read at call time."""
-    return not _env_off("TALLOW_ALIGNED_REUSE")
+    row-invariant (engine/prefill_plan.py). Consulted at call time."""
+    return switches.enabled("TALLOW_ALIGNED_REUSE")
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

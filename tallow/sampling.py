@@ -17,7 +17,6 @@ effectively uses ("first max wins").
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 
 from .errors import UsageError
+from . import switches
 
 __all__ = ["Constraint", "Sampler", "SamplingParams"]
 
@@ -236,7 +236,7 @@ def greedy(logits: torch.Tensor) -> int:
 
 
 def masked_greedy_enabled() -> bool:
-    return os.environ.get("TALLOW_GPU_MASK", "1") != "0"
+    return switches.enabled("TALLOW_GPU_MASK")
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}

@@ -129,3 +129,46 @@ def test_chat_events_stream_the_calls_chat_returns(llm):
     (call,) = [c for e in events for c in e.tool_calls]
     assert streamed == call.arguments and [(c.name, c.arguments) for c in whole.tool_calls] == [("save_note", streamed)]
     assert len(json.loads(streamed)["text"]) >= 20
+
+
+def test_chat_splits_reasoning_as_the_server_does(llm, monkeypatch):
+    """LLM.chat parses a whole answer with the server's parser (LLM.prepare_chat), tools or not:
+    the thinking goes to `reasoning`, the answer to `text`. The model's output is stubbed."""
+    from tallow.api import Completion
+
+    answer = "<think>the user greets</think>Hello!"
+
+    def run(ids, max_tokens, stream, *rest):
+        return iter([answer[:9], answer[9:30], answer[30:]]) if stream else Completion(answer, [], "stop", llm.stats.last)
+
+    monkeypatch.setattr(llm, "_run", run)
+    ask = [{"role": "user", "content": "Hi"}]
+    out = llm.chat(ask)
+    assert (out.reasoning, out.text, out.tool_calls) == ("the user greets", "Hello!", None)
+    events = list(llm.chat_events(ask))  # what the server streams
+    assert "".join(e.reasoning for e in events) == out.reasoning and "".join(e.content for e in events) == out.text
+    prepared = llm.prepare_chat(ask)
+    assert "".join(e.content for e in llm.chat_events(prepared)) == "Hello!"
+    assert prepared.ids == llm.chat_prompt(ask) and prepared.tools is None
+
+
+def test_tool_choice_none_offers_no_tools_in_one_place(llm):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    ask = [{"role": "user", "content": "Hi"}]
+    assert llm.prepare_chat(ask, [tool], tool_choice="none").tools is None
+    assert llm.render_chat(ask, [tool], tool_choice="none") == llm.render_chat(ask)
+    assert llm.context_used == len(llm.engine.kv.tokens)
+
+
+def test_the_server_goes_through_the_api():
+    """The server maps LLM's events to JSON/SSE: it never reaches into the engine, the template
+    or the parser, and the tool-choice rule lives in tallow/api.py alone."""
+    from pathlib import Path
+
+    server = Path(tallow.__file__).parent / "server"
+    for path in server.glob("*.py"):
+        text = path.read_text()
+        assert ".engine" not in text and "ChatOutputParser" not in text and "chat_parser" not in text, path.name
+        assert 'tool_choice != "none"' not in text, path.name
+        assert "template.render" not in text, path.name
+    assert (Path(tallow.__file__).parent / "api.py").read_text().count('tool_choice != "none"') == 1

@@ -16,7 +16,9 @@ from tiny_models import write_tiny_model
 
 from tallow.gguf_file import GGUFFile
 from tallow.memory import budget
-from tallow.memory.kv_pool import ELEMENT_BYTES, SCALE_BYTES, KVPool, kv_dtype_name
+from tallow.errors import UsageError
+from tallow.memory.kv_format import KV_FORMATS, USER_FORMATS, kv_format
+from tallow.memory.kv_pool import KVPool, kv_dtype_name
 from tallow.memory.kv_store import KVStore, model_fingerprint
 from tallow.models import build_model
 from tallow.spec import spec_from_gguf
@@ -153,12 +155,23 @@ def test_ring_state_round_trips_through_the_kv_store(gemma, tmp_path, kv_dtype) 
 
 # -- KV dtypes --------------------------------------------------------------------------------
 
-def test_dtype_names_and_byte_tables_agree_with_the_planner() -> None:
-    assert budget.KV_ELEMENT_BYTES == ELEMENT_BYTES and budget.KV_SCALE_BYTES == SCALE_BYTES
-    for alias, name in budget.KV_DTYPE_ALIASES.items():
-        assert kv_dtype_name(alias) == name
-    with pytest.raises(ValueError):
+def test_the_kv_formats_match_their_tensors_and_the_planner() -> None:
+    """One table (memory/kv_format.py): its bytes are the pool's tensors, its aliases the planner's."""
+    for fmt in KV_FORMATS:
+        assert torch.empty(0, dtype=fmt.torch_dtype).element_size() == fmt.element_bytes
+        assert fmt.scaled == (fmt.scale_bytes == 4) == (fmt.qmax is not None)
+        for alias in (fmt.name, *fmt.aliases, fmt.name.upper()):
+            assert kv_dtype_name(alias) == fmt.name
+            if fmt.name in USER_FORMATS:
+                assert budget.kv_dtype_arg(alias) == fmt.name
+            else:  # f32: tests only
+                with pytest.raises(UsageError, match="--kv-dtype must be one of f16, bf16, int8, fp8"):
+                    budget.kv_dtype_arg(alias)
+    assert kv_format(torch.bfloat16).name == "bf16" and kv_format(None).name == "f16"
+    with pytest.raises(ValueError, match="--kv-dtype must be one of f16, bf16, int8, fp8, not 'int4'."):
         kv_dtype_name("int4")
+    with pytest.raises(ValueError, match="not supported"):
+        kv_format(torch.int8)  # codes without their scales name no format
 
 
 @pytest.mark.parametrize("kv_dtype,bound", [("bf16", 2 ** -8), ("int8", 1 / 127), ("fp8", 2 ** -3)])

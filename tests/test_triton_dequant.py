@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("triton")
 
 import tallow.kernels.triton  # noqa: E402,F401  (applies the interpreter shim)
-from tallow.kernels.triton.dequant import dequantize_to, scratch_matmul  # noqa: E402
+from tallow.kernels.triton.dequant import dequantize_to  # noqa: E402
 from tallow.kernels.triton.planes import dequantize_planes, pack_planes, random_raw  # noqa: E402
 
 
@@ -31,21 +31,10 @@ def _weight(name: str, n: int, k: int, seed: str):
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16])  # fp16 (exact) and scratch_matmul: tests/kernel_cases.py
 def test_dequantize_to_is_the_rounded_reference(name: str, dtype: torch.dtype) -> None:
     w, _ = _weight(name, 20, 512, f"dq{name}")
     dense = dequantize_to(w, dtype, block_n=8)
     exact = dequantize_planes(w)
-    if dtype == torch.float16:
-        assert torch.equal(dense, exact.to(dtype))
-    else:
-        assert ((dense.float() - exact).abs() <= exact.abs() * 2.0 ** -7).all()
+    assert ((dense.float() - exact).abs() <= exact.abs() * 2.0 ** -7).all()
 
-
-def test_scratch_matmul() -> None:
-    w, g = _weight("Q4_K", 24, 256, "scratch")
-    x = torch.randn(5, 256, generator=g)
-    scratch = torch.empty(24 * 256 + 100)
-    y = scratch_matmul(x, w, scratch)  # fp32 on the CPU; fp16/bf16 on the GPU
-    ref = x @ dequantize_planes(w).T
-    assert (y - ref).norm() / ref.norm() < 1e-5

@@ -29,7 +29,8 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("m,d,res", [(1, 576, False), (2, 1536, True), (3, 2560, True)])
+# Against the reference on three shapes: tests/kernel_cases.py. Here: the residual sum, buffers, 1-D rows.
+@pytest.mark.parametrize("m,d,res", [(1, 576, False), (2, 1536, True)])
 def test_rmsnorm_with_residual_and_sum_out(m: int, d: int, res: bool) -> None:
     g = torch.Generator().manual_seed(d)
     x, r, w = torch.randn(m, d, generator=g), torch.randn(m, d, generator=g), torch.randn(d, generator=g)
@@ -94,8 +95,9 @@ def test_rope_token_rows_equal_one_token_calls() -> None:
     assert torch.equal(caches[1][:, 1], v[2].half())  # position 9 in slot 1
 
 
+# Both kinds against the reference on (2, 1536) and (1, 1000): tests/kernel_cases.py. Here: out=, layers.geglu.
 @pytest.mark.parametrize("kind", ["swiglu", "geglu"])
-@pytest.mark.parametrize("m,f", [(2, 1536), (1, 1000)])
+@pytest.mark.parametrize("m,f", [(1, 1000)])
 def test_glu_from_concatenated_gate_up(kind: str, m: int, f: int) -> None:
     g = torch.Generator().manual_seed(3)
     gu = torch.randn(m, 2 * f, generator=g) * 3

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import threading
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import TallowError
+from .. import switches
 
 MAX_VALUE_CHARS = 1 << 20  # one string or list built by `*` or `+`
 MAX_OUTPUT_CHARS = 4 << 20  # the rendered prompt (the context bounds it long before)
 MAX_POWER_DIGITS = 1000
-DEFAULT_TIMEOUT_S = 5.0
 
 
 class TemplateLimitError(TallowError):
@@ -39,10 +38,7 @@ class TemplateLimitError(TallowError):
 
 
 def template_timeout_s() -> float:
-    try:
-        return float(os.environ.get("TALLOW_TEMPLATE_TIMEOUT") or DEFAULT_TIMEOUT_S)
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
+    return switches.value("TALLOW_TEMPLATE_TIMEOUT")
 
 
 def _size(value: Any) -> int | None:

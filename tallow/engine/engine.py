@@ -10,7 +10,6 @@ cache — in memory or on disk — holds.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..models.base import DecoderModel
 from ..sampling import Sampler
 from .prefill_plan import PrefillPlan, numerics_key, plan_for
 from .speculate import K_MAX, Speculation, exact_verifier, speculation_enabled
+from .. import switches
 
 
 @dataclass
@@ -62,7 +62,7 @@ def wait_for_device(device: torch.device) -> None:
 
 
 def prefix_reuse_enabled() -> bool:
-    return os.environ.get("TALLOW_PREFIX_CACHE", "1") != "0"
+    return switches.enabled("TALLOW_PREFIX_CACHE")
 
 
 def _shared(a: list[int], b: list[int]) -> int:

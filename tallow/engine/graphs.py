@@ -13,15 +13,15 @@ TALLOW_CUDA_GRAPHS=0 runs the same step eagerly (for bisecting).
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from ..memory.kv_pool import KVPool
+from .. import switches
 
 
 def graphs_enabled() -> bool:
-    return os.environ.get("TALLOW_CUDA_GRAPHS", "1") != "0"
+    return switches.enabled("TALLOW_CUDA_GRAPHS")
 
 
 def capture(run, device: torch.device, pool=None):
@@ -138,7 +138,7 @@ class RowGraphs:
 
 
 def prefill_graphs_enabled() -> bool:
-    return graphs_enabled() and os.environ.get("TALLOW_PREFILL_GRAPHS", "1") != "0"
+    return graphs_enabled() and switches.enabled("TALLOW_PREFILL_GRAPHS")
 
 
 class PrefillGraphs:

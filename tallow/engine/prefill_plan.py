@@ -31,9 +31,9 @@ there (more reuse, and the answer may change with the cache state).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from .. import switches
 from ..layers import block_aligned_keys_enabled as aligned_reuse_enabled  # one switch: TALLOW_ALIGNED_REUSE
 
 
@@ -103,12 +103,6 @@ def plan_for(model, chunk: int) -> PrefillPlan:
     return PrefillPlan(chunk, row_invariant=False)
 
 
-# Switches that change nothing in the numbers a prefill writes.
-_NOT_NUMERIC = frozenset({"TALLOW_HOME", "TALLOW_PERSIST_KV", "TALLOW_PREFIX_CACHE", "TALLOW_MEM_BUDGET",
-                          "TALLOW_KV_STORE_BYTES", "TALLOW_REQUIRE_MODELS", "TALLOW_TEST_MODELS", "TALLOW_SPECULATE",
-                          "TALLOW_DEVICE", "TALLOW_BOUNDED_HEAP"})
-
-
 def numerics_key(model, plan: PrefillPlan) -> str:
     """What a saved pool's canonical K/V depend on besides the model file and the tokens: the
     device (GPU name, CPU vector ISA), torch, threads, kernels, the plan and the switches. A
@@ -123,6 +117,6 @@ def numerics_key(model, plan: PrefillPlan) -> str:
         where = f"{torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
     linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
     kinds = sorted({str(t.kind) for t in linears})
-    switches = sorted((k, v) for k, v in os.environ.items() if k.startswith("TALLOW_") and k not in _NOT_NUMERIC)
-    text = repr((model.device.type, where, torch.__version__, kinds, plan, switches))
+    numeric = switches.key_values("numeric")  # the switches declared to change a prefill's numbers
+    text = repr((model.device.type, where, torch.__version__, kinds, plan, numeric))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -73,13 +73,13 @@ and free-text tool calls 24.0 -> 25.9; docs/performance.md.)
 from __future__ import annotations
 
 import copy
-import os
 import time
 import weakref
 from collections import deque
 
 import torch
 
+from .. import switches
 from ..layers import attend_keys, fast_paths_enabled
 from ..models.base import DecoderModel
 
@@ -119,11 +119,9 @@ def rows_are_exact(model) -> bool:
 def speculation_enabled(model) -> bool:
     """TALLOW_SPECULATE=0 off, =1 on; by default on where verification is bit-exact: row-exact
     kernels, on the CPU or the GPU (see the module doc)."""
-    env = os.environ.get("TALLOW_SPECULATE", "").strip().lower()
-    if env in ("0", "false", "no", "off"):
-        return False
-    if env in ("1", "true", "yes", "on"):
-        return True
+    forced = switches.value("TALLOW_SPECULATE")  # None: auto
+    if forced is not None:
+        return forced
     return rows_are_exact(model)  # a walk over ~200 layer objects: microseconds per request
 
 

@@ -15,19 +15,19 @@ TALLOW_GRAMMAR_CLOSE=0 lets max_tokens cut it instead).
 
 from __future__ import annotations
 
-import os
 
 from .closing import closing_enabled, closing_vocab
 from .constraint import GrammarConstraint
 from .errors import GrammarError
 from .spec import GrammarSpec
 from .vocab import grammar_tokenizer
+from .. import switches
 
 __all__ = ["GrammarConstraint", "GrammarError", "GrammarSpec", "build_constraint", "grammar_enabled", "grammar_tokenizer"]
 
 
 def grammar_enabled() -> bool:
-    return os.environ.get("TALLOW_GRAMMAR", "1") != "0"
+    return switches.enabled("TALLOW_GRAMMAR")
 
 
 def build_constraint(tokenizer, vocab_size: int, spec: GrammarSpec, template_source: str = "",

@@ -27,7 +27,6 @@ as before). TALLOW_GRAMMAR_CLOSE=0 switches this off.
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -35,6 +34,7 @@ import llguidance
 import numpy as np
 
 from .vocab import special_ids
+from .. import switches
 
 MARGIN = 24  # steer within this many tokens of the count: more than one token can add to it
 # (`, {"` opening an object with required keys adds ~10-20)
@@ -46,7 +46,7 @@ CLOSING = b'"]},'  # what closers are made of
 
 
 def closing_enabled() -> bool:
-    return os.environ.get("TALLOW_GRAMMAR_CLOSE", "1") != "0"
+    return switches.enabled("TALLOW_GRAMMAR_CLOSE")
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +11,12 @@ from .raw import raw_grammar
 from .schema import response_format_rule
 from .gemma4_calls import gemma4_answer_grammar
 from .tools import tool_grammar, tool_syntax
+from .. import switches
 
 
 def triggered_tools_enabled() -> bool:
     """TALLOW_GRAMMAR_AUTO=0: tool_choice "auto" stays free text (the parser still salvages calls)."""
-    return os.environ.get("TALLOW_GRAMMAR_AUTO", "1") != "0"
+    return switches.enabled("TALLOW_GRAMMAR_AUTO")
 
 
 @dataclass

@@ -10,16 +10,16 @@ each (add, norm; silu, mul), so over 30 layers they are a fifth of a small model
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import torch
 
 from ..layers import geglu, rms_norm, swiglu
+from .. import switches
 
 
 def triton_ops_enabled() -> bool:
-    return os.environ.get("TALLOW_TRITON_OPS", "1") != "0"
+    return switches.enabled("TALLOW_TRITON_OPS")
 
 
 class TorchOps:
@@ -48,7 +48,7 @@ class TorchOps:
 
 
 def gemv_prologue_enabled() -> bool:
-    return os.environ.get("TALLOW_GEMV_PROLOGUE", "1") != "0"
+    return switches.enabled("TALLOW_GEMV_PROLOGUE")
 
 
 class LazyInput:
@@ -139,7 +139,7 @@ class TritonOps(TorchOps):
         k, v = kv.k[layer], kv.v[layer]
         if not prefill_attention_enabled() or k.shape[-1] != v.shape[-1] or q.stride(-1) != 1:
             return None
-        scales = (kv.k_scale[layer], kv.v_scale[layer]) if getattr(kv, "scaled", False) else (None, None)
+        scales = (kv.k_scale[layer], kv.v_scale[layer]) if kv.scaled else (None, None)
         return prefill_attention(q, k, v, start, lo, scale, window, softcap, *scales)
 
 

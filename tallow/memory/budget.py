@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 
 from gguf import GGMLQuantizationType as QT
 
+from .. import switches
 from ..errors import MemoryBudgetError, UsageError
 from ..gguf_file import GGUFFile
 from ..spec import ModelSpec, spec_from_gguf
+from .kv_format import kv_format, user_kv_format
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -64,15 +66,6 @@ RUNTIME_PER_MERGE = 104
 
 DEFAULT_PREFILL_CHUNK = 512
 
-# Kept equal to memory/kv_pool.py (a test checks it); repeated so planning never imports torch.
-KV_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "int8": 1, "fp8": 1, "f32": 4}
-KV_SCALE_BYTES = {"f16": 0, "bf16": 0, "int8": 4, "fp8": 4, "f32": 0}
-KV_DTYPE_ALIASES = {
-    "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "int8": "int8", "q8": "int8", "i8": "int8",
-    "fp8": "fp8", "f8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8",
-}
 
 
 # ------------------------------------------------------------------------------ header scan
@@ -88,11 +81,11 @@ def scan_header(path: str | os.PathLike) -> GGUFFile:
 
 
 def _env_off(var: str) -> bool:
-    return os.environ.get(var, "").strip().lower() in ("0", "false", "no", "off")
+    return switches.value(var) is False
 
 
 def _env_on(var: str) -> bool:
-    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+    return switches.value(var) is True
 
 
 def _kernel_ops() -> tuple[bool, bool]:
@@ -161,14 +154,11 @@ def kv_dtype_arg(name: str | None) -> str | None:
     """A --kv-dtype value checked and made canonical (None: the model's default)."""
     if name is None:
         return None
-    canonical = KV_DTYPE_ALIASES.get(str(name).strip().lower())
-    if canonical is None:
-        raise UsageError(f"--kv-dtype must be one of f16, bf16, int8, fp8, not {name!r}.")
-    return canonical
+    return user_kv_format(name).name
 
 
 def _ring_enabled() -> bool:
-    return os.environ.get("TALLOW_KV_RING", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_KV_RING")
 
 
 def kv_layer_slots(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
@@ -186,16 +176,16 @@ def kv_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16", prefill_chunk: 
     """The KV pool: K and V codes of every layer that owns a cache, for every slot, in that
     layer's head sizes, plus (int8/fp8) one fp32 scale per slot and head for K and for V (as
     `KVPool` allocates it; gemma4's shared-KV layers read an earlier layer's cache and add nothing)."""
-    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    return sum(slots * layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale)
+    fmt = kv_format(kv_dtype)
+    return sum(slots * fmt.bytes_per_position(layer.n_kv_heads, layer.head_dim, layer.v_head_dim)
                for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, prefill_chunk, ring)) if layer.owns_kv)
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "f16", shared: bool = True) -> int:
     """Bytes one position costs across the layers that own a cache, were every layer global
     (no ring savings). shared=False: as if every layer owned one (what KV sharing saves)."""
-    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    return sum(layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale) for layer in spec.layers
+    fmt = kv_format(kv_dtype)
+    return sum(fmt.bytes_per_position(layer.n_kv_heads, layer.head_dim, layer.v_head_dim) for layer in spec.layers
                if layer.owns_kv or not shared)
 
 
@@ -250,7 +240,7 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     hd = max(max(layer.head_dim, layer.v_head_dim) for layer in spec.layers)
     residual = 3 * c * spec.dim * 4
     attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
-    if KV_SCALE_BYTES[kv_dtype]:
+    if kv_format(kv_dtype).scaled:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     return residual + max(attention, mlp)
@@ -270,8 +260,8 @@ def prefix_cache_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16") -> in
     """Extra bytes of the prefix caches. In memory: none — the KV pool's resident tokens are
     the cache. On disk (kv_store): saving and hydrating stage one layer's K and V (and scales)
     of the used positions at a time, plus the token ids (a Python int and a list slot each)."""
-    item, scale = KV_ELEMENT_BYTES[kv_dtype], KV_SCALE_BYTES[kv_dtype]
-    per_layer = max(layer.n_kv_heads * ((layer.head_dim + layer.v_head_dim) * item + 2 * scale) for layer in spec.layers)
+    fmt = kv_format(kv_dtype)
+    per_layer = max(fmt.bytes_per_position(layer.n_kv_heads, layer.head_dim, layer.v_head_dim) for layer in spec.layers)
     return n_ctx * per_layer + n_ctx * 36
 
 
@@ -574,7 +564,7 @@ INT8_KV_MEASURED: frozenset[tuple[str, str]] = frozenset()
 
 def default_kv_dtype(header: GGUFFile) -> str:
     """`INT8_KV_MEASURED` models default to int8 KV, others to f16 (TALLOW_KV_DTYPE overrides)."""
-    env = os.environ.get("TALLOW_KV_DTYPE")
+    env = switches.value("TALLOW_KV_DTYPE")
     if env:
         return kv_dtype_arg(env) or "f16"
     key = (str(header.get("general.architecture") or ""), str(header.get("general.name") or ""))
@@ -585,5 +575,5 @@ def default_budget() -> str | None:
     """The budget when the user gives none: $TALLOW_MEM_BUDGET, else all of MemAvailable —
     so a model that cannot fit at all is refused up front rather than killed mid-answer.
     TALLOW_MEM_BUDGET=off disables the guard."""
-    value = os.environ.get("TALLOW_MEM_BUDGET", "100%").strip()
+    value = switches.value("TALLOW_MEM_BUDGET")
     return None if value.lower() in ("off", "none", "0", "") else value

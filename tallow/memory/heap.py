@@ -26,7 +26,8 @@ plan counts one heap; this makes the process have one.
 from __future__ import annotations
 
 import ctypes
-import os
+
+from .. import switches
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -37,7 +38,7 @@ _done = False
 
 
 def bounded_heap_enabled() -> bool:
-    return os.environ.get("TALLOW_BOUNDED_HEAP", "0").strip().lower() in ("1", "true", "yes", "on")
+    return switches.enabled("TALLOW_BOUNDED_HEAP")
 
 
 def single_arena() -> bool:

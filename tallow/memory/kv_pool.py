@@ -34,48 +34,24 @@ changes an answer. The engine raises it after each such prefill chunk; truncatio
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from ..spec import ModelSpec
+from .kv_format import kv_format
+from .. import switches
 
-# Canonical names and their aliases (the CLI's --kv-dtype and tallow.load(kv_dtype=...)).
-KV_DTYPES = ("f16", "bf16", "int8", "fp8")
-_ALIASES = {
-    "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "int8": "int8", "q8": "int8", "i8": "int8",
-    "fp8": "fp8", "f8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8",
-    "f32": "f32", "fp32": "f32", "float32": "f32",
-}
-_STORAGE = {"f16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8, "fp8": torch.float8_e4m3fn,
-            "f32": torch.float32}
-_BY_TORCH = {v: k for k, v in _STORAGE.items() if k not in ("int8", "fp8")}
-# Bytes per stored element and per (position, head) scale: kept equal to the tensors below
-# (memory/budget.py repeats them without importing torch; a test checks it).
-ELEMENT_BYTES = {"f16": 2, "bf16": 2, "int8": 1, "fp8": 1, "f32": 4}
-SCALE_BYTES = {"f16": 0, "bf16": 0, "int8": 4, "fp8": 4, "f32": 0}
-_QMAX = {"int8": 127.0, "fp8": 448.0}
+# Names, aliases, storage dtypes, bytes and qmax of each KV dtype: memory/kv_format.py.
 
 
 def kv_dtype_name(dtype: "str | torch.dtype | None") -> str:
     """The canonical name of a KV dtype given as a name, an alias or a torch float dtype."""
-    if dtype is None:
-        return "f16"
-    if isinstance(dtype, torch.dtype):
-        if dtype in _BY_TORCH:
-            return _BY_TORCH[dtype]
-        raise ValueError(f"KV dtype {dtype} is not supported (use one of {', '.join(KV_DTYPES)}).")
-    name = _ALIASES.get(str(dtype).strip().lower())
-    if name is None:
-        raise ValueError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, not {dtype!r}.")
-    return name
+    return kv_format(dtype).name
 
 
 def ring_enabled() -> bool:
     """TALLOW_KV_RING=0: sliding-window layers hold the whole context like global ones."""
-    return os.environ.get("TALLOW_KV_RING", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_KV_RING")
 
 
 def layer_capacity(window: int | None, n_ctx: int, max_chunk: int, ring: bool = True) -> int:
@@ -90,9 +66,10 @@ class KVPool:
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype: "str | torch.dtype | None" = torch.float16,
                  device: torch.device | str = "cpu", ring: bool | None = None, max_chunk: int = 512):
         self.n_ctx = n_ctx
-        self.kv_dtype = kv_dtype_name(dtype)
-        self.dtype = _STORAGE[self.kv_dtype]  # storage dtype of the codes
-        self.scaled = self.kv_dtype in _QMAX
+        self.format = kv_format(dtype)
+        self.kv_dtype = self.format.name
+        self.dtype = self.format.torch_dtype  # storage dtype of the codes
+        self.scaled = self.format.scaled  # codes plus per-(position, head) scales
         self.device = torch.device(device)
         self.max_chunk = max(1, min(max_chunk, n_ctx))
         ring = ring_enabled() if ring is None else ring
@@ -164,7 +141,7 @@ class KVPool:
         if not self.scaled:
             return x.to(self.dtype), None
         x = x.float()
-        scale = x.abs().amax(-1) / _QMAX[self.kv_dtype]  # (heads, n)
+        scale = x.abs().amax(-1) / self.format.qmax  # (heads, n)
         inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
         y = x * inv.unsqueeze(-1)
         if self.kv_dtype == "int8":

@@ -47,14 +47,14 @@ import torch
 from ..spec import ModelSpec
 from .kv_pool import KVPool
 from ..durable import fsync_dir, pid_alive
+from .. import switches
 
 MAGIC = b"TALLOWKV"
 VERSION = 2
-DEFAULT_MAX_BYTES = 2 << 30
 
 
 def persist_enabled() -> bool:
-    return os.environ.get("TALLOW_PERSIST_KV", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_PERSIST_KV")
 
 
 def default_dir() -> Path:
@@ -134,8 +134,7 @@ class KVStore:
         self.spec = spec
         self.fingerprint = fingerprint
         self.dir = Path(directory) if directory is not None else default_dir()
-        env = os.environ.get("TALLOW_KV_STORE_BYTES")
-        self.max_bytes = max_bytes if max_bytes is not None else int(env) if env else DEFAULT_MAX_BYTES
+        self.max_bytes = max_bytes if max_bytes is not None else switches.value("TALLOW_KV_STORE_BYTES")
         self.numerics = ""  # the engine's numerics key: a file's canonical prefix counts only under the same one
         self._failing: str | None = None  # the error of the last failed save, until one succeeds
 
@@ -281,7 +280,7 @@ class KVStore:
                                               for i, (a, cap) in enumerate(zip(lo, kv.caps)) if i in owners):
                 raise ValueError("its stored position ranges do not fit this pool")
             item = kv.k[0].element_size()
-            scale_bytes = 8 if kv.scaled else 0
+            scale_bytes = 2 * kv.format.scale_bytes  # K's and V's
             layout = header["layout"]
             body = 4 * n + sum((n - lo[i]) * layout[i][0] * ((layout[i][1] + layout[i][2]) * item + scale_bytes)
                                for i in owners)

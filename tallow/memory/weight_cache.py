@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from .. import switches
 from ..gguf_file import GGUFFile
 from ..durable import fsync_dir, pid_alive
 
@@ -58,7 +59,6 @@ MAGIC = b"TALLOWPK"
 FORMAT_VERSION = 1
 DATA_ALIGN = 4096
 TENSOR_ALIGN = 64
-DEFAULT_MAX_BYTES = 8 << 30
 DISK_HEADROOM = 256 << 20  # never fill the disk to the last byte for a cache
 _PREFIX = struct.Struct("<8sIIQ")
 _TRAILER = 32 + len(MAGIC)
@@ -69,8 +69,6 @@ _PAGE = 4096
 # must never be served stale packs.
 PACKING_SOURCES = ("quant/pack.py", "quant/reference.py", "kernels/cpu/linear.py", "kernels/cpu/fused_linear.py",
                    "kernels/cpu/dequant_matmul.py", "kernels/dispatch.py", "models/*.py", "memory/weight_cache.py")
-# TALLOW_* names in those sources that are read at call time, not construction: not in the key.
-CALL_TIME_SWITCHES = frozenset({"TALLOW_PREFILL_DEQUANT", "TALLOW_FAST_LAYERS"})
 _TENSOR_DTYPES = {str(d).removeprefix("torch."): d for d in
                   (torch.uint8, torch.int8, torch.int32, torch.bfloat16, torch.float16, torch.float32)}
 
@@ -80,15 +78,13 @@ class WeightCacheWarning(UserWarning):
 
 
 def cache_enabled() -> bool:
-    return os.environ.get("TALLOW_WEIGHT_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_WEIGHT_CACHE")
 
 
 def _progress_default() -> bool:
     """The packing bar shows on a terminal; TALLOW_PROGRESS=1 asks for it anywhere, =0 never."""
-    env = os.environ.get("TALLOW_PROGRESS", "").strip().lower()
-    if env in ("0", "false", "no", "off", "1", "true", "yes", "on"):
-        return env in ("1", "true", "yes", "on")
-    return sys.stderr.isatty()
+    forced = switches.value("TALLOW_PROGRESS")  # None: on a terminal
+    return forced if forced is not None else sys.stderr.isatty()
 
 
 def default_dir() -> Path:
@@ -121,28 +117,25 @@ def gguf_fingerprint(gf: GGUFFile) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _code_identity() -> tuple[str, tuple[str, ...]]:
-    """(digest of the packing sources, the construction-time TALLOW_* switches they name)."""
+    """(digest of the packing sources, the switches that change packing: declared `pack=True`
+    in tallow/switches.py — the ones read while the linears are built, not per call)."""
     root = Path(__file__).resolve().parent.parent
-    h, names = hashlib.sha256(), set()
+    h = hashlib.sha256()
     for pattern in PACKING_SOURCES:
         for path in sorted(root.glob(pattern)):
-            text = path.read_bytes()
-            h.update(path.relative_to(root).as_posix().encode() + b"\0" + text)
-            if path.name != "weight_cache.py":
-                names.update(re.findall(rb"TALLOW_[A-Z0-9_]+", text))
-    switches = sorted(n.decode() for n in names if n.decode() not in CALL_TIME_SWITCHES)
-    return h.hexdigest(), tuple(switches)
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest(), tuple(name for name, _ in switches.key_values("pack"))
 
 
 def cache_key(gf: GGUFFile, device: str, linear_mode: str | None) -> dict[str, Any]:
-    digest, switches = _code_identity()
+    digest, _ = _code_identity()
     return {
         "format": FORMAT_VERSION,
         "fingerprint": gguf_fingerprint(gf),
         "code": digest,
         "device": str(device),
         "linear_mode": linear_mode or "auto",
-        "switches": {name: os.environ.get(name, "").strip().lower() for name in switches},
+        "switches": {name: repr(value) for name, value in switches.key_values("pack")},
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
     }
@@ -232,9 +225,8 @@ class WeightCache:
         progress: show a bar on stderr while packing (None: see _progress_default)."""
         if not cache_enabled() or not str(device).startswith("cpu"):
             return None
-        reference = linear_mode == "reference" or (linear_mode in (None, "auto") and
-                                                   os.environ.get("TALLOW_REFERENCE", "").strip().lower() in ("1", "true", "yes", "on"))
-        if os.environ.get("TALLOW_NUMERICS", "").strip().lower() == "ggml":
+        reference = linear_mode == "reference" or (linear_mode in (None, "auto") and switches.enabled("TALLOW_REFERENCE"))
+        if switches.value("TALLOW_NUMERICS") == "ggml":
             return None  # GgmlLinear holds fp32 weights built at load, like the reference
         if reference:  # fp32 weights are 4-8x the file (15 GiB for a 4B model) and quick to dequantize
             return None
@@ -437,8 +429,7 @@ def _check_entry(entry: dict[str, Any], n_tensors: int) -> None:
 
 
 def _max_bytes() -> int:
-    env = os.environ.get("TALLOW_WEIGHT_CACHE_BYTES", "").strip()
-    return int(env) if env.isdigit() else DEFAULT_MAX_BYTES
+    return switches.value("TALLOW_WEIGHT_CACHE_BYTES")
 
 
 def _mib(n: int) -> str:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 from typing import Any
 
 from .protocol import MAX_BODY_BYTES
+from .. import switches
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -37,7 +37,7 @@ def is_loopback(host: str) -> bool:
 
 
 def allowed_hosts() -> set[str]:
-    extra = os.environ.get("TALLOW_ALLOWED_HOSTS", "")
+    extra = switches.value("TALLOW_ALLOWED_HOSTS")
     return {h.strip().lower() for h in extra.split(",") if h.strip()}
 
 

@@ -198,9 +198,8 @@ def create_app(state: ServerState) -> FastAPI:
         req = parse_chat_request(parse_json_body(await request.body()))
         if worker.llm is None:
             raise APIError(503, "The model is still loading; retry in a few seconds.", "server_error", None, "model_loading", {"Retry-After": "2"})
-        tools = req.tools if req.tool_choice != "none" else None
         try:
-            prompt = worker.llm.template.render(req.messages, tools=tools, add_generation_prompt=True, **req.template_kwargs)
+            prompt = worker.llm.render_chat(req.messages, req.tools, req.tool_choice, **req.template_kwargs)
         except TallowError as exc:
             raise APIError(400, str(exc), "invalid_request_error", "messages", "invalid_value") from None
         return JSONResponse({"prompt": prompt})
@@ -339,7 +338,7 @@ def _prometheus(state: ServerState) -> str:
     m = w.metrics
     kv_used = kv_size = 0
     if w.llm is not None:
-        kv_used = len(w.llm.engine.kv.tokens)
+        kv_used = w.llm.context_used
         kv_size = w.llm.n_ctx
     rows = [
         ("tallow_requests_total", "counter", "Generation requests served (started).", m.requests_total),

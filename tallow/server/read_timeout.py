@@ -14,20 +14,16 @@ TALLOW_READ_TIMEOUT=SECONDS changes the bound (default 30).
 from __future__ import annotations
 
 import asyncio
-import os
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-DEFAULT_READ_TIMEOUT_S = 30.0
+from .. import switches
+
 
 
 def read_timeout_s() -> float:
-    value = os.environ.get("TALLOW_READ_TIMEOUT")
-    try:
-        return float(value) if value else DEFAULT_READ_TIMEOUT_S
-    except ValueError:
-        return DEFAULT_READ_TIMEOUT_S
+    return switches.value("TALLOW_READ_TIMEOUT")
 
 
 class ReadTimeoutProtocol(H11Protocol):

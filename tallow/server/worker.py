@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import traceback
@@ -23,14 +22,18 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..chat.parsers import ChatOutputParser, ParsedDelta
+from ..chat.parsers import ParsedDelta
 from ..errors import TallowError
 from ..grammar import GrammarError, GrammarSpec
 from ..sampling import SamplingParams
 from .limits import Limits, prompt_too_long
 from .protocol import APIError, ChatRequest, CompletionRequest, bad
+from .. import switches
+
+if TYPE_CHECKING:
+    from ..api import PreparedChat
 
 log = logging.getLogger("tallow.server")
 
@@ -43,14 +46,10 @@ WORKER_STACK_BYTES = 256 << 20
 # /health calls the worker stuck (503) when the running request has posted nothing (no token,
 # no event) for this long. A long CPU prefill posts nothing until its first token, so the
 # default is generous; TALLOW_STALL_TIMEOUT=SECONDS changes it.
-DEFAULT_STALL_S = 300.0
 
 
 def stall_timeout_s() -> float:
-    try:
-        return float(os.environ.get("TALLOW_STALL_TIMEOUT") or DEFAULT_STALL_S)
-    except ValueError:
-        return DEFAULT_STALL_S
+    return switches.value("TALLOW_STALL_TIMEOUT")
 
 
 @dataclass
@@ -295,11 +294,9 @@ class Worker:
         if cut:
             m.requests_cancelled += 1
 
-    def _prompt(self, job: Job) -> tuple[list[int], ChatOutputParser | None, GrammarSpec]:
-        """The prompt's token ids, the output parser (chat) and what the answer is constrained to.
-
-        tool_choice required/named is a grammar over the model's own call syntax (see
-        tallow/grammar/tools.py), so no model needs a forced prefix or a special template."""
+    def _prompt(self, job: Job) -> tuple[list[int], PreparedChat | None, GrammarSpec]:
+        """The prompt's token ids, the prepared chat (LLM.prepare_chat: the tool-choice rule, the
+        grammar, the parser — the API's own) and what the answer is constrained to."""
         llm = self.llm
         req = job.request
         if isinstance(req, CompletionRequest):
@@ -310,16 +307,15 @@ class Worker:
             if any(t >= vocab for t in req.prompt):
                 raise bad(f"'prompt' holds a token id outside the vocabulary (0..{vocab - 1}).", "prompt", "invalid_value")
             return list(req.prompt), None, spec
-        tools = req.tools if req.tool_choice != "none" else None
-        spec = GrammarSpec(req.response_format, req.grammar, tools, req.tool_choice, req.parallel_tool_calls)
-        ids = llm.chat_prompt(req.messages, tools, **req.template_kwargs)
-        return ids, llm.chat_parser(ids, tools), spec
+        chat = llm.prepare_chat(req.messages, req.tools, req.template_kwargs, req.tool_choice, req.parallel_tool_calls,
+                                req.response_format, req.grammar)
+        return chat.ids, chat, chat.spec
 
     def _generate(self, job: Job) -> bool:
         """Generate and post the job's events; True when its client went away before the end."""
         llm = self.llm
         req = job.request
-        ids, parser, spec = self._prompt(job)
+        ids, chat, spec = self._prompt(job)
         n_prompt, n_ctx = len(ids), llm.n_ctx
         if n_prompt >= n_ctx:
             raise bad(f"The prompt has {n_prompt} tokens, but the context holds only {n_ctx}, leaving no room for an answer.", "messages" if isinstance(req, ChatRequest) else "prompt", "context_length_exceeded")
@@ -339,17 +335,19 @@ class Worker:
                 "max_tokens",
                 "context_length_exceeded",
             )
-        extra = {"skip_special_tokens": req.skip_special_tokens} if isinstance(req, CompletionRequest) else {}
-        deltas = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=req.stop, should_stop=job.should_stop,
-                              conversation_id=req.conversation_id, logprobs=req.logprobs, constrain=spec, **extra,
-                              **_server_sampling({**self.sampling_defaults, **req.sampling}))
+        options = dict(max_tokens=max_tokens, stop=req.stop, should_stop=job.should_stop, conversation_id=req.conversation_id,
+                       logprobs=req.logprobs, **_server_sampling({**self.sampling_defaults, **req.sampling}))
+        if chat is not None:  # the API's parsed chat events: reasoning, content, tool calls
+            events = llm.chat_events(chat, **options)
+        else:
+            texts = llm.generate(ids, stream=True, constrain=spec, skip_special_tokens=req.skip_special_tokens, **options)
+            events = (ParsedDelta(content=text) for text in texts)
         job.post("start", {"prompt_tokens": n_prompt})
         sent_logprobs = 0
-        for text in deltas:
+        for delta in events:
             if req.logprobs is not None and len(llm.last_logprobs) > sent_logprobs:
                 job.post("logprobs", llm.last_logprobs[sent_logprobs:])  # the tokens behind this text
                 sent_logprobs = len(llm.last_logprobs)
-            delta = parser.push(text) if parser else ParsedDelta(content=text)
             if delta:
                 job.post("delta", delta)
             if job.cancelled.is_set():
@@ -362,14 +360,10 @@ class Worker:
             job.post("logprobs", llm.last_logprobs[sent_logprobs:])
         if self._stopping:  # cut by shutdown: the client must not take it for a whole answer
             raise shutdown_error()
-        if parser:
-            tail = parser.flush()
-            if tail:
-                job.post("delta", tail)
         stats = llm.stats.last
         n_generated = len(llm.last_tokens)
         finish = stats.finish_reason or "stop"
-        if parser and parser.tool_calls:
+        if chat is not None and chat.parser.tool_calls:
             finish = "tool_calls"
         elif job.timed_out and not job.cut_short:
             finish = "length"  # cut by --timeout, as llama.cpp's t_max_predict_ms ends an answer

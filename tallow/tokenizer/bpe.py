@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import heapq
 import logging
-import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import switches
 from ..errors import ModelFileError
 from .spm import SPACE
 
@@ -285,7 +285,7 @@ class BpeTokenizer:
         self._cache: dict[str, list[int]] = {}
         self._byte_ids: list[int | None] = [token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
         # TALLOW_TOKENIZER_CUTS=0: merge whole lines, as llama.cpp does (the reference; slower).
-        cuts = pre.spm_style and os.environ.get("TALLOW_TOKENIZER_CUTS", "1") != "0"
+        cuts = pre.spm_style and switches.enabled("TALLOW_TOKENIZER_CUTS")
         self._chunk_boundary = self._safe_boundaries(merges) if cuts else None
 
     @staticmethod

@@ -23,9 +23,10 @@ TALLOW_PREFILL_DEQUANT=0 (read at call time) keeps every product in the low-bit 
 
 from __future__ import annotations
 
-import os
 
 import torch
+
+from ... import switches
 
 __all__ = ["MIN_ROWS", "SCRATCH_ELEMENTS", "enabled", "int4_weight_t", "int4_dequant_mm", "int8_dequant_mm",
            "scratch_bytes"]
@@ -39,7 +40,7 @@ _nibbles = torch.empty(0, dtype=torch.uint8)
 
 
 def enabled() -> bool:
-    return os.environ.get("TALLOW_PREFILL_DEQUANT", "").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_PREFILL_DEQUANT")
 
 
 def scratch_bytes() -> int:

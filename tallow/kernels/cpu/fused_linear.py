@@ -19,11 +19,11 @@ TALLOW_FUSE=0 (read at construction) keeps every part its own product.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from .linear import DenseLinear, Int4Linear, Int8Linear, Linear, ReferenceLinear
+from ... import switches
 
 __all__ = ["FusedLinear", "fusion_enabled"]
 
@@ -31,7 +31,7 @@ _PACK_BLOCK_ROWS = 64  # _convert_weight_to_int4pack_for_cpu interleaves rows wi
 
 
 def fusion_enabled() -> bool:
-    return os.environ.get("TALLOW_FUSE", "").strip().lower() not in ("0", "false", "no", "off")
+    return switches.enabled("TALLOW_FUSE")
 
 
 def _can_follow(run: list[Linear], nxt: Linear) -> bool:

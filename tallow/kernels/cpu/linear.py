@@ -27,13 +27,13 @@ build, the layer falls back to DenseLinear bf16.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
+from ... import switches
 from ...errors import ModelFileError
 from ...gguf_file import TensorInfo
 from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
@@ -274,11 +274,11 @@ class Int8Linear(Linear):
 
 
 def _env_off(var: str) -> bool:
-    return os.environ.get(var, "").strip().lower() in ("0", "false", "no", "off")
+    return switches.value(var) is False
 
 
 def _env_on(var: str) -> bool:
-    return os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+    return switches.value(var) is True
 
 
 # The output projection (token_embd.weight when the embeddings are tied) runs one row per step:
@@ -292,10 +292,8 @@ def _output_int8g(n_cols: int) -> bool:
     weight error; for K >= 1024 they are faster too (qwen2.5's 151936x1536 Q6_K: 6.6 vs 7.5 ms
     per token), at K <= 640 per-row int8 is faster (smollm2 0.58 vs 0.85 ms, gemma3 4.9 vs 5.1),
     so it stays there. TALLOW_OUTPUT_INT8G=0 keeps per-row int8; =1 takes group-32 at any K."""
-    env = os.environ.get("TALLOW_OUTPUT_INT8G", "").strip().lower()
-    if env in ("0", "false", "no", "off"):
-        return False
-    return env in ("1", "true", "yes", "on") or n_cols >= 1024
+    forced = switches.value("TALLOW_OUTPUT_INT8G")  # None: by width
+    return forced if forced is not None else n_cols >= 1024
 
 
 def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = None, mode: str | None = None) -> Linear:

@@ -10,11 +10,11 @@ Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 
+from ... import switches
 from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
 from ..block_ops import LazyInput
@@ -28,7 +28,7 @@ PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-r
 
 
 def _switch_on(name: str) -> bool:
-    return os.environ.get(name, "1") != "0"
+    return switches.enabled(name)
 
 
 class Scratch:

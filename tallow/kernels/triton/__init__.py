@@ -21,7 +21,7 @@ free on machines without triton.
 
 Each op module exposes a plain function (`quant_gemv`, `dequantize_to`,
 `decode_attention`) and a torch reference (`quant_gemv_reference`, `dequantize_planes`,
-`decode_attention_reference`); the dispatcher owns the TALLOW_TRITON_* switches.
+`decode_attention_reference`); their TALLOW_TRITON_GEMV, TALLOW_TRITON_OPS and TALLOW_TRITON_ATTENTION switches live in tallow/switches.py.
 """
 
 import os as _os

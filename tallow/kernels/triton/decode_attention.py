@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...memory.kv_format import storage_is_scaled
+
 __all__ = ["decode_attention", "decode_attention_reference", "default_splits"]
 
 _LOG2E = 1.4426950408889634
@@ -158,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                          f"V {tuple(v_cache.shape)} do not fit (GQA needs n_heads % n_kv_heads == 0).")
     if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q3.stride(2) != 1:
         raise ValueError("decode_attention: the head_dim axis of q, K and V must be contiguous.")
-    scaled = k_cache.dtype in (torch.int8, torch.float8_e4m3fn)
+    scaled = storage_is_scaled(k_cache.dtype)
     if scaled != (k_scale is not None) or (k_scale is None) != (v_scale is None):
         raise ValueError(f"decode_attention: a {k_cache.dtype} cache needs k_scale and v_scale exactly when it is int8/fp8.")
     if scaled and (k_scale.shape != k_cache.shape[:2] or v_scale.shape != k_scale.shape or k_scale.stride(1) != 1

@@ -23,11 +23,12 @@ TALLOW_TRITON_ATTENTION=0 sends prefill back to the torch path.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ... import switches
 
 __all__ = ["prefill_attention", "prefill_attention_enabled"]
 
@@ -35,7 +36,7 @@ _LOG2E = 1.4426950408889634
 
 
 def prefill_attention_enabled() -> bool:
-    return os.environ.get("TALLOW_TRITON_ATTENTION", "1") != "0"
+    return switches.enabled("TALLOW_TRITON_ATTENTION")
 
 
 @triton.jit

@@ -38,13 +38,13 @@ Activations may be fp32 or fp16/bf16 (converted to fp32 on load); the output is 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import switches
 from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 from .rmsnorm import row_rstd
@@ -391,7 +391,7 @@ def gemv_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int]:
         cfg = (4, 8, 4, 1, 4) if qtype == "Q8_0" else (8, 8, 4, 1, 4)
     else:
         cfg = (8, 8, 4, 1, small_grid_split(qtype, n, k, 8, 8))
-    if os.environ.get("TALLOW_GEMV_SPLITK", "1") == "0":
+    if not switches.enabled("TALLOW_GEMV_SPLITK"):
         cfg = cfg[:4] + (1,)
     return cfg
 

