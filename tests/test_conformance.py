@@ -34,6 +34,9 @@ from tallow.spec import spec_from_gguf
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 NEAR_TIE = {"smollm2-135m": 0.7, "gemma3-270m": 0.8, "qwen2.5-coder-1.5b-instruct": 0.5}
+# qwen2.5-1.5b decodes ~10 tokens/s on two cores: its 24 continuations are checked over their
+# first 24 tokens (every prompt still runs; the two small models check all 64).
+GREEDY_TOKENS = {"qwen2.5-coder-1.5b-instruct": 24}
 TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3}
 # Teacher-forced bounds. At positions where llama.cpp's own top-2 gap is below NEAR_TIE,
 # its activation rounding alone decides the argmax (our exact-weight fp32 reference agrees
@@ -97,7 +100,7 @@ def test_greedy_continuations_match_llama_cpp(name):
     eog = llm.tokenizer.eog_ids
     report, failures = [], []
     for case in fixture["greedy"]:
-        expected = case["ids"]
+        expected = case["ids"][: GREEDY_TOKENS.get(name)]
         ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
         if expected and expected[-1] in eog:
             expected = expected[:-1]  # our tokens exclude the end-of-generation token
