@@ -138,7 +138,7 @@ def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
 
     gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q8_0))
     spec = spec_from_gguf(gf)
-    ids = tiny_prompt(4)
+    ids = tiny_prompt(2)  # two steps: the second reads a cached key; the interpreter takes ~6 s a step
 
     def run():
         model = build_model(gf, spec)
@@ -158,7 +158,10 @@ def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
     assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-4
 
 
-@pytest.mark.parametrize("arch", FUSED_ARCHITECTURES)
+# Rows against steps depends on the attention layout, not the block: global-only (llama), Q/K norms
+# folded into the launch (qwen3), and rings read by shared-KV layers (gemma4); gemma3's rings are
+# gemma4's kind, and each costs ~25 s in the interpreter.
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma4"])
 def test_fused_rows_equal_fused_steps(arch, tmp_path):
     """Speculative verification with the GPU's ops: m rows in one pass, the fused Q/K norm + RoPE
     + K/V write launched per row, are bit for bit m fused decode steps."""
