@@ -41,6 +41,35 @@ def _tokens() -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
+def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level BPE vocabulary of `_tokens()`, its last two tokens BOS and EOS."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(False)
+
+
+def _random_tensors(w: GGUFWriter, rng: np.random.RandomState, qtype: GGMLQuantizationType):
+    """matrix(name, rows, cols, scale) in qtype and vector(name, n, mean, scale) in F32, drawn from
+    rng in call order (the fixtures depend on that order)."""
+
+    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float, scale: float) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+
+    return matrix, vector
+
+
 def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
     """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32."""
     if arch not in ARCHITECTURES:
@@ -70,24 +99,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
     w.add_layer_norm_rms_eps(1e-6)
     if arch == "gemma3":
         w.add_sliding_window(8)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(n_vocab - 2)
-    w.add_eos_token_id(n_vocab - 1)
-    w.add_add_bos_token(False)
-
-    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        if qtype == GGMLQuantizationType.F32:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int, mean: float, scale: float) -> None:
-        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
 
     matrix("token_embd.weight", n_vocab, dim, 1.0)
     vector("output_norm.weight", dim, 1.0, 0.1)
@@ -164,24 +177,8 @@ def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_
     w.add_shared_kv_layers(n_shared)
     w.add_embedding_length_per_layer_input(per_layer if e2b_style else 0)
     w.add_final_logit_softcapping(30.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(n_vocab - 2)
-    w.add_eos_token_id(n_vocab - 1)
-    w.add_add_bos_token(False)
-
-    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
-        data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        if qtype == GGMLQuantizationType.F32:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, n: int, mean: float, scale: float) -> None:
-        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
 
     matrix("token_embd.weight", n_vocab, dim, 1.0)
     vector("output_norm.weight", dim, 1.0, 0.1)
