@@ -32,9 +32,10 @@ import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from tallow.gguf_file import GGUFFile
+from tiny_models import write_tiny_gemma4_vocab  # noqa: E402
 
 MODELS = Path(os.environ.get("TALLOW_TEST_MODELS", "/root/models"))
 OUT = ROOT / "tests" / "fixtures" / "chat_templates.json"
@@ -268,68 +269,6 @@ GEMMA4_CASES = [
 ]
 
 
-def write_tiny_gemma4(vocab: Path, out: Path) -> None:
-    """A 2-layer random-weight gemma4 model (31B style) carrying the vocabulary file's tokenizer:
-    just enough for llama-server to start; its weights never run here."""
-    import numpy as np
-    from gguf import GGUFValueType, GGUFWriter
-
-    md = GGUFFile(str(vocab)).metadata
-    n_vocab = len(md["tokenizer.ggml.tokens"])
-    w = GGUFWriter(str(out), "gemma4")
-    dim, heads, hd, ffn = 64, 4, 16, 128
-    w.add_block_count(2)
-    w.add_context_length(8192)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length([ffn, ffn])
-    w.add_head_count(heads)
-    w.add_head_count_kv([1, 1])
-    for add in (w.add_key_length, w.add_value_length, w.add_key_length_swa, w.add_value_length_swa,
-                w.add_rope_dimension_count, w.add_rope_dimension_count_swa):
-        add(hd)
-    w.add_rope_freq_base(1e6)
-    w.add_rope_freq_base_swa(1e4)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_sliding_window(8)
-    w.add_sliding_window_pattern([True, False])
-    w.add_shared_kv_layers(0)
-    w.add_embedding_length_per_layer_input(0)
-    w.add_final_logit_softcapping(30.0)
-    w.add_tokenizer_model(md["tokenizer.ggml.model"])
-    w.add_token_list(md["tokenizer.ggml.tokens"])
-    w.add_token_scores(md["tokenizer.ggml.scores"].tolist())
-    w.add_token_types(md["tokenizer.ggml.token_type"].tolist())
-    w.add_token_merges(md["tokenizer.ggml.merges"])
-    for key in ("bos", "eos", "unknown", "padding", "mask"):
-        w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(md[f"tokenizer.ggml.{key}_token_id"]))
-    w.add_bool("tokenizer.ggml.add_bos_token", bool(md["tokenizer.ggml.add_bos_token"]))
-    w.add_key_value("tokenizer.chat_template", md["tokenizer.chat_template"], GGUFValueType.STRING)
-    rng = np.random.RandomState(0)
-
-    def matrix(name: str, rows: int, cols: int) -> None:
-        w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
-
-    def ones(name: str, n: int) -> None:
-        w.add_tensor(name, np.ones(n, dtype=np.float32))
-
-    matrix("token_embd.weight", n_vocab, dim)
-    ones("output_norm.weight", dim)
-    ones("rope_freqs.weight", hd // 2)
-    for i in range(2):
-        p = f"blk.{i}."
-        for name, n in (("attn_norm", dim), ("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", dim),
-                        ("ffn_norm", dim), ("post_ffw_norm", dim)):
-            ones(p + name + ".weight", n)
-        for name, rows, cols in (("attn_q", heads * hd, dim), ("attn_k", hd, dim), ("attn_v", hd, dim),
-                                 ("attn_output", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
-                                 ("ffn_down", dim, ffn)):
-            matrix(p + name + ".weight", rows, cols)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def llama_server_render(server: Path, model: Path, template_file: Path | None, cases) -> list[str]:
     """Each case's prompt from llama-server's /apply-template (llama.cpp's own chat rendering)."""
     import os
@@ -382,7 +321,7 @@ def gemma4_fixture(server: Path, vocab_dir: Path) -> dict[str, Any]:
         vocab = Path(tmp) / "ggml-vocab-gemma-4.gguf"
         vocab.write_bytes(lzma.decompress((vocab_dir / "ggml-vocab-gemma-4.gguf.xz").read_bytes()))
         model = Path(tmp) / "tiny-gemma4.gguf"
-        write_tiny_gemma4(vocab, model)
+        write_tiny_gemma4_vocab(vocab, model)
         for name, file in GEMMA4_TEMPLATES.items():
             path = vocab_dir / file if file else None
             sources[name] = path.read_text(encoding="utf-8") if path else GGUFFile(str(vocab)).metadata["tokenizer.chat_template"]

@@ -6,16 +6,11 @@ API and through the server's streamed and blocking answers."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from shared_data import vocab_gguf
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-from make_template_fixtures import write_tiny_gemma4  # noqa: E402
+from tiny_models import write_tiny_gemma4_vocab
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -27,7 +22,7 @@ def llm(tmp_path_factory):
     import tallow
 
     path = tmp_path_factory.mktemp("gemma4") / "tiny-gemma4-vocab.gguf"
-    write_tiny_gemma4(vocab_gguf("gemma-4"), path)
+    write_tiny_gemma4_vocab(vocab_gguf("gemma-4"), path)
     return tallow.LLM(path, ctx=512, device="cpu")
 
 

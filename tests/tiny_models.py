@@ -225,6 +225,73 @@ def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_
     return Path(path)
 
 
+
+def write_tiny_gemma4_vocab(vocab: str | Path, out: str | Path) -> Path:
+    """A 2-layer random-weight gemma4 model (31B style) carrying the tokenizer and chat template of
+    the vocabulary-only GGUF `vocab` (llama.cpp's Gemma 4 vocabulary): for the chat path end to end
+    (tests/test_gemma4_chat.py) and for llama-server's template renderings
+    (scripts/make_template_fixtures.py). Its output is noise."""
+    from gguf import GGUFValueType
+
+    from tallow.gguf_file import GGUFFile
+
+    md = GGUFFile(str(vocab)).metadata
+    n_vocab = len(md["tokenizer.ggml.tokens"])
+    w = GGUFWriter(str(out), "gemma4")
+    dim, heads, hd, ffn = 64, 4, 16, 128
+    w.add_block_count(2)
+    w.add_context_length(8192)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn, ffn])
+    w.add_head_count(heads)
+    w.add_head_count_kv([1, 1])
+    for add in (w.add_key_length, w.add_value_length, w.add_key_length_swa, w.add_value_length_swa,
+                w.add_rope_dimension_count, w.add_rope_dimension_count_swa):
+        add(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern([True, False])
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(30.0)
+    w.add_tokenizer_model(md["tokenizer.ggml.model"])
+    w.add_token_list(md["tokenizer.ggml.tokens"])
+    w.add_token_scores(md["tokenizer.ggml.scores"].tolist())
+    w.add_token_types(md["tokenizer.ggml.token_type"].tolist())
+    w.add_token_merges(md["tokenizer.ggml.merges"])
+    for key in ("bos", "eos", "unknown", "padding", "mask"):
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(md[f"tokenizer.ggml.{key}_token_id"]))
+    w.add_bool("tokenizer.ggml.add_bos_token", bool(md["tokenizer.ggml.add_bos_token"]))
+    w.add_key_value("tokenizer.chat_template", md["tokenizer.chat_template"], GGUFValueType.STRING)
+    rng = np.random.RandomState(0)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    matrix("token_embd.weight", n_vocab, dim)
+    ones("output_norm.weight", dim)
+    ones("rope_freqs.weight", hd // 2)
+    for i in range(2):
+        p = f"blk.{i}."
+        for name, n in (("attn_norm", dim), ("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", dim),
+                        ("ffn_norm", dim), ("post_ffw_norm", dim)):
+            ones(p + name + ".weight", n)
+        for name, rows, cols in (("attn_q", heads * hd, dim), ("attn_k", hd, dim), ("attn_v", hd, dim),
+                                 ("attn_output", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
+                                 ("ffn_down", dim, ffn)):
+            matrix(p + name + ".weight", rows, cols)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out)
+
+
 def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:
     """A fixed token sequence longer than gemma3's tiny window of 8."""
     return [int(t) for t in np.random.RandomState(seed).randint(0, N_VOCAB_BYTES, size=n)]
