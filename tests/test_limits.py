@@ -25,13 +25,13 @@ class SlowLLM:
     after a `first_s` pause that ignores should_stop (like one long prefill chunk)."""
 
     n_ctx = 512
+    context_used = 0  # what /metrics reports as the KV cache's use
 
     def __init__(self, first_s: float = 0.0, step_s: float = 0.02) -> None:
         self.first_s, self.step_s = first_s, step_s
         self.stats = type("Stats", (), {"last": GenerationStats()})()
         self.last_tokens: list[int] = []
         self.last_logprobs: list = []
-        self.engine = type("Engine", (), {"kv": type("KV", (), {"tokens": []})()})()
 
     def tokenize(self, text: str) -> list[int]:
         return list(range(len(text.split())))

@@ -141,14 +141,11 @@ def test_split_k_matches_reference_and_keeps_rows_exact(name: str) -> None:
     assert int(_tickets(torch.device("cpu")).abs().sum()) == 0 and TICKET_SLOTS >= 4
 
 
-def test_split_k_switch_and_config() -> None:
+def test_split_k_switch_and_config(monkeypatch) -> None:
     from tallow.kernels.triton.quant_gemv import gemv_config
 
     assert gemv_config("Q4_1", 576, 1536)[4] == 6  # smollm2 down: 72 row tiles, split over K
     assert gemv_config("Q4_K", 19456, 2560)[4] == 1  # qwen3-4b gate+up: the grid is full
-    os.environ["TALLOW_GEMV_SPLITK"] = "0"
-    try:
-        assert gemv_config("Q4_1", 576, 1536)[4] == 1
-        assert gemv_config("Q6_K", 2560, 9728)[4] == 1
-    finally:
-        del os.environ["TALLOW_GEMV_SPLITK"]
+    monkeypatch.setenv("TALLOW_GEMV_SPLITK", "0")  # tests/conftest.py refreshes tallow.switches
+    assert gemv_config("Q4_1", 576, 1536)[4] == 1
+    assert gemv_config("Q6_K", 2560, 9728)[4] == 1
