@@ -70,8 +70,10 @@ def _random_tensors(w: GGUFWriter, rng: np.random.RandomState, qtype: GGMLQuanti
     return matrix, vector
 
 
-def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
-    """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32."""
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+                     n_layers: int | None = None) -> Path:
+    """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32.
+    n_layers (not gemma4): fewer blocks for tests whose cost is per block (the fixtures use the default)."""
     if arch not in ARCHITECTURES:
         raise ValueError(arch)
     if arch.startswith("gemma4"):
@@ -81,7 +83,7 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
     # llama.cpp's llama and qwen2 derive the head size from dim/n_heads; qwen3 and gemma3
     # read key_length, so they get a head size that differs from it to test that path.
     head_dim = 32 if arch in ("qwen3", "gemma3") else dim // n_heads
-    n_layers = 6 if arch == "gemma3" else 2
+    n_layers = n_layers or (6 if arch == "gemma3" else 2)
     tokens, types, merges = _tokens()
     n_vocab = len(tokens)
 
