@@ -324,26 +324,21 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
         acc5 = _row_fma(acc5, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r5, K, 5, ROWS, PRO, T, S)
         acc6 = _row_fma(acc6, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r6, K, 6, ROWS, PRO, T, S)
         acc7 = _row_fma(acc7, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r7, K, 7, ROWS, PRO, T, S)
+    # Unsplit: the sums are the output rows. Split: this split's partial sums -> part[ks, r, rows],
+    # then a ticket for the row tile.
     if SPLIT == 1:
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc0, 0, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc1, 1, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc2, 2, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc3, 3, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc4, 4, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc5, 5, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc6, 6, ROWS)
-        _row_store(y_ptr, stride_ym, rows, row_ok, acc7, 7, ROWS)
+        out, out_stride = y_ptr, stride_ym
     else:
-        # This split's partial sums -> part[ks, r, rows]; then take a ticket for the row tile.
-        part = part_ptr + ks * (ROWS * N)
-        _row_store(part, N, rows, row_ok, acc0, 0, ROWS)
-        _row_store(part, N, rows, row_ok, acc1, 1, ROWS)
-        _row_store(part, N, rows, row_ok, acc2, 2, ROWS)
-        _row_store(part, N, rows, row_ok, acc3, 3, ROWS)
-        _row_store(part, N, rows, row_ok, acc4, 4, ROWS)
-        _row_store(part, N, rows, row_ok, acc5, 5, ROWS)
-        _row_store(part, N, rows, row_ok, acc6, 6, ROWS)
-        _row_store(part, N, rows, row_ok, acc7, 7, ROWS)
+        out, out_stride = part_ptr + ks * (ROWS * N), N
+    _row_store(out, out_stride, rows, row_ok, acc0, 0, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc1, 1, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc2, 2, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc3, 3, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc4, 4, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc5, 5, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc6, 6, ROWS)
+    _row_store(out, out_stride, rows, row_ok, acc7, 7, ROWS)
+    if SPLIT > 1:
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
