@@ -50,7 +50,8 @@ for step in "$@"; do
         done ;;
     depth) llama || exit 1; twins qwen3-4b
         echo "== qwen3-4b depth" | tee -a $OUT/depth.log
-        python3 -m tallow.cli bench -m /root/twins/qwen3-4b.gguf --device cuda -p 0 -n 128 -d 0,32768 -r 2 2> -r 2 --ctx 33024 2>&11 | tee -a $OUT/depth.log
+        python3 -m tallow.cli bench -m /root/twins/qwen3-4b.gguf --device cuda -p 0 -n 128 -d 0,32768 -r 2 2>&1 | tee -a $OUT/depth.log
+        echo "tallow bench rc: ${PIPESTATUS[0]}" | tee -a $OUT/depth.log
         $LLAMA -m /root/twins/qwen3-4b.gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,32768 -r 2 2>&1 | tee -a $OUT/depth.log ;;
     exact) twins smollm2-135m qwen3-4b
         python3 scripts/gpu_speculate.py /root/twins/smollm2-135m.gguf /root/twins/qwen3-4b.gguf --reps 5 2>&1 | tee $OUT/speculate.log
