@@ -23,6 +23,7 @@ from .chat.template import ChatTemplate
 from .engine.engine import Engine, GenerationStats
 from .errors import UsageError
 from .grammar import GrammarSpec, build_constraint
+from .kernels.gpu.machine_state import machine_state
 from .gguf_file import GGUFFile
 from .memory.budget import default_budget, plan_memory
 from .memory.heap import bound_heap
@@ -371,6 +372,11 @@ class LLM:
         special = self.tokenizer.token_to_bytes(token, special=False) != raw
         return TokenLogprob(token, text, raw, float(logp[token]), top, special)
 
+    def machine_state(self) -> dict:
+        """The machine now: load average and CPU frequency; on a GPU also its clocks,
+        temperature and power (NVML). Fields a system does not expose are left out."""
+        return machine_state(self.model.device)
+
     def _stream(self, ids, max_tokens, params, stops, should_stop, conversation_id=None, logprobs=None, constraint=None, skip_special=True) -> Iterator[str]:
         stats = GenerationStats()
         self.stats.last = stats
@@ -399,6 +405,7 @@ class LLM:
                 yield tail
         if constraint is not None:
             stats.grammar_steered = constraint.steered
+        stats.machine = self.machine_state()
 
 
 def _offered(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any]) -> list[dict[str, Any]] | None:

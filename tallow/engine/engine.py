@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +40,7 @@ class GenerationStats:
     draft_tokens: int = 0  # prompt-lookup drafts verified (speculative decoding)
     accepted_tokens: int = 0  # of those, drafts that became generated tokens
     grammar_steered: int = 0  # tokens a grammar chose over the model's to end inside max_tokens (grammar/closing.py)
+    machine: dict = field(default_factory=dict)  # clocks, temperature, power, load read as it ended (kernels/gpu/machine_state.py)
 
     @property
     def prefill_tok_s(self) -> float:

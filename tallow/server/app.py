@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect
 
 from ..chat.parsers import ParsedDelta
 from ..errors import TallowError
+from ..kernels.gpu.machine_state import METRICS, cpu_state
 from .access import AccessGuard
 from .probes import add_probe_routes
 from .limits import Limits, queued_too_long, read_body
@@ -359,6 +360,10 @@ def _prometheus(state: ServerState) -> str:
         ("tallow_kv_tokens_capacity", "gauge", "Positions of the KV pool.", kv_size),
         ("tallow_model_loaded", "gauge", "1 once the model is loaded.", 1 if w.ready.is_set() else 0),
     ]
+    # The machine as scraped: a slow request can be told from a hot, throttled or shared machine.
+    read = getattr(w.llm, "machine_state", None)
+    machine = read() if read is not None else cpu_state()
+    rows += [(METRICS[k][0], "gauge", METRICS[k][1], v) for k, v in machine.items() if k in METRICS]
     lines = []
     for name, kind, help_text, value in rows:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"]

@@ -404,6 +404,7 @@ class Worker:
                     "draft_n_accepted": stats.accepted_tokens,
                     "grammar_steered_n": stats.grammar_steered,  # > 0: a constrained answer was closed early to fit max_tokens
                     "ttft_ms": stats.ttft_s * 1000,
+                    "machine": stats.machine,  # clocks, temperature, power, load as it ended
                 },
             },
         )

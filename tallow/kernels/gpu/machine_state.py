@@ -2,7 +2,10 @@
 shared machine (issue 12): on a GPU the SM and memory clocks, temperature, power draw and power
 limit from NVML (the `nvidia-ml-py` package, imported as `pynvml`); on the CPU the load average
 and the current frequency where the system exposes them. Every field is best effort: a missing
-library or counter leaves the field out, never fails the caller."""
+library or counter leaves the field out, never fails the caller.
+
+Read after each `tallow bench` test, after each generation (`stats.machine`, the server's
+`timings.machine`) and at each scrape of `/metrics` (the gauges in METRICS)."""
 
 from __future__ import annotations
 
@@ -11,38 +14,49 @@ import os
 import torch
 
 
+_NVML: dict = {}  # "module": pynvml once initialised, "handles": {index: handle}; {"failed": True} if it cannot be
+
+
+def _nvml_handle(index: int):
+    """(pynvml, handle of GPU `index`), initialising NVML once per process (a per-reading init
+    and shutdown would cost milliseconds per request); None where NVML or the GPU is missing."""
+    if _NVML.get("failed"):
+        return None
+    try:
+        if "module" not in _NVML:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML.update(module=pynvml, handles={})
+        nvml = _NVML["module"]
+        if index not in _NVML["handles"]:
+            _NVML["handles"][index] = nvml.nvmlDeviceGetHandleByIndex(index)
+        return nvml, _NVML["handles"][index]
+    except Exception:  # noqa: BLE001  (no package, no driver, no such device: no readings)
+        if "module" not in _NVML:
+            _NVML["failed"] = True
+        return None
+
+
 def gpu_state(index: int = 0) -> dict:
     """NVML readings of GPU `index`: {} when NVML (or the GPU) is not there."""
-    try:
-        import pynvml
-    except ImportError:
+    found = _nvml_handle(index)
+    if found is None:
         return {}
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001  (no driver, no device: no readings)
-        return {}
+    nvml, h = found
+    readings = {
+        "sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
+        "mem_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM),
+        "temperature_c": lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
+        "power_w": lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        "power_limit_w": lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+        "utilization_pct": lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu,
+    }
     out: dict = {}
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        readings = {
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-            "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-            "utilization_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-        }
-        for name, read in readings.items():
-            try:
-                out[name] = read()
-            except Exception:  # noqa: BLE001  (a counter this GPU or driver does not expose)
-                pass
-    except Exception:  # noqa: BLE001
-        pass
-    finally:
+    for name, read in readings.items():
         try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+            out[name] = read()
+        except Exception:  # noqa: BLE001  (a counter this GPU or driver does not expose)
             pass
     return out
 
@@ -86,3 +100,16 @@ def describe(state: dict) -> str:
     if "load_avg_1m" in state:
         parts.append(f"load {state['load_avg_1m']}")
     return ", ".join(parts)
+
+
+# Prometheus gauges of /metrics, one per field a reading may carry: (name, help).
+METRICS = {
+    "load_avg_1m": ("tallow_machine_load_average_1m", "The host's 1-minute load average."),
+    "cpu_mhz": ("tallow_machine_cpu_mhz", "CPU 0's current frequency."),
+    "sm_clock_mhz": ("tallow_gpu_sm_clock_mhz", "The GPU's SM clock."),
+    "mem_clock_mhz": ("tallow_gpu_memory_clock_mhz", "The GPU's memory clock."),
+    "temperature_c": ("tallow_gpu_temperature_celsius", "The GPU's temperature."),
+    "power_w": ("tallow_gpu_power_watts", "The GPU's power draw."),
+    "power_limit_w": ("tallow_gpu_power_limit_watts", "The GPU's enforced power limit."),
+    "utilization_pct": ("tallow_gpu_utilization_percent", "The GPU's utilization over NVML's last sample period."),
+}
