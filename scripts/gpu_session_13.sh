@@ -37,6 +37,15 @@ side_by_side() {  # twin, tallow tests, llama-bench tests
   state
   $LLAMA -m /root/twins/$t.gguf -ngl 99 -fa 1 $3 2>&1 | grep -v "^ggml_cuda_init\|^  Device\|^load_backend" | tee -a $OUT/table.log
 }
+# llama-bench's per-repetition samples (jsonl): its first repetition of a prompt test is slow.
+llama_json() {  # model, tests...
+  local m=$1; shift
+  $LLAMA -m $m -ngl 99 -fa 1 "$@" -o jsonl 2>/dev/null | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py
+}
+gemma4_twins() {
+  mkdir -p /root/twins
+  for m in e2b e4b; do [ -s /root/twins/gemma4-$m.gguf ] || python3 scripts/make_gemma4_twin.py $m /root/twins/gemma4-$m.gguf; done
+}
 state
 for step in "$@"; do
   case $step in
@@ -53,6 +62,26 @@ for step in "$@"; do
         python3 -m tallow.cli bench -m /root/twins/qwen3-4b.gguf --device cuda -p 0 -n 128 -d 0,32768 -r 2 2>&1 | tee -a $OUT/depth.log
         echo "tallow bench rc: ${PIPESTATUS[0]}" | tee -a $OUT/depth.log
         $LLAMA -m /root/twins/qwen3-4b.gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,32768 -r 2 2>&1 | tee -a $OUT/depth.log ;;
+    prepare) (llama > $OUT/llama_bg.log 2>&1; echo "llama build rc $?" >> $OUT/llama_bg.log) &
+        bg=$!
+        (twins smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b; gemma4_twins) > $OUT/twins_bg.log 2>&1
+        cat $OUT/twins_bg.log | tail -8 ;;
+    wait_llama) wait; cat $OUT/llama_bg.log; [ -x $LLAMA ] || exit 1 ;;
+    table2) for t in smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b; do
+          echo "== $t" | tee -a $OUT/table2.log; state
+          python3 -m tallow.cli bench -m /root/twins/$t.gguf --device cuda -p 33,512 -n 128 -r 3 2>&1 | grep "^  " | tee -a $OUT/table2.log
+          llama_json /root/twins/$t.gguf -p 33,512 -n 128 -r 5 | tee -a $OUT/table2.log
+        done ;;
+    gemma4) for m in e2b e4b; do
+          echo "== gemma4-$m" | tee -a $OUT/gemma4.log; state
+          python3 -m tallow.cli bench -m /root/twins/gemma4-$m.gguf --device cuda -p 33,512 -n 128 -r 3 2>&1 | grep "^  \|rror" | tee -a $OUT/gemma4.log
+          python3 -m tallow.cli bench -m /root/twins/gemma4-$m.gguf --device cuda -p 0 -n 128 -d 4096,32768 -r 2 2>&1 | grep "^  \|rror" | tee -a $OUT/gemma4.log
+          llama_json /root/twins/gemma4-$m.gguf -p 33,512 -n 128 -r 4 | tee -a $OUT/gemma4.log
+          llama_json /root/twins/gemma4-$m.gguf -p 0 -n 128 -d 4096,32768 -r 2 | tee -a $OUT/gemma4.log
+        done ;;
+    depth2) echo "== qwen3-4b depth" | tee -a $OUT/depth2.log
+        python3 -m tallow.cli bench -m /root/twins/qwen3-4b.gguf --device cuda -p 0 -n 128 -d 0,32768 -r 2 2>&1 | grep "^  \|rror" | tee -a $OUT/depth2.log
+        llama_json /root/twins/qwen3-4b.gguf -p 0 -n 128 -d 0,32768 -r 2 | tee -a $OUT/depth2.log ;;
     exact) twins smollm2-135m qwen3-4b
         python3 scripts/gpu_speculate.py /root/twins/smollm2-135m.gguf /root/twins/qwen3-4b.gguf --reps 5 2>&1 | tee $OUT/speculate.log
         python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tee $OUT/parity.log
