@@ -2,6 +2,7 @@
 
 pp N: prefill N tokens into an empty KV pool, one forward pass (in prefill chunks).
 tg N: generate N tokens one at a time from an empty context (greedy on the logits).
+-d D: both after D tokens of context, prefilled untimed (llama-bench's -d applies to pp and tg alike).
 Each test runs once untimed to warm up, then `repetitions` times; we report mean and
 standard deviation of tokens per second, like llama-bench.
 """
@@ -37,18 +38,23 @@ def _sync(llm) -> None:
         torch.cuda.synchronize(llm.model.device)
 
 
-def _prefill(llm, tokens: list[int]) -> None:
+def _prefill(llm, tokens: list[int], at: int = 0) -> None:
+    """tokens written at positions at.. (at 0 the pool is emptied first)."""
     engine = llm.engine
-    engine.reset()
+    if not at:
+        engine.reset()
     for start in range(0, len(tokens), engine.prefill_chunk):
-        engine.prefill_chunk_at(tokens[start : start + engine.prefill_chunk], start)
+        engine.prefill_chunk_at(tokens[start : start + engine.prefill_chunk], at + start)
 
 
 def bench_prefill(llm, n: int, depth: int, generator: torch.Generator) -> float:
+    """n prompt tokens after `depth` tokens of context (prefilled, untimed)."""
+    if depth:
+        _prefill(llm, torch.randint(0, llm.spec.vocab_size, (depth,), generator=generator).tolist())
     tokens = torch.randint(0, llm.spec.vocab_size, (n,), generator=generator).tolist()
     _sync(llm)
     t0 = time.perf_counter()
-    _prefill(llm, tokens)
+    _prefill(llm, tokens, depth)
     _sync(llm)
     return n / (time.perf_counter() - t0)
 
@@ -79,13 +85,13 @@ def run_bench(args: argparse.Namespace) -> int:
     depths = [int(d) for d in args.depth.split(",")] if args.depth else [0]
     if any(d < 0 for d in depths):
         raise UsageError("-d takes non-negative depths.")
-    need = max(prompts + [g + d for g in gens for d in depths] + [1])
+    need = max([n + d for n in prompts + gens for d in depths] + [1])
     llm = load(args.model, ctx=max(need, 16), mem_budget=getattr(args, "mem_budget", None),
                reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
                kv_dtype=getattr(args, "kv_dtype", None))
     generator = torch.Generator().manual_seed(0)
     rows = []
-    tests = [("pp", n, 0, bench_prefill) for n in prompts] + [("tg", n, d, bench_decode) for n in gens for d in depths]
+    tests = [("pp", n, d, bench_prefill) for n in prompts for d in depths] + [("tg", n, d, bench_decode) for n in gens for d in depths]
     for kind, n, depth, fn in tests:
         fn(llm, n, depth, generator)  # warm-up (and, on the GPU, graph capture)
         speeds = [fn(llm, n, depth, generator) for _ in range(args.repetitions)]
