@@ -18,6 +18,8 @@ from gguf.quants import quantize
 # "gemma4": E2B/E4B-style (per-layer embeddings, shared-KV layers with a double-wide MLP,
 # per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
+# Routed-expert families (tests/test_moe.py; CPU only, so not in the GPU/graph tests' list above).
+MOE_ARCHITECTURES = ("qwen3moe",)
 N_VOCAB_BYTES = 256
 
 
@@ -74,6 +76,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
                      n_layers: int | None = None) -> Path:
     """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32.
     n_layers (not gemma4): fewer blocks for tests whose cost is per block (the fixtures use the default)."""
+    if arch in MOE_ARCHITECTURES:
+        return write_tiny_moe(arch, path, seed, qtype)
     if arch not in ARCHITECTURES:
         raise ValueError(arch)
     if arch.startswith("gemma4"):
@@ -292,6 +296,74 @@ def write_tiny_gemma4_vocab(vocab: str | Path, out: str | Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+# Tiny routed-expert shape: 16 experts of width 32, 4 chosen per token.
+MOE_EXPERTS, MOE_USED, MOE_WIDTH = 16, 4, 32
+
+
+def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
+                   qtype: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
+    """A tiny `qwen3moe` (Qwen3-30B-A3B style): 2 qwen3 attention blocks (head size 32, per-head
+    Q/K norms) each with a router over MOE_EXPERTS SwiGLU experts, MOE_USED chosen per token, no
+    shared expert. Expert tensors are 3-D as llama.cpp lays them out ([row length, rows,
+    experts]); the router stays F32 like the converter writes it."""
+    rng = np.random.RandomState(seed)
+    dim, n_heads, n_kv, head_dim, n_layers = 64, 4, 2, 32, 2
+    n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(width * used)
+    w.add_expert_feed_forward_length(width)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(used)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
+
+    def experts(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((n_exp, rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    # Logits of spread ~8 (as gemma4's tiny model): greedy steps far from near-ties.
+    matrix("output.weight", n_vocab, dim, 1.0)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
+        vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
+        vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        # The router: logits of spread ~2, so the top-k boundary is rarely a near-tie.
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, dim)) * 2 * dim**-0.5).astype(np.float32))
+        experts(p + "ffn_gate_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
 
 
 def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:

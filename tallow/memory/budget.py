@@ -143,7 +143,9 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     for t in header.tensors.values():
         if (t.name == "token_embd.weight" and not tied) or t.name == "per_layer_token_embd.weight":
             continue  # only its rows, read from the map on lookup (gemma4's per-layer table too)
-        if len(t.shape) >= 2 and t.n_rows > 1:
+        if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
+            total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
+        elif len(t.shape) >= 2 and t.n_rows > 1:
             total += linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
             total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32

@@ -1,0 +1,110 @@
+"""Qwen3-MoE (GGUF `qwen3moe`, Qwen3-30B-A3B style), as llama.cpp's src/models/qwen3moe.cpp
+computes it: qwen3's attention block (per-head Q/K RMSNorm, neox RoPE), and in place of the MLP
+a router (`ffn_gate_inp`, n_experts x dim) whose softmax picks the top `expert_used_count`
+experts per token, their probabilities renormalized to sum to 1; each chosen expert is a
+SwiGLU MLP of width `expert_feed_forward_length` (`ffn_gate_exps` / `ffn_up_exps` /
+`ffn_down_exps`, 3-D: one matrix per expert). No shared expert.
+
+`moe_ffn(w, h, ...)` and `load_experts` are the routed FFN itself, shared with Gemma 4's
+26B-A4B layers (models/gemma4.py). How the experts run is kernels/cpu/moe.py's business.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ModelFileError, UsageError
+from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
+from ..memory.kv_pool import KVPool
+from .base import DecoderModel, LayerWeights
+from .qwen import Qwen3Model
+
+# The GGUF names of one layer's routed-expert tensors (llama.cpp's llama-arch.cpp).
+ROUTER = "ffn_gate_inp"
+GATE_EXPS, UP_EXPS, GATE_UP_EXPS, DOWN_EXPS = "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps"
+
+
+def refuse_gpu(model: DecoderModel) -> None:
+    if model.place.on_gpu:
+        raise UsageError(f"{model.spec.architecture} models with routed experts run on the CPU only in this version "
+                         "of tallow: pass --device cpu (or TALLOW_DEVICE=cpu).")
+
+
+def load_experts(model: DecoderModel, i: int) -> ExpertBank:
+    """Layer i's routed experts: per expert one gate/up linear (from `ffn_gate_up_exps`, or
+    `ffn_gate_exps` and `ffn_up_exps` stacked) and one down linear, each cut out of the 3-D
+    tensor without a copy and packed by the dense layers' kernels; plus `ffn_down_exps.scale`,
+    a per-expert output scale, where the file has it."""
+    spec, gf, p = model.spec, model.gf, f"blk.{i}."
+    n, width, dim = spec.n_experts, spec.expert_ffn_dim, spec.dim
+
+    def tensor(name: str, shape: list[int]):
+        t = model._tensor(p + name + ".weight")
+        if list(t.shape) != shape:
+            raise ModelFileError(f"{gf.path}: the tensor {t.name} has shape {list(t.shape)}, not {shape}.")
+        return t
+
+    down = tensor(DOWN_EXPS, [width, dim, n])
+    if p + GATE_UP_EXPS + ".weight" in gf.tensors:
+        gate_up = tensor(GATE_UP_EXPS, [dim, 2 * width, n])
+        gate_up_layers = [model.place.cached([f"{gate_up.name}[{e}]"],
+                                             lambda e=e: model.place.linear(expert_slice(gate_up, e, n)))
+                          for e in range(n)]
+    else:
+        gate, up = tensor(GATE_EXPS, [dim, width, n]), tensor(UP_EXPS, [dim, width, n])
+        gate_up_layers = [model.place.cached([f"{gate.name}[{e}]", f"{up.name}[{e}]"], lambda e=e: model.place.linear_group(
+                          [model.place.linear(expert_slice(gate, e, n)), model.place.linear(expert_slice(up, e, n))]))
+                          for e in range(n)]
+    down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
+                   for e in range(n)]
+    scale = None
+    if p + DOWN_EXPS + ".scale" in gf.tensors:
+        scale = model.norm_weight(p + DOWN_EXPS + ".scale")
+        if scale.numel() != n:
+            raise ModelFileError(f"{gf.path}: the tensor {p}{DOWN_EXPS}.scale has {scale.numel()} values for {n} experts.")
+    return ExpertBank(gate_up_layers, down_layers, scale)
+
+
+def moe_ffn(w: LayerWeights, h: torch.Tensor, logits: torch.Tensor, k: int, glu) -> torch.Tensor:
+    """The routed experts' output for the normed rows h (n, dim): softmax of the router logits
+    (n, n_experts), the top k experts per row with renormalized weights, their weighted sum.
+    glu: the experts' gate/up activation, (m, 2 * width) -> (m, width)."""
+    weights, ids = route_softmax(logits, k)
+    return w.ffn_experts(h, ids, weights, glu)
+
+
+class Qwen3MoeModel(Qwen3Model):
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+        if not spec.n_experts:
+            raise ModelFileError(f"{gf.path}: a qwen3moe model needs {spec.architecture}.expert_count > 0.")
+        super().__init__(gf, spec, linear_mode, device, weight_cache)
+
+    def load_layer(self, i: int) -> LayerWeights:
+        refuse_gpu(self)
+        p = f"blk.{i}."
+        layer = self.spec.layers[i]
+        q_norm = self.norm_weight(p + "attn_q_norm.weight")
+        k_norm = self.norm_weight(p + "attn_k_norm.weight")
+        t = {
+            "attn_norm": self.norm_weight(p + "attn_norm.weight"),
+            "attn_qkv": self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]),
+            "attn_output": self.linear(p + "attn_output.weight"),
+            # One norm over the Q and K heads side by side: each head keeps its own weight row.
+            "attn_qk_norm": torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1))),
+            "ffn_norm": self.norm_weight(p + "ffn_norm.weight"),
+            "ffn_gate_inp": self.linear(p + ROUTER + ".weight"),  # (n, n_experts)
+            "ffn_experts": load_experts(self, i),
+        }
+        router = self._tensor(p + ROUTER + ".weight")
+        if list(router.shape) != [self.spec.dim, self.spec.n_experts]:
+            raise ModelFileError(f"{self.gf.path}: the tensor {router.name} has shape {list(router.shape)}, "
+                                 f"not {[self.spec.dim, self.spec.n_experts]}.")
+        return LayerWeights(i, t)
+
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        eps, ops = self.spec.norm_eps, self.ops
+        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
+        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, start)), w.ffn_norm, eps)
+        return x, moe_ffn(w, h, w.ffn_gate_inp(h), self.spec.n_experts_used, lambda gu: ops.glu(gu, "swiglu"))

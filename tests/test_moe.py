@@ -1,0 +1,225 @@
+"""Routed-expert models on the CPU against llama.cpp (tiny random-weight qwen3moe, tests/tiny_models.py).
+
+Fixtures (scripts/make_fixtures.py): llama-cpp-python 0.3.36 on the F32 model, with an eval
+callback that copies out each layer's router logits (`ffn_moe_logits-<il>`) and chosen experts
+(`ffn_moe_topk-<il>`) for every token it evaluates; llama-server b11434 for the Q8_0/Q4_0
+models' greedy tokens (llama-cpp-python dies of SIGILL in quantized products here).
+Bounds: the F32 logits to qwen3's 1e-4 (the dense families' bound; measured 1.8e-6); routing
+identical token by token, and shown not to be luck: the smallest gap at any token's top-k
+boundary in llama.cpp's router logits is over 100x the largest router-logit difference.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from tiny_models import MOE_EXPERTS, MOE_USED, write_tiny_model
+
+import tallow
+import tallow.models.qwen3moe as qwen3moe
+from tallow.errors import ModelFileError, UsageError
+from tallow.gguf_file import GGUFFile
+from tallow.memory import budget
+from tallow.memory.kv_pool import KVPool
+from tallow.models import build_model
+from tallow.spec import spec_from_gguf
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOLERANCE = 1e-4  # as tiny qwen3 (tests/test_conformance.py)
+
+
+def _model(tmp_path, qtype=QT.F32, arch="qwen3moe"):
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype))
+    spec = spec_from_gguf(gf)
+    return spec, build_model(gf, spec)
+
+
+class _Routes:
+    """Records every (router logits, chosen experts) the model computes, in call order."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = qwen3moe.route_softmax
+
+        def record(logits, k):
+            weights, ids = real(logits, k)
+            self.calls.append((logits.detach().clone(), ids.clone()))
+            return weights, ids
+
+        monkeypatch.setattr(qwen3moe, "route_softmax", record)
+
+    def per_layer(self, n_layers: int):
+        """Per layer: router logits (tokens, n_experts) and expert ids (tokens, k), calls concatenated."""
+        out = []
+        for il in range(n_layers):
+            calls = self.calls[il::n_layers]
+            out.append((torch.cat([c[0] for c in calls]), torch.cat([c[1] for c in calls])))
+        return out
+
+
+def test_tiny_qwen3moe_logits_and_routing_match_llama_cpp(tmp_path, monkeypatch):
+    """Prompt in one batch, then 16 greedy steps token by token: the logits within 1e-4, the
+    greedy tokens llama.cpp's, and every token's chosen experts llama.cpp's, in its slot order."""
+    ref = json.loads((FIXTURES / "tiny_qwen3moe.json").read_text())
+    spec, model = _model(tmp_path)
+    routes = _Routes(monkeypatch)
+    kv = KVPool(spec, 64, torch.float32)
+    logits = model.forward(ref["ids"], 0, kv, all_logits=True)
+    delta = (logits - torch.tensor(ref["logits"])).abs().max().item()
+    assert delta < TOLERANCE, f"prompt max |Δlogit| {delta:.2e}"
+    ours, row = [], logits[-1:]
+    for i in range(len(ref["greedy"]["ids"])):
+        ours.append(int(row.argmax()))
+        row = model.forward([ours[-1]], len(ref["ids"]) + i, kv)
+    assert ours == ref["greedy"]["ids"], f"llama.cpp top-2 gaps: {ref['greedy']['gaps']}"
+    k = spec.n_experts_used
+    for il, (our_logits, our_ids) in enumerate(routes.per_layer(spec.n_layers)):
+        theirs = ref["routing"][il]
+        # llama.cpp evaluated the last greedy token too; we stopped after computing its logits.
+        n = our_ids.shape[0]
+        their_ids = torch.tensor(theirs["experts"][:n])
+        their_logits = torch.tensor(theirs["router_logits"][:n])
+        assert torch.equal(our_ids, their_ids.long()), f"layer {il}: routing differs"
+        router_delta = (our_logits - their_logits).abs().max().item()
+        top = their_logits.sort(dim=-1, descending=True).values
+        boundary = (top[:, k - 1] - top[:, k]).min().item()
+        assert router_delta < TOLERANCE and boundary > 100 * router_delta, (il, router_delta, boundary)
+
+
+def test_a_flipped_expert_moves_the_logits_far_past_the_bound(tmp_path, monkeypatch):
+    """The logit bound sees routing: choosing each token's (k+1)-th expert instead of its k-th
+    in one layer moves the logits by far more than TOLERANCE."""
+    spec, model = _model(tmp_path)
+    ids = json.loads((FIXTURES / "tiny_qwen3moe.json").read_text())["ids"]
+    good = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
+    real = qwen3moe.route_softmax
+
+    def flipped(logits, k):
+        weights, chosen = real(logits, k + 1)
+        return weights[:, [*range(k - 1), k]], chosen[:, [*range(k - 1), k]]
+
+    monkeypatch.setattr(qwen3moe, "route_softmax", flipped)
+    bad = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
+    assert (bad - good).abs().max().item() > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q4_0, QT.Q8_0])
+def test_grouped_experts_equal_token_by_token(tmp_path, monkeypatch, qtype):
+    """A chunk's experts each run once over all their rows (default) or token by token in slot
+    order (TALLOW_MOE_GROUPED=0, decode's way): the int4/int8 kernels are row-exact below 64
+    rows, so the quantized logits are bit-identical; F32 (one GEMM vs GEMVs) within rounding."""
+    spec, model = _model(tmp_path, qtype)
+    ids = json.loads((FIXTURES / "tiny_qwen3moe.json").read_text())["ids"]
+    grouped = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
+    monkeypatch.setenv("TALLOW_MOE_GROUPED", "0")
+    single = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
+    if qtype == QT.F32:
+        assert (grouped - single).abs().max().item() < 1e-5
+    else:
+        assert torch.equal(grouped, single)
+
+
+def test_experts_read_only_the_chosen_experts(tmp_path, monkeypatch):
+    """A decode step calls exactly the k chosen experts' linears of each layer, once each."""
+    spec, model = _model(tmp_path, QT.Q4_0)
+    routes = _Routes(monkeypatch)
+    called = []
+    for w in model.layers:
+        bank = w.ffn_experts
+        real = bank.expert
+        monkeypatch.setattr(bank, "expert", lambda e, x, glu, real=real, il=w.index: (called.append((il, e)), real(e, x, glu))[1])
+    kv = KVPool(spec, 64, torch.float32)
+    model.forward([1, 2, 3], 0, kv)
+    routes.calls.clear()
+    called.clear()
+    model.forward([4], 3, kv)
+    expected = [(il, e) for il, (_, chosen) in enumerate(routes.calls) for e in chosen[0].tolist()]
+    assert called == expected and len(called) == spec.n_layers * MOE_USED
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_greedy_through_the_api_matches_llama_server(tmp_path, qtype):
+    """`tallow.load(...).generate` on the CPU (int8 / int4 experts, f16 KV) gives llama-server's 16
+    greedy tokens on the fixture's prompt. Routing amplifies activation rounding: where a token's
+    top-k boundary is a near-tie, llama.cpp's 8-bit activations and our float ones can pick
+    different experts and the logits move by ~0.5; of 12 prompts 8 (Q8_0) and 7 (Q4_0) give
+    identical tokens (scripts/make_fixtures.py, QUANTIZED_MOE_PROMPT_SEED, says which prompt and why)."""
+    ref = json.loads((FIXTURES / f"tiny_qwen3moe-{qtype.lower()}.json").read_text())
+    expected, pairs = ref["greedy"]["ids"], ref["greedy"]["gaps_by_id"]
+    gaps, j = [], 0
+    for tok in expected:
+        if j < len(pairs) and pairs[j][0] == tok:
+            gaps.append(pairs[j][1])
+            j += 1
+        else:
+            gaps.append(None)
+    path = write_tiny_model("qwen3moe", tmp_path / f"moe-{qtype}.gguf", qtype=QT[qtype])
+    llm = tallow.load(path, ctx=64, device="cpu", progress=False)
+    ours = llm.generate(ref["ids"], max_tokens=len(expected), temperature=0).tokens
+    if expected[-1] in llm.tokenizer.eog_ids:
+        expected = expected[:-1]  # our tokens exclude the end-of-generation token
+    assert ours == expected, f"ours {ours}, llama.cpp {expected}, its gaps {gaps}"
+
+
+def test_f32_greedy_through_the_api_matches_llama_cpp(tmp_path):
+    ref = json.loads((FIXTURES / "tiny_qwen3moe.json").read_text())
+    llm = tallow.load(write_tiny_model("qwen3moe", tmp_path / "moe.gguf"), ctx=64, device="cpu", progress=False)
+    assert llm.generate(ref["ids"], max_tokens=16, temperature=0).tokens == ref["greedy"]["ids"]
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q4_0, QT.Q8_0])
+def test_plan_counts_expert_tensors_exactly(tmp_path, qtype):
+    """The plan's bytes for the 3-D expert tensors equal what the expert banks hold (each
+    expert its own linear, padded alone); the whole plan stays within the dense families' 2%."""
+    path = write_tiny_model("qwen3moe", tmp_path / "moe.gguf", qtype=qtype)
+    with GGUFFile(path) as gf:
+        spec = spec_from_gguf(gf)
+        model = build_model(gf, spec)
+        planned = sum(t.shape[2] * budget.linear_bytes(t.shape[1], t.n_cols, budget.linear_kind(t.qtype))
+                      for t in gf.tensors.values() if len(t.shape) == 3)
+        held = sum(w.ffn_experts.nbytes for w in model.layers)
+        assert planned == held
+        total = budget.weights_bytes(gf)
+        assert abs(total - model.nbytes) <= 0.02 * model.nbytes
+
+
+def test_inspect_shows_the_experts(tmp_path, capsys):
+    from tallow.cli import main
+
+    path = write_tiny_model("qwen3moe", tmp_path / "moe.gguf", qtype=QT.Q4_0)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"experts       {MOE_EXPERTS} routed, {MOE_USED} per token, width 32, on layers 0-1" in out
+    assert "a token reads" in out
+
+
+def test_gpu_refuses_in_one_sentence():
+    spec = SimpleNamespace(architecture="qwen3moe")
+    with pytest.raises(UsageError, match="run on the CPU only"):
+        qwen3moe.refuse_gpu(SimpleNamespace(place=SimpleNamespace(on_gpu=True), spec=spec))
+
+
+def test_bad_expert_metadata_and_shapes_are_one_sentence(tmp_path):
+    from gguf import GGUFReader  # noqa: F401  (the writer's own reader is not needed: patch the file)
+
+    path = write_tiny_model("qwen3moe", tmp_path / "moe.gguf")
+    raw = bytearray(path.read_bytes())
+    key = b"qwen3moe.expert_count"
+    at = raw.index(key)
+    raw[at : at + len(key)] = b"qwen3moe.expert_cnnnt"
+    bad = tmp_path / "no-count.gguf"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ModelFileError, match="expert_count is missing"):
+        spec_from_gguf(GGUFFile(bad))
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    wrong = spec.__class__(**{**spec.__dict__, "expert_ffn_dim": 16})
+    with pytest.raises(ModelFileError, match="ffn_down_exps.weight has shape"):
+        build_model(gf, wrong)
