@@ -230,11 +230,13 @@ def tiny_greedy_llama_server(path: Path, ids: list[int], n: int) -> dict:
 QUANTIZED_PROMPT_SEED = 11
 
 
-# The tiny qwen3moe's: of seeds 1-12, one where tallow's greedy tokens on both the Q8_0 and the
-# Q4_0 model are llama-server's (8 and 7 of the 12 are; the others diverge where llama.cpp's 8-bit
-# activation rounding flips a router near-tie, e.g. Q4_0 seed 12: layer 1's top-4 boundary gap
-# 0.0003 — TALLOW_NUMERICS=ggml then picks llama.cpp's experts and token), with the largest
-# smallest known top-2 gaps (0.27 and 1.34).
+# The tiny routed-expert models': of seeds 1-12, one where tallow's greedy tokens on the Q8_0 and
+# Q4_0 models of both families are llama-server's. Identical over 16 tokens: qwen3moe 8 (Q8_0)
+# and 7 (Q4_0) of the 12 prompts, gemma4-moe 11 and 9. The others diverge where llama.cpp's 8-bit
+# activation rounding flips a near-tie: a token (llama.cpp's top-2 gap 0.002-0.09, or a byte
+# token the server gives no gap for) or a router's top-k boundary (qwen3moe Q4_0 seed 12: layer 1's
+# boundary gap 0.0003, then a token gap of 1.03 — TALLOW_NUMERICS=ggml picks llama.cpp's experts
+# and token there).
 QUANTIZED_MOE_PROMPT_SEED = 4
 
 
@@ -337,7 +339,8 @@ def main() -> None:
                 print("wrote", f"tiny_{arch}.json")
             from gguf import GGMLQuantizationType as QT
 
-            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0), ("qwen3moe", QT.Q8_0), ("qwen3moe", QT.Q4_0)):  # llama.cpp quantizes activations
+            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0), ("qwen3moe", QT.Q8_0), ("qwen3moe", QT.Q4_0),
+                                ("gemma4-moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0)):  # llama.cpp quantizes activations
                 if args.arch not in (None, arch):
                     continue
                 name = f"tiny_{arch}-{qtype.name.lower()}.json"

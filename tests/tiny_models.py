@@ -19,7 +19,7 @@ from gguf.quants import quantize
 # per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
 # Routed-expert families (tests/test_moe.py; CPU only, so not in the GPU/graph tests' list above).
-MOE_ARCHITECTURES = ("qwen3moe",)
+MOE_ARCHITECTURES = ("qwen3moe", "gemma4-moe")
 N_VOCAB_BYTES = 256
 
 
@@ -308,6 +308,8 @@ def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
     Q/K norms) each with a router over MOE_EXPERTS SwiGLU experts, MOE_USED chosen per token, no
     shared expert. Expert tensors are 3-D as llama.cpp lays them out ([row length, rows,
     experts]); the router stays F32 like the converter writes it."""
+    if arch == "gemma4-moe":
+        return _write_gemma4_moe(path, seed, qtype)
     rng = np.random.RandomState(seed)
     dim, n_heads, n_kv, head_dim, n_layers = 64, 4, 2, 32, 2
     n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
@@ -358,6 +360,102 @@ def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
         experts(p + "ffn_gate_exps.weight", width, dim, dim**-0.5)
         experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
         experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+GEMMA4_MOE_LAYER_TYPES = "sgsg"
+
+
+def _write_gemma4_moe(path: str | Path, seed: int, qtype: GGMLQuantizationType) -> Path:
+    """A tiny Gemma 4 26B-A4B-style `gemma4`: every layer has a dense GELU MLP (the shared expert,
+    width 64) beside MOE_EXPERTS routed GELU experts (MOE_USED per token, width MOE_WIDTH, gate
+    and up as one `ffn_gate_up_exps` tensor on even layers and two on odd ones), a router on the
+    attention output with its own scale (`ffn_gate_inp.scale`), per-expert output scales
+    (`ffn_down_exps.scale`) and the extra norms (pre_ffw_norm_2, post_ffw_norm_1/2). Attention as
+    the 31B style (sliding head 16, global head 32 with V = K), no per-layer embeddings, no shared KV."""
+    rng = np.random.RandomState(seed)
+    dim, n_heads, hd_swa, hd_full, ffn = 64, 4, 16, 32, 64
+    n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
+    swa = [t == "s" for t in GEMMA4_MOE_LAYER_TYPES]
+    n_layers = len(swa)
+    kv_heads = [2 if s else 1 for s in swa]
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn] * n_layers)
+    w.add_expert_feed_forward_length(width)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(used)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(hd_swa)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(30.0)
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
+
+    def experts(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((n_exp, rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    matrix("output.weight", n_vocab, dim, 1.0)  # untied, as the E2B-style tiny model (varied greedy tokens)
+    n_rot = hd_full // 2 // 4
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        hd, nkv = (hd_swa, kv_heads[i]) if swa[i] else (hd_full, kv_heads[i])
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * hd, dim, dim**-0.5)
+        vector(p + "attn_q_norm.weight", hd, 1.0, 0.1)
+        matrix(p + "attn_k.weight", nkv * hd, dim, dim**-0.5)
+        vector(p + "attn_k_norm.weight", hd, 1.0, 0.1)
+        if swa[i]:
+            matrix(p + "attn_v.weight", nkv * hd, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * hd, (n_heads * hd) ** -0.5)
+        vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+        vector(p + "post_ffw_norm_1.weight", dim, 1.0, 0.1)
+        vector(p + "pre_ffw_norm_2.weight", dim, 1.0, 0.1)
+        # The router sees rms_norm(x) / sqrt(dim) * scale (~unit norm): weights of 2 give logits of spread ~2.
+        vector(p + "ffn_gate_inp.scale", dim, 1.0, 0.1)
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, dim)) * 2).astype(np.float32))
+        if i % 2 == 0:
+            experts(p + "ffn_gate_up_exps.weight", 2 * width, dim, dim**-0.5)
+        else:
+            experts(p + "ffn_gate_exps.weight", width, dim, dim**-0.5)
+            experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
+        vector(p + "ffn_down_exps.scale", n_exp, 1.0, 0.2)
+        vector(p + "post_ffw_norm_2.weight", dim, 1.0, 0.1)
+        vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -106,6 +106,8 @@ def linear_kind(qtype: QT, mode: str | None = None) -> str:
     has_int4, has_int8 = _kernel_ops()
     if mode == "reference" or (mode == "auto" and _env_on("TALLOW_REFERENCE")):
         return "reference"
+    if qtype == QT.MXFP4 and has_int4 and mode in ("auto", "int8g") and not _env_off("TALLOW_MXFP4_INT8G"):
+        return "int8g"  # exact group-32 int8 codes (kernels/cpu/linear.py GroupInt8Linear)
     if qtype in FLOAT_TYPES:
         return "dense_bf16" if qtype == QT.BF16 else "dense_f32"
     if mode == "dense":
@@ -125,8 +127,8 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
     int4: rows padded to 16; K/2 bytes of codes and K/32 bf16 (scale, zero) pairs per row.
     int4x2 doubles K. int8: K bytes and one bf16 scale per row.
     """
-    if kind in ("int4", "int4x2"):
-        k = n_cols * (2 if kind == "int4x2" else 1)
+    if kind in ("int4", "int4x2", "int8g"):
+        k = n_cols * (1 if kind == "int4" else 2)
         n_pad = -(-n_rows // INT4_ROW_ALIGN) * INT4_ROW_ALIGN
         return n_pad * (k // 2) + (k // INT4_GROUP) * n_pad * 2 * 2
     if kind == "int8":

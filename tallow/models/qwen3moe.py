@@ -73,6 +73,38 @@ def moe_ffn(w: LayerWeights, h: torch.Tensor, logits: torch.Tensor, k: int, glu)
     return w.ffn_experts(h, ids, weights, glu)
 
 
+def load_gemma4_experts(model: DecoderModel, i: int) -> dict:
+    """Gemma 4 26B-A4B's tensors of layer i beside its dense MLP (llama.cpp's gemma4.cpp): the
+    router and its input scale, the routed experts, and the three extra norms."""
+    refuse_gpu(model)
+    p = f"blk.{i}."
+    router = model._tensor(p + ROUTER + ".weight")
+    if list(router.shape) != [model.spec.dim, model.spec.n_experts]:
+        raise ModelFileError(f"{model.gf.path}: the tensor {router.name} has shape {list(router.shape)}, "
+                             f"not {[model.spec.dim, model.spec.n_experts]}.")
+    t = {name: model.norm_weight(p + name + ".weight") for name in ("post_ffw_norm_1", "pre_ffw_norm_2", "post_ffw_norm_2")}
+    t["ffn_gate_inp"] = model.linear(router.name)
+    t["ffn_gate_inp_scale"] = model.norm_weight(p + ROUTER + ".scale")
+    t["ffn_experts"] = load_experts(model, i)
+    return t
+
+
+_ONES: dict = {}  # (dim, device) -> a weightless RMSNorm's row of ones
+
+
+def gemma4_moe_ffn(w: LayerWeights, x: torch.Tensor, mlp: torch.Tensor, ops, eps: float, spec) -> torch.Tensor:
+    """Gemma 4 26B-A4B's FFN output before post_ffw_norm, from the attention output x (n, dim)
+    and the dense MLP's output `mlp`: post_ffw_norm_1(mlp) + post_ffw_norm_2(experts), the experts
+    over pre_ffw_norm_2(x), routed by the logits of rms_norm(x) / sqrt(dim) * ffn_gate_inp.scale."""
+    ones = _ONES.get((spec.dim, x.device))
+    if ones is None:
+        ones = _ONES[(spec.dim, x.device)] = torch.ones(spec.dim, device=x.device)
+    router_in = ops.norm(x, ones, eps) * (1.0 / spec.dim**0.5) * w.ffn_gate_inp_scale
+    routed = moe_ffn(w, ops.norm(x, w.pre_ffw_norm_2, eps), w.ffn_gate_inp(router_in), spec.n_experts_used,
+                     lambda gu: ops.glu(gu, "geglu"))
+    return ops.norm(mlp, w.post_ffw_norm_1, eps) + ops.norm(routed, w.post_ffw_norm_2, eps)
+
+
 class Qwen3MoeModel(Qwen3Model):
     def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
         if not spec.n_experts:
