@@ -154,8 +154,8 @@ def test_experts_read_only_the_chosen_experts(tmp_path, monkeypatch):
     assert called == expected and len(called) == spec.n_layers * MOE_USED
 
 
-@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("arch, qtype", [(a, q) for a in MOE_ARCHITECTURES for q in ("Q8_0", "Q4_0")]
+                         + [("qwen3moe", "MXFP4"), ("qwen3moe", "NVFP4")])  # 4-bit float experts, Q8_0 elsewhere
 def test_quantized_greedy_through_the_api_matches_llama_server(tmp_path, arch, qtype):
     """`tallow.load(...).generate` on the CPU (int8 / int4 experts, f16 KV) gives llama-server's 16
     greedy tokens on the fixture's prompt. Routing amplifies activation rounding: where a token's
@@ -187,7 +187,7 @@ def test_f32_greedy_through_the_api_matches_llama_cpp(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.F32), ("qwen3moe", QT.Q4_0), ("qwen3moe", QT.Q8_0),
-                                         ("gemma4-moe", QT.Q4_0)])
+                                         ("qwen3moe", QT.MXFP4), ("qwen3moe", QT.NVFP4), ("gemma4-moe", QT.Q4_0)])
 def test_plan_counts_expert_tensors_exactly(tmp_path, arch, qtype):
     """The plan's bytes for the 3-D expert tensors equal what the expert banks hold (each
     expert its own linear, padded alone); the whole plan stays within the dense families' 2%."""
@@ -240,3 +240,34 @@ def test_bad_expert_metadata_and_shapes_are_one_sentence(tmp_path):
     wrong = spec.__class__(**{**spec.__dict__, "expert_ffn_dim": 16})
     with pytest.raises(ModelFileError, match="ffn_down_exps.weight has shape"):
         build_model(gf, wrong)
+
+
+def test_gate_and_up_scales_multiply_each_half_before_the_glu(tmp_path):
+    """NVFP4 files' per-expert scales of gate and up (ffn_gate_exps.scale / ffn_up_exps.scale)
+    multiply the gate and up halves of the product's output, as llama.cpp's build_lora_mm_id."""
+    from tallow.kernels.cpu.moe import ExpertBank
+    from tallow.layers import swiglu
+
+    _, model = _model(tmp_path, QT.Q8_0)
+    bank = model.layers[0].ffn_experts
+    scale = torch.rand(bank.n_experts, 2) + 0.5
+    scaled = ExpertBank(bank.gate_up, bank.down, None, scale)
+    x = torch.randn(3, 64)
+
+    def glu(gu):
+        f = gu.shape[-1] // 2
+        return swiglu(gu[:, :f], gu[:, f:])
+
+    gu = bank.gate_up[5](x)
+    f = gu.shape[-1] // 2
+    want = bank.down[5](glu(torch.cat((gu[:, :f] * scale[5, 0], gu[:, f:] * scale[5, 1]), dim=1)))
+    assert torch.equal(scaled.expert(5, x, glu), want)
+
+
+def test_a_weight_scale_tallow_does_not_apply_is_refused(tmp_path):
+    """An NVFP4 file's per-tensor scale on a dense weight (blk.N.attn_q.scale) is not applied: the
+    load stops with one sentence instead of running without it."""
+    gf = GGUFFile(write_tiny_model("qwen3moe", tmp_path / "moe.gguf"))
+    gf.tensors["blk.1.attn_q.scale"] = gf.tensors["blk.1.ffn_norm.weight"]
+    with pytest.raises(ModelFileError, match="blk.1.attn_q.scale .* not applied"):
+        build_model(gf, spec_from_gguf(gf))

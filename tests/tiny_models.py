@@ -55,6 +55,26 @@ def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[int], merg
     w.add_add_bos_token(False)
 
 
+def _quantize(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """gguf.quants.quantize, plus NVFP4, which gguf 0.19 can only dequantize."""
+    return _quantize_nvfp4(data) if qtype == GGMLQuantizationType.NVFP4 else quantize(data, qtype)
+
+
+def _quantize_nvfp4(data: np.ndarray) -> np.ndarray:
+    """NVFP4 blocks of the float32 rows `data` (last axis a multiple of 64): per 16 values a UE4M3
+    scale of amax / 6 (E2M1's largest magnitude), each value the nearest E2M1 code times it."""
+    from gguf.quants import NVFP4
+
+    sub = data.reshape(-1, 4, 16)
+    d = NVFP4.fp32_to_ue4m3(np.abs(sub).max(axis=-1) / 6)  # (n, 4) uint8
+    scale = NVFP4.ue4m3_to_fp32(d)[..., None]  # halved, as the doubled codes expect
+    values = np.array(NVFP4.kvalues, dtype=np.float32)
+    q = np.abs(sub[..., None] - scale[..., None] * values).argmin(axis=-1).astype(np.uint8)  # (n, 4, 16)
+    qs = q[..., :8] | (q[..., 8:] << 4)  # low nibbles: values 0-7 of the sub-block, high: 8-15
+    blocks = np.concatenate([d, qs.reshape(-1, 32)], axis=-1)
+    return blocks.reshape(*data.shape[:-1], data.shape[-1] // 64 * 36)
+
+
 def _random_tensors(w: GGUFWriter, rng: np.random.RandomState, qtype: GGMLQuantizationType):
     """matrix(name, rows, cols, scale) in qtype and vector(name, n, mean, scale) in F32, drawn from
     rng in call order (the fixtures depend on that order)."""
@@ -313,6 +333,9 @@ def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
     rng = np.random.RandomState(seed)
     dim, n_heads, n_kv, head_dim, n_layers = 64, 4, 2, 32, 2
     n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
+    fp4 = qtype in (GGMLQuantizationType.MXFP4, GGMLQuantizationType.NVFP4)
+    if qtype == GGMLQuantizationType.NVFP4:
+        width = 64  # NVFP4 rows are whole blocks of 64 (the down projection's rows are `width` long)
     tokens, types, merges = _tokens()
     n_vocab = len(tokens)
 
@@ -332,14 +355,15 @@ def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     _add_byte_tokenizer(w, tokens, types, merges)
-    matrix, vector = _random_tensors(w, rng, qtype)
+    # FP4: the experts only, the other matrices Q8_0 (as llama.cpp's MXFP4_MOE files).
+    matrix, vector = _random_tensors(w, rng, GGMLQuantizationType.Q8_0 if fp4 else qtype)
 
     def experts(name: str, rows: int, cols: int, scale: float) -> None:
         data = (rng.standard_normal((n_exp, rows, cols)) * scale).astype(np.float32)
         if qtype == GGMLQuantizationType.F32:
             w.add_tensor(name, data)
         else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+            w.add_tensor(name, _quantize(data, qtype), raw_dtype=qtype)
 
     matrix("token_embd.weight", n_vocab, dim, 1.0)
     vector("output_norm.weight", dim, 1.0, 0.1)
@@ -419,7 +443,7 @@ def _write_gemma4_moe(path: str | Path, seed: int, qtype: GGMLQuantizationType) 
         if qtype == GGMLQuantizationType.F32:
             w.add_tensor(name, data)
         else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+            w.add_tensor(name, _quantize(data, qtype), raw_dtype=qtype)
 
     matrix("token_embd.weight", n_vocab, dim, 1.0)
     vector("output_norm.weight", dim, 1.0, 0.1)

@@ -57,12 +57,40 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
                           for e in range(n)]
     down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
                    for e in range(n)]
-    scale = None
-    if p + DOWN_EXPS + ".scale" in gf.tensors:
-        scale = model.norm_weight(p + DOWN_EXPS + ".scale")
+    def per_expert(name: str) -> torch.Tensor | None:
+        if p + name + ".scale" not in gf.tensors:
+            return None
+        scale = model.norm_weight(p + name + ".scale")
         if scale.numel() != n:
-            raise ModelFileError(f"{gf.path}: the tensor {p}{DOWN_EXPS}.scale has {scale.numel()} values for {n} experts.")
-    return ExpertBank(gate_up_layers, down_layers, scale)
+            raise ModelFileError(f"{gf.path}: the tensor {p}{name}.scale has {scale.numel()} values for {n} experts.")
+        return scale
+
+    # Per-expert output scales: of the down product (gemma4's per_expert_scale; NVFP4 global
+    # scales), and of gate and up (NVFP4; a merged gate/up takes ffn_up_exps.scale, as llama.cpp).
+    gate_s, up_s = per_expert(GATE_EXPS), per_expert(UP_EXPS)
+    gate_up_scale = None
+    if p + GATE_UP_EXPS + ".weight" in gf.tensors:
+        gate_up_scale = None if up_s is None else up_s[:, None].contiguous()  # (n, 1): both halves
+    elif gate_s is not None or up_s is not None:
+        ones = torch.ones(n)
+        gate_up_scale = torch.stack((gate_s if gate_s is not None else ones, up_s if up_s is not None else ones), dim=1)
+    return ExpertBank(gate_up_layers, down_layers, per_expert(DOWN_EXPS), gate_up_scale)
+
+
+# The `.scale` tensors these files may carry that tallow applies (the rest are refused); Gemma 4
+# also scales its router's input (ffn_gate_inp.scale).
+EXPERT_SCALES = (GATE_EXPS, UP_EXPS, DOWN_EXPS)
+
+
+def refuse_unapplied_scales(model: DecoderModel, i: int, applied: tuple[str, ...] = EXPERT_SCALES) -> None:
+    """NVFP4 files carry a per-tensor FP32 scale beside each weight (`<name>.scale`, multiplying
+    the product's output); tallow applies the experts' and the router's only, so a file with
+    others is refused in one sentence rather than run with them missing."""
+    p = f"blk.{i}."
+    for name in model.gf.tensors:
+        if name.startswith(p) and name.endswith(".scale") and name[len(p) : -len(".scale")] not in applied:
+            raise ModelFileError(f"{model.gf.path}: the weight scale {name} (an NVFP4 file's per-tensor scale) is "
+                                 "not applied by this version of tallow; only routed experts' scales are.")
 
 
 def moe_ffn(w: LayerWeights, h: torch.Tensor, logits: torch.Tensor, k: int, glu) -> torch.Tensor:
@@ -77,6 +105,7 @@ def load_gemma4_experts(model: DecoderModel, i: int) -> dict:
     """Gemma 4 26B-A4B's tensors of layer i beside its dense MLP (llama.cpp's gemma4.cpp): the
     router and its input scale, the routed experts, and the three extra norms."""
     refuse_gpu(model)
+    refuse_unapplied_scales(model, i, EXPERT_SCALES + (ROUTER,))
     p = f"blk.{i}."
     router = model._tensor(p + ROUTER + ".weight")
     if list(router.shape) != [model.spec.dim, model.spec.n_experts]:
@@ -113,6 +142,7 @@ class Qwen3MoeModel(Qwen3Model):
 
     def load_layer(self, i: int) -> LayerWeights:
         refuse_gpu(self)
+        refuse_unapplied_scales(self, i)
         p = f"blk.{i}."
         layer = self.spec.layers[i]
         q_norm = self.norm_weight(p + "attn_q_norm.weight")

@@ -59,10 +59,15 @@ class ExpertBank:
     """The routed experts of one layer: per expert a gate/up linear (gate and up side by side,
     (m, 2 * ffn)) and a down linear, and an optional per-expert output scale (n_experts,)."""
 
-    def __init__(self, gate_up: list, down: list, out_scale: torch.Tensor | None = None):
+    def __init__(self, gate_up: list, down: list, out_scale: torch.Tensor | None = None,
+                 gate_up_scale: torch.Tensor | None = None):
+        """gate_up_scale: per expert the multipliers of its gate/up output, (n_experts, 2) for gate
+        and up, or (n_experts, 1) for both (NVFP4 files' per-expert global scales,
+        `ffn_gate_exps.scale` / `ffn_up_exps.scale`), or None."""
         if len(gate_up) != len(down) or not gate_up:
             raise ValueError("an expert bank needs one gate/up and one down linear per expert")
         self.gate_up, self.down, self.out_scale = gate_up, down, out_scale
+        self.gate_up_scale = gate_up_scale
         self.n_experts = len(gate_up)
         self.dim = down[0].out_features
         # The kinds of its kernels, as a fused linear names them (the engine's walks over the
@@ -71,7 +76,7 @@ class ExpertBank:
 
     @property
     def nbytes(self) -> int:
-        scale = self.out_scale.numel() * 4 if self.out_scale is not None else 0
+        scale = sum(t.numel() * 4 for t in (self.out_scale, self.gate_up_scale) if t is not None)
         return sum(p.nbytes for p in self.gate_up) + sum(p.nbytes for p in self.down) + scale
 
     def linears(self) -> list:
@@ -79,7 +84,11 @@ class ExpertBank:
 
     def expert(self, e: int, x: torch.Tensor, glu: Callable) -> torch.Tensor:
         """Expert e's FFN of the rows x (m, dim): down(glu(gate_up(x))) (m, dim) fp32."""
-        return self.down[e](glu(self.gate_up[e](x)))
+        gate_up = self.gate_up[e](x)
+        if self.gate_up_scale is not None:  # llama.cpp scales the product's output, before the GLU
+            m, parts = gate_up.shape[0], self.gate_up_scale.shape[1]
+            gate_up = (gate_up.view(m, parts, -1) * self.gate_up_scale[e].view(1, parts, 1)).view(m, -1)
+        return self.down[e](glu(gate_up))
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, glu: Callable) -> torch.Tensor:
         """sum over slots s of weights[:, s] * scale[e] * expert_e(h) for e = ids[:, s]; h (n, dim)
