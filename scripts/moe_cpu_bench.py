@@ -4,10 +4,11 @@ against one dense FFN reading the same bytes, and against a gather-then-batched-
     python scripts/moe_cpu_bench.py [--dim 2048] [--width 768] [--experts 32] [--used 8] [--qtype Q4_0]
 
 The Qwen3-30B-A3B shape is dim 2048, width 768, 8 of 128 experts; fewer experts (default 32)
-keep the packing quick and change nothing per token (only k experts are read). Prints ms per
-token, median of --reps, for:
+keep the packing quick and change nothing per token (only k experts are read); each step routes
+afresh (random logits drawn before timing). Prints ms per token, median of --reps, for:
   experts   ExpertBank: k gate/up + k down products, each its expert's packed int4/int8 weight
-  dense     one gate/up + one down product of width k * width (the same weights bytes, 2 calls)
+  dense     one gate/up + one down product of width k * width (the same bytes, 2 calls), cycling
+            through n / k such FFNs so their weights stream as the experts' do
   gathered  the k experts' bf16 weights gathered (index_select) then two batched bf16 matmuls
 """
 
@@ -74,16 +75,35 @@ def main() -> None:
     down = _tensor("d", (rng.standard_normal((n, dim, width)) * width**-0.5).astype(np.float32), qt)
     bank = ExpertBank([make_linear(expert_slice(gate_up, e, n)) for e in range(n)],
                       [make_linear(expert_slice(down, e, n)) for e in range(n)])
-    dense_gu = _tensor("dgu", (rng.standard_normal((2 * k * width, dim)) * dim**-0.5).astype(np.float32), qt)
-    dense_d = _tensor("dd", (rng.standard_normal((dim, k * width)) * width**-0.5).astype(np.float32), qt)
-    dense_gu, dense_d = make_linear(dense_gu), make_linear(dense_d)
+    # n / k distinct dense FFNs, cycled: as many weight bytes as the experts, streamed the same way.
+    dense = []
+    for _ in range(max(1, n // k)):
+        gu = _tensor("dgu", (rng.standard_normal((2 * k * width, dim)) * dim**-0.5).astype(np.float32), qt)
+        d = _tensor("dd", (rng.standard_normal((dim, k * width)) * width**-0.5).astype(np.float32), qt)
+        dense.append((make_linear(gu), make_linear(d)))
     # The gathered form keeps every expert's weight dense in bf16 (4x the int4 bytes resident).
     w_gu = torch.stack([make_linear(expert_slice(gate_up, e, n), mode="dense").weight for e in range(n)])
     w_d = torch.stack([make_linear(expert_slice(down, e, n), mode="dense").weight for e in range(n)])
     x = torch.randn(1, dim)
-    weights, ids = route_softmax(torch.randn(1, n), k)
+    # A fresh routing each step (as tokens pick different experts), drawn before timing.
+    routes = [route_softmax(torch.randn(1, n), k) for _ in range(a.reps + 1)]
+    step = {"i": 0}
+
+    def route():
+        step["i"] = (step["i"] + 1) % len(routes)
+        return routes[step["i"]]
+
+    def experts():
+        weights, ids = route()
+        return bank(x, ids, weights, _glu)
+
+    def dense_ffn():
+        gu, d = dense[step["i"] % len(dense)]
+        step["i"] += 1
+        return d(_glu(gu(x)))
 
     def gathered():
+        weights, ids = route()
         sel = ids[0]
         h = x.to(torch.bfloat16).expand(k, 1, dim)
         gu = torch.bmm(h, w_gu.index_select(0, sel).transpose(1, 2)).float()[:, 0]  # (k, 2w)
@@ -91,8 +111,8 @@ def main() -> None:
         return (y * weights[0].unsqueeze(-1)).sum(0, keepdim=True)
 
     results = {
-        "experts": _time(lambda: bank(x, ids, weights, _glu), a.reps),
-        "dense": _time(lambda: dense_d(_glu(dense_gu(x))), a.reps),
+        "experts": _time(experts, a.reps),
+        "dense": _time(dense_ffn, a.reps),
         "gathered": _time(gathered, a.reps),
     }
     active = bank.gate_up[0].nbytes * k + bank.down[0].nbytes * k
