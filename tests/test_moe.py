@@ -271,3 +271,24 @@ def test_a_weight_scale_tallow_does_not_apply_is_refused(tmp_path):
     gf.tensors["blk.1.attn_q.scale"] = gf.tensors["blk.1.ffn_norm.weight"]
     with pytest.raises(ModelFileError, match="blk.1.attn_q.scale .* not applied"):
         build_model(gf, spec_from_gguf(gf))
+
+
+def test_experts_map_from_the_weight_cache_and_speculation_keeps_the_tokens(tmp_path, monkeypatch):
+    """A second load maps every expert's packed linear from the weight cache (a hit) and gives
+    the same greedy tokens; forcing speculation (off by default: the F32 router is not a
+    row-exact kernel) changes no token either."""
+    monkeypatch.setenv("TALLOW_HOME", str(tmp_path / "home"))
+    ref = json.loads((FIXTURES / "tiny_qwen3moe-q4_0.json").read_text())
+    path = write_tiny_model("qwen3moe", tmp_path / "moe.gguf", qtype=QT.Q4_0)
+    first = tallow.load(path, ctx=64, device="cpu", progress=False)
+    tokens = first.generate(ref["ids"], max_tokens=16, temperature=0).tokens
+    second = tallow.load(path, ctx=64, device="cpu", progress=False)
+    assert second.stats.load.weight_cache == "hit"
+    assert second.generate(ref["ids"], max_tokens=16, temperature=0).tokens == tokens
+    monkeypatch.setenv("TALLOW_SPECULATE", "1")
+    llm = tallow.load(path, ctx=64, device="cpu", progress=False)
+    repeated = ref["ids"] * 2  # a prompt that repeats itself: drafts to verify
+    out = llm.generate(repeated, max_tokens=16, temperature=0)
+    monkeypatch.setenv("TALLOW_SPECULATE", "0")
+    plain = tallow.load(path, ctx=64, device="cpu", progress=False).generate(repeated, max_tokens=16, temperature=0)
+    assert out.tokens == plain.tokens and llm.stats.last.draft_tokens > 0
