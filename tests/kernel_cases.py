@@ -105,6 +105,26 @@ register(op="argmax", impl="tallow.kernels.triton.argmax:argmax", needs="triton"
          run=lambda a: _triton("argmax", "argmax")(a["x"], parts=64),
          reference=lambda a: _triton("argmax", "argmax_reference")(a["x"]))
 
+def _fp4_inputs(shape, dtype, g):
+    """FP4 weight bytes (random codes; MXFP4 exponents 120-125, NVFP4 scale bytes over their whole
+    range but 0x80+ (bit 7 ignored) and the zeros 0 / 0x7F included) and x (M, K)."""
+    qtype, n, k, m = shape
+    block, size = {39: (32, 17), 40: (64, 36)}[qtype]
+    raw = torch.randint(0, 256, (n * k // block, size), generator=g, dtype=torch.uint8)
+    if qtype == 39:
+        raw[:, 0] = torch.randint(120, 126, (raw.shape[0],), generator=g, dtype=torch.uint8)
+    else:
+        raw[:, :4] = torch.randint(0, 0x58, (raw.shape[0], 4), generator=g, dtype=torch.uint8)
+        raw[0, 0], raw[0, 1], raw[1 % raw.shape[0], 2] = 0x7F, 0, 0xB8  # zero scales; bit 7 set
+    return {"raw": raw.reshape(n, -1), "qtype": qtype, "x": torch.randn(m, k, generator=g)}
+
+
+# fp32 accumulation of exactly decoded weights, like quant_gemv: 2e-6.
+register(op="fp4_gemv", impl="tallow.kernels.triton.fp4_gemv:fp4_gemv", needs="triton", tol=2e-6,
+         inputs=_fp4_inputs, shapes=((39, 40, 96, 1), (39, 16, 256, 3), (40, 33, 128, 1), (40, 16, 256, 2)),
+         run=lambda a: _triton("fp4_gemv", "fp4_gemv")(a["x"], a["raw"], a["qtype"]),
+         reference=lambda a: _triton("fp4_gemv", "fp4_gemv_reference")(a["x"], a["raw"], a["qtype"]))
+
 _PLANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
@@ -327,7 +347,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     # llama.cpp's chosen experts in tests/test_moe.py), a switch
     "tallow.kernels.cpu.moe:expert_slice", "tallow.kernels.cpu.moe:route_softmax", "tallow.kernels.cpu.moe:grouped_enabled",
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
-    "tallow.kernels.triton.glu:glu_reference",
+    "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference",
     "tallow.kernels.triton.rope:rope_reference",
     "tallow.kernels.triton.decode_attention:decode_attention_reference",
