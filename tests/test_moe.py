@@ -292,3 +292,17 @@ def test_experts_map_from_the_weight_cache_and_speculation_keeps_the_tokens(tmp_
     monkeypatch.setenv("TALLOW_SPECULATE", "0")
     plain = tallow.load(path, ctx=64, device="cpu", progress=False).generate(repeated, max_tokens=16, temperature=0)
     assert out.tokens == plain.tokens and llm.stats.last.draft_tokens > 0
+
+
+def test_a_bank_of_row_exact_experts_is_not_called_row_invariant(tmp_path):
+    """Even with every matrix in a row-exact int4 kernel (router included), how many rows an
+    expert gets in a chunk picks its kernel, so the prefill plan must not treat the model as
+    row-invariant, and speculation is not on by default."""
+    from tallow.engine.prefill_plan import plan_for
+    from tallow.engine.speculate import rows_are_exact
+
+    spec, model = _model(tmp_path, QT.Q4_0)
+    for w in model.layers:  # as if the router were quantized too
+        w.tensors["ffn_gate_inp"] = SimpleNamespace(kind="int4")
+    assert model.layers[0].ffn_experts.kind == "routed+int4"
+    assert not rows_are_exact(model) and not plan_for(model, 64).row_invariant

@@ -247,6 +247,8 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     if kv_format(kv_dtype).scaled:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
+    if spec.n_experts:  # routed experts (kernels/cpu/moe.py): every row's k outputs, then weighted
+        mlp = max(mlp, c * spec.n_experts_used * (2 * spec.dim * 4 + spec.expert_ffn_dim * (4 * 4 + 2)))
     return residual + max(attention, mlp)
 
 

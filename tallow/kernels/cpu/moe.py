@@ -70,9 +70,12 @@ class ExpertBank:
         self.gate_up_scale = gate_up_scale
         self.n_experts = len(gate_up)
         self.dim = down[0].out_features
-        # The kinds of its kernels, as a fused linear names them (the engine's walks over the
-        # model's linears read this: speculation's row-exactness, the KV store's numerics key).
-        self.kind = "+".join(sorted({part for p in self.linears() for part in str(p.kind).split("+")}))
+        # The kinds of its kernels, as a fused linear names them, plus "routed": the engine's
+        # walks over the model's linears read this (speculation's row-exactness, the prefill
+        # plan's row invariance, the KV store's numerics key), and a bank is not row-invariant:
+        # how many rows an expert gets decides its kernel (below or above dequant_matmul's
+        # MIN_ROWS), so a row's numbers depend on the other rows of its chunk.
+        self.kind = "+".join(["routed", *sorted({part for p in self.linears() for part in str(p.kind).split("+")})])
 
     @property
     def nbytes(self) -> int:
