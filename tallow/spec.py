@@ -16,11 +16,11 @@ import numpy as np
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4")
 
 # RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
 # the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
-_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "gemma4": "neox"}
+_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "qwen3moe": "neox", "gemma3": "neox", "gemma4": "neox"}
 
 # llama.cpp's per-architecture defaults where the GGUF may not carry the key.
 _GEMMA3_SWA_PATTERN = 6
@@ -81,6 +81,11 @@ class ModelSpec:
     tied_embeddings: bool
     layers: tuple[LayerSpec, ...] = field(repr=False)
     per_layer_input_dim: int = 0  # gemma4's per-layer embeddings, width per layer (0: none)
+    # Routed experts (qwen3moe, gemma4 26B-A4B): how many, how many each token uses, and one
+    # expert's FFN width (`expert_feed_forward_length`). 0: a dense model.
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
 
     @property
     def kv_bytes_per_token_f16(self) -> int:
@@ -116,6 +121,23 @@ def layer_kind_lines(spec: ModelSpec) -> list[str]:
     if spec.per_layer_input_dim:
         lines.append(f"  per-layer embeddings   {spec.per_layer_input_dim} per layer (table memory-mapped)")
     return ["layer kinds"] + lines
+
+
+def expert_lines(spec: ModelSpec, gf: GGUFFile) -> list[str]:
+    """`tallow inspect`'s line on routed experts (none for a dense model): how many, how many per
+    token, their width and layers, and the file bytes a token reads (every tensor but the experts,
+    plus n_used / n_experts of them: the bandwidth floor of a decode step)."""
+    if not spec.n_experts:
+        return []
+    expert_tensors = [t for t in gf.tensors.values() if len(t.shape) == 3 and t.shape[-1] == spec.n_experts]
+    layers = sorted({int(t.name.split(".")[1]) for t in expert_tensors if t.name.startswith("blk.")})
+    expert_bytes = sum(t.n_bytes for t in expert_tensors)
+    other = sum(t.n_bytes for t in gf.tensors.values()) - expert_bytes
+    active = other + expert_bytes * spec.n_experts_used // spec.n_experts
+    shared = any(f"blk.{i}.ffn_gate.weight" in gf.tensors for i in layers)
+    return [f"experts       {spec.n_experts} routed, {spec.n_experts_used} per token, width {spec.expert_ffn_dim}"
+            + (", beside a shared MLP" if shared else "") + f", on layers {_ranges(layers) if layers else 'none'}",
+            f"              expert tensors {expert_bytes / 2**20:.1f} MiB; a token reads {active / 2**20:.1f} MiB of the file"]
 
 
 def _ranges(idx: list[int]) -> str:
@@ -277,7 +299,25 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         tied_embeddings="output.weight" not in gf.tensors,
         layers=tuple(layers),
         per_layer_input_dim=per_layer_input_dim,
+        **_expert_counts(gf, ffn_dims),
     )
+
+
+def _expert_counts(gf: GGUFFile, ffn_dims: list[int]) -> dict:
+    """n_experts, n_experts_used and expert_ffn_dim from `expert_count`, `expert_used_count` and
+    `expert_feed_forward_length` (llama.cpp's fallback when the last is absent: the FFN width
+    over the experts used). A file without `expert_count` is dense: all three 0."""
+    path, arch = gf.path, gf.architecture
+    count = gf.arch_get("expert_count")
+    if count is None and arch == "qwen3moe":
+        raise ModelFileError(f"{path}: the metadata key {arch}.expert_count is missing.")
+    if count is None or (arch != "qwen3moe" and count == 0):
+        return {}
+    n = _int(count, f"{arch}.expert_count", path, 1, MAX_HEADS)
+    used = _int(gf.arch_get("expert_used_count", 0), f"{arch}.expert_used_count", path, 1, n)
+    width = gf.arch_get("expert_feed_forward_length")
+    width = _int(width, f"{arch}.expert_feed_forward_length", path) if width is not None else max(ffn_dims) // used
+    return {"n_experts": n, "n_experts_used": used, "expert_ffn_dim": width}
 
 
 def _gemma4_layers(gf: GGUFFile, n_layers: int, heads: list[int], kv_heads: list[int], ffn_dims: list[int],

@@ -49,6 +49,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_INT8", "flag", True, "0", "CPU: other quantized weights use dense bf16 instead of int8", "load", pack=True, numeric=True),
     Switch("TALLOW_INT4X2", "flag", False, "1", "CPU: Q8_0/Q5_0/Q5_1 weights as two int4 planes (more exact than int8, opt-in)", "load", pack=True, numeric=True),
     Switch("TALLOW_OUTPUT_INT8G", "flag", None, "0", "CPU: the output projection keeps per-row int8 instead of group-32 int8 (`=1`: group-32 at any width; default: from 1024 columns)", "load", pack=True, numeric=True),
+    Switch("TALLOW_MOE_GROUPED", "flag", True, "0", "CPU: a multi-token chunk runs its routed experts token by token instead of each chosen expert once over all its rows", "call", numeric=True),
+    Switch("TALLOW_MXFP4_INT8G", "flag", True, "0", "CPU: MXFP4 weights as dense bf16 (2 bytes/weight) instead of their exact group-32 int8 codes in the int4 kernel", "load", pack=True, numeric=True),
     Switch("TALLOW_FUSE", "flag", True, "0", "CPU: Q/K/V and gate/up stay separate products", "load", pack=True, numeric=True),
     Switch("TALLOW_FAST_LAYERS", "flag", True, "0", "CPU: step-by-step RMSNorm, RoPE, GELU and attention instead of the fused forms", "call", numeric=True),
     Switch("TALLOW_PREFILL_DEQUANT", "flag", True, "0", "CPU: prefill through the int4/int8 kernels instead of dequantized bf16 tiles", "call", numeric=True),

@@ -105,6 +105,26 @@ register(op="argmax", impl="tallow.kernels.triton.argmax:argmax", needs="triton"
          run=lambda a: _triton("argmax", "argmax")(a["x"], parts=64),
          reference=lambda a: _triton("argmax", "argmax_reference")(a["x"]))
 
+def _fp4_inputs(shape, dtype, g):
+    """FP4 weight bytes (random codes; MXFP4 exponents 120-125, NVFP4 scale bytes over their whole
+    range but 0x80+ (bit 7 ignored) and the zeros 0 / 0x7F included) and x (M, K)."""
+    qtype, n, k, m = shape
+    block, size = {39: (32, 17), 40: (64, 36)}[qtype]
+    raw = torch.randint(0, 256, (n * k // block, size), generator=g, dtype=torch.uint8)
+    if qtype == 39:
+        raw[:, 0] = torch.randint(120, 126, (raw.shape[0],), generator=g, dtype=torch.uint8)
+    else:
+        raw[:, :4] = torch.randint(0, 0x58, (raw.shape[0], 4), generator=g, dtype=torch.uint8)
+        raw[0, 0], raw[0, 1], raw[1 % raw.shape[0], 2] = 0x7F, 0, 0xB8  # zero scales; bit 7 set
+    return {"raw": raw.reshape(n, -1), "qtype": qtype, "x": torch.randn(m, k, generator=g)}
+
+
+# fp32 accumulation of exactly decoded weights, like quant_gemv: 2e-6.
+register(op="fp4_gemv", impl="tallow.kernels.triton.fp4_gemv:fp4_gemv", needs="triton", tol=2e-6,
+         inputs=_fp4_inputs, shapes=((39, 40, 96, 1), (39, 16, 256, 3), (40, 33, 128, 1), (40, 16, 256, 2)),
+         run=lambda a: _triton("fp4_gemv", "fp4_gemv")(a["x"], a["raw"], a["qtype"]),
+         reference=lambda a: _triton("fp4_gemv", "fp4_gemv_reference")(a["x"], a["raw"], a["qtype"]))
+
 _PLANE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
@@ -188,6 +208,63 @@ for _impl, _mode, _types, _needs in (("Int4Linear", "int4", ("Q4_0", "Q4_K"), "i
              run=lambda a, cls=_impl: _checked_kind(_linear(a), cls)(a["x"]), reference=_linear_reference)
 
 
+def _experts_inputs(shape, dtype, g):
+    """Routed experts: (type, n_experts, k, dim, width, rows); gate/up as one 3-D tensor."""
+    from gguf import GGMLQuantizationType as QT
+
+    from test_quant_reference import random_rows
+    from tallow.gguf_file import TensorInfo
+    from tallow.kernels.cpu.moe import route_softmax
+
+    qtype, n_exp, k, dim, width, m = shape
+    qt = QT[qtype]
+    gate_up = random_rows(qt, n_exp * 2 * width, dim, zlib.crc32(f"gu{shape}".encode()))
+    down = random_rows(qt, n_exp * dim, width, zlib.crc32(f"d{shape}".encode()))
+    weights, ids = route_softmax(torch.randn(m, n_exp, generator=g), k)
+    return {"gate_up": TensorInfo("gu", qt, (dim, 2 * width, n_exp), 0, gate_up.nbytes, gate_up),
+            "down": TensorInfo("d", qt, (width, dim, n_exp), 0, down.nbytes, down), "n": n_exp,
+            "scale": torch.rand(n_exp, generator=g) + 0.5, "x": torch.randn(m, dim, generator=g),
+            "ids": ids, "weights": weights}
+
+
+def _experts(a, mode=None):
+    from tallow.kernels.cpu.linear import make_linear
+    from tallow.kernels.cpu.moe import ExpertBank, expert_slice
+
+    n = a["n"]
+    return ExpertBank([make_linear(expert_slice(a["gate_up"], e, n), mode=mode) for e in range(n)],
+                      [make_linear(expert_slice(a["down"], e, n), mode=mode) for e in range(n)], a["scale"])
+
+
+def _glu(gu):
+    from tallow.layers import swiglu
+
+    f = gu.shape[-1] // 2
+    return swiglu(gu[:, :f], gu[:, f:])
+
+
+def _experts_reference(a):
+    """Token by token, slot by slot: fp32 dequantized weights, weighted and scaled sum."""
+    bank = _experts(a, "reference")
+    rows = []
+    for t in range(a["x"].shape[0]):
+        acc = torch.zeros(a["x"].shape[1])
+        for s, e in enumerate(a["ids"][t].tolist()):
+            y = bank.down[e](_glu(bank.gate_up[e](a["x"][t : t + 1])))[0]
+            acc += a["weights"][t, s] * a["scale"][e] * y
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+# One expert's products are the dense layers' kernels (their error: the linear cases above); the
+# bank adds only the routing arithmetic. F32: fp32 rounding; Q4_0: two chained int4 products (bf16
+# activations twice), 2e-2.
+register(op="moe_experts", impl="tallow.kernels.cpu.moe:ExpertBank", needs="int4ops",
+         tol=lambda a: 1e-5 if a["gate_up"].qtype == 0 else 2e-2, inputs=_experts_inputs,
+         shapes=(("F32", 8, 2, 64, 32, 1), ("F32", 8, 3, 64, 32, 5), ("Q4_0", 8, 2, 64, 32, 1), ("Q4_0", 16, 4, 64, 32, 7)),
+         run=lambda a: _experts(a)(a["x"], a["ids"], a["weights"], _glu), reference=_experts_reference)
+
+
 def _checked_kind(layer, cls: str):
     if type(layer).__name__ != cls:
         raise AssertionError(f"make_linear built a {type(layer).__name__}, the case is for {cls}")
@@ -266,8 +343,11 @@ ELSEWHERE: dict[str, str] = {
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
 # containers, factories of the implementations above, scratch helpers.
 NOT_KERNELS: frozenset[str] = frozenset({
+    # routed experts' helpers: a view of the file map, the router's softmax/top-k (checked against
+    # llama.cpp's chosen experts in tests/test_moe.py), a switch
+    "tallow.kernels.cpu.moe:expert_slice", "tallow.kernels.cpu.moe:route_softmax", "tallow.kernels.cpu.moe:grouped_enabled",
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
-    "tallow.kernels.triton.glu:glu_reference",
+    "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference",
     "tallow.kernels.triton.rope:rope_reference",
     "tallow.kernels.triton.decode_attention:decode_attention_reference",

@@ -23,6 +23,7 @@ from tallow.quant.reference import SUPPORTED_TYPES, dequantize
 FP16_FIELDS: dict[QT, list[int]] = {
     QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q8_0: [0],
     QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
+    QT.MXFP4: [], QT.NVFP4: [],  # 8-bit scales: any byte is a scale (tests/test_fp4.py covers all 256)
 }
 # Found wherever `tallow pull` put them (tests/model_paths.py), not only in /root/models.
 MODELS = {
@@ -59,7 +60,7 @@ def gguf_reference(raw: np.ndarray, qtype: QT, n_cols: int) -> np.ndarray:
 def test_supported_types_cover_the_brief() -> None:
     names = {t.name for t in SUPPORTED_TYPES}
     assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+                     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "NVFP4"}
     assert set(FP16_FIELDS) | {QT.F32, QT.F16, QT.BF16} == SUPPORTED_TYPES
 
 

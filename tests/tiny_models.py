@@ -18,6 +18,8 @@ from gguf.quants import quantize
 # "gemma4": E2B/E4B-style (per-layer embeddings, shared-KV layers with a double-wide MLP,
 # per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
+# Routed-expert families (tests/test_moe.py; CPU only, so not in the GPU/graph tests' list above).
+MOE_ARCHITECTURES = ("qwen3moe", "gemma4-moe")
 N_VOCAB_BYTES = 256
 
 
@@ -53,6 +55,26 @@ def _add_byte_tokenizer(w: GGUFWriter, tokens: list[str], types: list[int], merg
     w.add_add_bos_token(False)
 
 
+def _quantize(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """gguf.quants.quantize, plus NVFP4, which gguf 0.19 can only dequantize."""
+    return _quantize_nvfp4(data) if qtype == GGMLQuantizationType.NVFP4 else quantize(data, qtype)
+
+
+def _quantize_nvfp4(data: np.ndarray) -> np.ndarray:
+    """NVFP4 blocks of the float32 rows `data` (last axis a multiple of 64): per 16 values a UE4M3
+    scale of amax / 6 (E2M1's largest magnitude), each value the nearest E2M1 code times it."""
+    from gguf.quants import NVFP4
+
+    sub = data.reshape(-1, 4, 16)
+    d = NVFP4.fp32_to_ue4m3(np.abs(sub).max(axis=-1) / 6)  # (n, 4) uint8
+    scale = NVFP4.ue4m3_to_fp32(d)[..., None]  # halved, as the doubled codes expect
+    values = np.array(NVFP4.kvalues, dtype=np.float32)
+    q = np.abs(sub[..., None] - scale[..., None] * values).argmin(axis=-1).astype(np.uint8)  # (n, 4, 16)
+    qs = q[..., :8] | (q[..., 8:] << 4)  # low nibbles: values 0-7 of the sub-block, high: 8-15
+    blocks = np.concatenate([d, qs.reshape(-1, 32)], axis=-1)
+    return blocks.reshape(*data.shape[:-1], data.shape[-1] // 64 * 36)
+
+
 def _random_tensors(w: GGUFWriter, rng: np.random.RandomState, qtype: GGMLQuantizationType):
     """matrix(name, rows, cols, scale) in qtype and vector(name, n, mean, scale) in F32, drawn from
     rng in call order (the fixtures depend on that order)."""
@@ -74,6 +96,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
                      n_layers: int | None = None) -> Path:
     """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32.
     n_layers (not gemma4): fewer blocks for tests whose cost is per block (the fixtures use the default)."""
+    if arch in MOE_ARCHITECTURES:
+        return write_tiny_moe(arch, path, seed, qtype)
     if arch not in ARCHITECTURES:
         raise ValueError(arch)
     if arch.startswith("gemma4"):
@@ -292,6 +316,176 @@ def write_tiny_gemma4_vocab(vocab: str | Path, out: str | Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(out)
+
+
+# Tiny routed-expert shape: 16 experts of width 32, 4 chosen per token.
+MOE_EXPERTS, MOE_USED, MOE_WIDTH = 16, 4, 32
+
+
+def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
+                   qtype: GGMLQuantizationType = GGMLQuantizationType.F32) -> Path:
+    """A tiny `qwen3moe` (Qwen3-30B-A3B style): 2 qwen3 attention blocks (head size 32, per-head
+    Q/K norms) each with a router over MOE_EXPERTS SwiGLU experts, MOE_USED chosen per token, no
+    shared expert. Expert tensors are 3-D as llama.cpp lays them out ([row length, rows,
+    experts]); the router stays F32 like the converter writes it."""
+    if arch == "gemma4-moe":
+        return _write_gemma4_moe(path, seed, qtype)
+    rng = np.random.RandomState(seed)
+    dim, n_heads, n_kv, head_dim, n_layers = 64, 4, 2, 32, 2
+    n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
+    fp4 = qtype in (GGMLQuantizationType.MXFP4, GGMLQuantizationType.NVFP4)
+    if qtype == GGMLQuantizationType.NVFP4:
+        width = 64  # NVFP4 rows are whole blocks of 64 (the down projection's rows are `width` long)
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(width * used)
+    w.add_expert_feed_forward_length(width)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(used)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    _add_byte_tokenizer(w, tokens, types, merges)
+    # FP4: the experts only, the other matrices Q8_0 (as llama.cpp's MXFP4_MOE files).
+    matrix, vector = _random_tensors(w, rng, GGMLQuantizationType.Q8_0 if fp4 else qtype)
+
+    def experts(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((n_exp, rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, _quantize(data, qtype), raw_dtype=qtype)
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    # Logits of spread ~8 (as gemma4's tiny model): greedy steps far from near-ties.
+    matrix("output.weight", n_vocab, dim, 1.0)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
+        vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
+        vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        # The router: logits of spread ~2, so the top-k boundary is rarely a near-tie.
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, dim)) * 2 * dim**-0.5).astype(np.float32))
+        experts(p + "ffn_gate_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+GEMMA4_MOE_LAYER_TYPES = "sgsg"
+
+
+def _write_gemma4_moe(path: str | Path, seed: int, qtype: GGMLQuantizationType) -> Path:
+    """A tiny Gemma 4 26B-A4B-style `gemma4`: every layer has a dense GELU MLP (the shared expert,
+    width 64) beside MOE_EXPERTS routed GELU experts (MOE_USED per token, width MOE_WIDTH, gate
+    and up as one `ffn_gate_up_exps` tensor on even layers and two on odd ones), a router on the
+    attention output with its own scale (`ffn_gate_inp.scale`), per-expert output scales
+    (`ffn_down_exps.scale`) and the extra norms (pre_ffw_norm_2, post_ffw_norm_1/2). Attention as
+    the 31B style (sliding head 16, global head 32 with V = K), no per-layer embeddings, no shared KV."""
+    rng = np.random.RandomState(seed)
+    dim, n_heads, hd_swa, hd_full, ffn = 64, 4, 16, 32, 64
+    n_exp, used, width = MOE_EXPERTS, MOE_USED, MOE_WIDTH
+    swa = [t == "s" for t in GEMMA4_MOE_LAYER_TYPES]
+    n_layers = len(swa)
+    kv_heads = [2 if s else 1 for s in swa]
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length([ffn] * n_layers)
+    w.add_expert_feed_forward_length(width)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(used)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(hd_swa)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(30.0)
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
+
+    def experts(name: str, rows: int, cols: int, scale: float) -> None:
+        data = (rng.standard_normal((n_exp, rows, cols)) * scale).astype(np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, _quantize(data, qtype), raw_dtype=qtype)
+
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    matrix("output.weight", n_vocab, dim, 1.0)  # untied, as the E2B-style tiny model (varied greedy tokens)
+    n_rot = hd_full // 2 // 4
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        hd, nkv = (hd_swa, kv_heads[i]) if swa[i] else (hd_full, kv_heads[i])
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "attn_q.weight", n_heads * hd, dim, dim**-0.5)
+        vector(p + "attn_q_norm.weight", hd, 1.0, 0.1)
+        matrix(p + "attn_k.weight", nkv * hd, dim, dim**-0.5)
+        vector(p + "attn_k_norm.weight", hd, 1.0, 0.1)
+        if swa[i]:
+            matrix(p + "attn_v.weight", nkv * hd, dim, dim**-0.5)
+        matrix(p + "attn_output.weight", dim, n_heads * hd, (n_heads * hd) ** -0.5)
+        vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
+        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
+        matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
+        matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+        vector(p + "post_ffw_norm_1.weight", dim, 1.0, 0.1)
+        vector(p + "pre_ffw_norm_2.weight", dim, 1.0, 0.1)
+        # The router sees rms_norm(x) / sqrt(dim) * scale (~unit norm): weights of 2 give logits of spread ~2.
+        vector(p + "ffn_gate_inp.scale", dim, 1.0, 0.1)
+        w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, dim)) * 2).astype(np.float32))
+        if i % 2 == 0:
+            experts(p + "ffn_gate_up_exps.weight", 2 * width, dim, dim**-0.5)
+        else:
+            experts(p + "ffn_gate_exps.weight", width, dim, dim**-0.5)
+            experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
+        experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
+        vector(p + "ffn_down_exps.scale", n_exp, 1.0, 0.2)
+        vector(p + "post_ffw_norm_2.weight", dim, 1.0, 0.1)
+        vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
 
 
 def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:

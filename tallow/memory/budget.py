@@ -106,6 +106,8 @@ def linear_kind(qtype: QT, mode: str | None = None) -> str:
     has_int4, has_int8 = _kernel_ops()
     if mode == "reference" or (mode == "auto" and _env_on("TALLOW_REFERENCE")):
         return "reference"
+    if qtype == QT.MXFP4 and has_int4 and mode in ("auto", "int8g") and not _env_off("TALLOW_MXFP4_INT8G"):
+        return "int8g"  # exact group-32 int8 codes (kernels/cpu/linear.py GroupInt8Linear)
     if qtype in FLOAT_TYPES:
         return "dense_bf16" if qtype == QT.BF16 else "dense_f32"
     if mode == "dense":
@@ -125,8 +127,8 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
     int4: rows padded to 16; K/2 bytes of codes and K/32 bf16 (scale, zero) pairs per row.
     int4x2 doubles K. int8: K bytes and one bf16 scale per row.
     """
-    if kind in ("int4", "int4x2"):
-        k = n_cols * (2 if kind == "int4x2" else 1)
+    if kind in ("int4", "int4x2", "int8g"):
+        k = n_cols * (1 if kind == "int4" else 2)
         n_pad = -(-n_rows // INT4_ROW_ALIGN) * INT4_ROW_ALIGN
         return n_pad * (k // 2) + (k // INT4_GROUP) * n_pad * 2 * 2
     if kind == "int8":
@@ -143,7 +145,9 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     for t in header.tensors.values():
         if (t.name == "token_embd.weight" and not tied) or t.name == "per_layer_token_embd.weight":
             continue  # only its rows, read from the map on lookup (gemma4's per-layer table too)
-        if len(t.shape) >= 2 and t.n_rows > 1:
+        if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
+            total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
+        elif len(t.shape) >= 2 and t.n_rows > 1:
             total += linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
             total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32
@@ -243,6 +247,8 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     if kv_format(kv_dtype).scaled:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
+    if spec.n_experts:  # routed experts (kernels/cpu/moe.py): every row's k outputs, then weighted
+        mlp = max(mlp, c * spec.n_experts_used * (2 * spec.dim * 4 + spec.expert_ffn_dim * (4 * 4 + 2)))
     return residual + max(attention, mlp)
 
 

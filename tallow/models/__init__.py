@@ -9,11 +9,13 @@ from .gemma3 import Gemma3Model
 from .gemma4 import Gemma4Model
 from .llama import LlamaModel
 from .qwen import Qwen2Model, Qwen3Model
+from .qwen3moe import Qwen3MoeModel
 
 FAMILIES: dict[str, type[DecoderModel]] = {
     "llama": LlamaModel,
     "qwen2": Qwen2Model,
     "qwen3": Qwen3Model,
+    "qwen3moe": Qwen3MoeModel,
     "gemma3": Gemma3Model,
     "gemma4": Gemma4Model,
 }

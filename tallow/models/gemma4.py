@@ -98,6 +98,10 @@ class Gemma4Model(DecoderModel):
             t["attn_q_norm"] = q_norm[0].contiguous()  # (hd,): the same weight for every head
             t["attn_q"] = self.linear(p + "attn_q.weight")
         t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
+        if p + "ffn_gate_inp.weight" in self.gf.tensors:  # 26B-A4B: routed experts beside the MLP
+            from .qwen3moe import load_gemma4_experts
+
+            t.update(load_gemma4_experts(self, i))
         for name in ("attn_output", "ffn_down"):
             t[name] = self.linear(p + name + ".weight")
         if p + "layer_output_scale.weight" in self.gf.tensors:
@@ -163,7 +167,12 @@ class Gemma4Model(DecoderModel):
         q = self.attention_inputs(w, proj, kv, start)
         attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
-        delta = ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)
+        mlp = w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu"))
+        if w.get("ffn_experts") is not None:
+            from .qwen3moe import gemma4_moe_ffn
+
+            mlp = gemma4_moe_ffn(w, x, mlp, ops, eps, self.spec)
+        delta = ops.norm(mlp, w.post_ffw_norm, eps)
         if per_layer is None and w.get("out_scale") is None:
             return x, delta
         x = x + delta

@@ -20,6 +20,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 from ..errors import ModelFileError
+from .fp4 import dequantize_mxfp4, dequantize_nvfp4
 
 __all__ = ["SUPPORTED_TYPES", "dequantize", "dequantize_blocks", "block_dims"]
 
@@ -199,6 +200,8 @@ _BLOCK_FNS: dict[QT, Callable[[torch.Tensor], torch.Tensor]] = {
     QT.Q4_K: _q4_k,
     QT.Q5_K: _q5_k,
     QT.Q6_K: _q6_k,
+    QT.MXFP4: dequantize_mxfp4,  # 4-bit floats: quant/fp4.py
+    QT.NVFP4: dequantize_nvfp4,
 }
 
 SUPPORTED_TYPES: frozenset[QT] = frozenset(_BLOCK_FNS)

@@ -205,6 +205,11 @@ def group_int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     scale = (wg.abs().amax(dim=2) / 127).to(torch.bfloat16).float()  # (n, groups)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(wg / safe[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    return _int8_planes(q, scale)
+
+
+def _int8_planes(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8 codes q (n, K) with a scale per 32 (n, K/32) in the int4x2 form of group_int8_codes."""
     lo, hi = q & 15, q >> 4  # 0..15, -8..7: q = 16 hi + lo
     codes = torch.cat([lo, hi + 8], dim=1).to(torch.uint8)
     scales = torch.cat([scale, 16 * scale], dim=1)
@@ -223,7 +228,12 @@ def pack_group_int8(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> I
     packed = torch.empty(n_pad, kk // 2, dtype=torch.uint8)
     sz = torch.zeros(kk // GROUP_SIZE, n_pad, 2, dtype=torch.bfloat16)
     for r0, r1 in _row_chunks(n, kk, align=_PACK_ROWS):
-        q, scale, zero = group_int8_codes(dequantize(raw[r0:r1], qtype, n_cols))
+        if qtype == QT.MXFP4:  # its own codes and power-of-two scales: exact, no requantization
+            from ...quant.fp4 import mxfp4_group_codes
+
+            q, scale, zero = _int8_planes(*mxfp4_group_codes(_as_uint8_tensor(raw[r0:r1]), n_cols))
+        else:
+            q, scale, zero = group_int8_codes(dequantize(raw[r0:r1], qtype, n_cols))
         r1p = min(r1 + (n_pad - n if r1 == n else 0), n_pad)
         q32 = torch.full((r1p - r0, kk), 8, dtype=torch.int32)
         q32[: r1 - r0] = q
@@ -325,6 +335,9 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
         mode = "auto"
     if mode == "reference" or (mode == "auto" and _env_on("TALLOW_REFERENCE")):
         return ReferenceLinear(tensor, b)
+    if (qt == QT.MXFP4 and HAS_INT4_OPS and mode in ("auto", "int8g") and switches.enabled("TALLOW_MXFP4_INT8G")
+            and tensor.n_cols % GROUP_SIZE == 0):
+        return GroupInt8Linear(tensor, b)  # exact: MXFP4's codes and scales are group-32 int8 (quant/fp4.py)
     if qt in FLOAT_TYPES:
         return DenseLinear(tensor, b, torch.bfloat16 if qt == QT.BF16 else torch.float32)
     if mode == "dense":

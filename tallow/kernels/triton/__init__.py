@@ -13,6 +13,8 @@ free on machines without triton.
                        one token or consecutive rows of a verification pass
   glu.py               SwiGLU / GeGLU (ggml fp16 GELU), gate/up as views of one GEMV output
   argmax.py            two-stage greedy argmax over the vocabulary
+  fp4_gemv.py          decode GEMV over MXFP4/NVFP4 blocks, E2M1 decoded in registers
+                       (interpreter-tested only; not wired into the engine yet)
   dequant.py           planes -> fp16/bf16 dense weight (scratch for the prefill cuBLAS product)
   decode_attention.py  split-K flash-decoding attention for one query token or consecutive rows
                        (GQA, sliding window, rings, int8/fp8 caches)
