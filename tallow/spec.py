@@ -15,8 +15,9 @@ import numpy as np
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .ssm_spec import SSM_ARCHITECTURES, SSMSpec, ssm_layer_lines, ssm_model_spec
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4") + SSM_ARCHITECTURES
 
 # RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
 # the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
@@ -81,6 +82,7 @@ class ModelSpec:
     tied_embeddings: bool
     layers: tuple[LayerSpec, ...] = field(repr=False)
     per_layer_input_dim: int = 0  # gemma4's per-layer embeddings, width per layer (0: none)
+    ssm: SSMSpec | None = None  # the recurrent (Mamba) layers and their fixed state (ssm_spec.py); None: none
 
     @property
     def kv_bytes_per_token_f16(self) -> int:
@@ -98,6 +100,8 @@ def layer_kind_lines(spec: ModelSpec) -> list[str]:
             kinds.setdefault((layer.sliding_window, layer.head_dim, layer.n_kv_heads, layer.rope_base, layer.rope_dim,
                               layer.rope_factors), []).append(layer.index)
     shared = [layer for layer in spec.layers if not layer.owns_kv]
+    if spec.ssm is not None:
+        return ssm_layer_lines(spec.ssm)
     if len(kinds) < 2 and not shared and len({layer.ffn_dim for layer in spec.layers}) < 2:
         return []
     lines = []
@@ -184,6 +188,10 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         return value
 
     path = gf.path
+    if arch in SSM_ARCHITECTURES:  # no attention layers: the recurrent ones are in ModelSpec.ssm
+        import sys
+
+        return ssm_model_spec(gf, sys.modules[__name__])
 
     def key(name: str) -> str:
         return f"{arch}.{name}"

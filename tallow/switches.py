@@ -32,7 +32,7 @@ _OFF = ("0", "false", "no", "off")
 @dataclass(frozen=True)
 class Switch:
     name: str
-    kind: str  # "flag" (bool; None = auto), "seconds" (float > 0), "bytes" (int >= 0), "text"
+    kind: str  # "flag" (bool; None = auto), "seconds" (float > 0), "bytes" or "count" (int >= 0), "text"
     default: bool | float | int | str | None
     example: str  # the value the README shows, e.g. "0" for a path that is on by default
     doc: str  # the README's one line: what the example value does
@@ -67,6 +67,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_PREFIX_CACHE", "flag", True, "0", "never reuse the KV of a previous request", "request"),
     Switch("TALLOW_ALIGNED_REUSE", "flag", True, "0", "reuse any cached prefix and prefill the rest from there, with unpadded prefill attention (a few dozen tokens less to prefill; the greedy answer may then change with what the cache held)", "call", numeric=True),
     Switch("TALLOW_PERSIST_KV", "flag", True, "0", "never save or load a conversation's KV on disk", "request"),
+    Switch("TALLOW_STATE_CHECKPOINTS", "count", 4, "0", "recurrent models (mamba): keep no copies of the state at prefill chunk ends (default 4), so a new prompt reuses a previous one only when it extends all of it", "load"),
     Switch("TALLOW_KV_STORE_BYTES", "bytes", 2 * _G, "N", "the most bytes the saved-conversation KV folder keeps (default 2 GiB)", "load"),
     Switch("TALLOW_KV_RING", "flag", True, "0", "sliding-window layers (gemma3) hold the whole context instead of a ring of window + 511 slots", "load", numeric=True),
     Switch("TALLOW_KV_DTYPE", "text", None, "f16", "the default KV dtype (f16, bf16, int8, fp8) for models without `--kv-dtype` / `kv_dtype=`", "load", numeric=True),
@@ -110,6 +111,10 @@ def parse(switch: Switch, raw: str | None):
         if not seconds > 0 or seconds == float("inf"):
             raise UsageError(f"{switch.name}={text!r} must be a positive number of seconds.")
         return seconds
+    if switch.kind == "count":
+        if not text.isdigit():
+            raise UsageError(f"{switch.name}={text!r} must be a whole number.")
+        return int(text)
     if switch.kind == "bytes":
         if not text.isdigit():
             raise UsageError(f"{switch.name}={text!r} must be a whole number of bytes.")

@@ -11,13 +11,15 @@ cache — in memory or on disk — holds.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ..memory.kv_pool import KVPool
-from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
+from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
+from ..memory.recurrent import make_memory
 from ..models.base import DecoderModel
 from ..sampling import Sampler
 from .prefill_plan import PrefillPlan, numerics_key, plan_for
@@ -84,7 +86,8 @@ class Engine:
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         # Sliding-window layers hold rings sized for one prefill chunk beyond their window.
-        self.kv = KVPool(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
+        # (Recurrent layers add their fixed-size state: memory/recurrent.py.)
+        self.kv = make_memory(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
         self._row_graphs = None  # CUDA graphs of speculative verification passes by size (GPU only)
@@ -120,7 +123,7 @@ class Engine:
     def hydrate(self, conversation_id: str, tokens: list[int]) -> int:
         """Load a conversation's saved KV when more of `tokens` can be reused from it than from
         the resident pool; returns how many prompt tokens the loaded file covers (0: not loaded)."""
-        if not persist_enabled() or not prefix_reuse_enabled():
+        if not persist_enabled() or not prefix_reuse_enabled() or not self._can_persist():
             return 0
         plan = self.prefill_plan()
         resident = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
@@ -133,8 +136,19 @@ class Engine:
 
     def persist(self, conversation_id: str) -> None:
         """Save the pool for the conversation; a full disk warns rather than failing the answer."""
-        if persist_enabled():
+        if persist_enabled() and self._can_persist():
             self.kv_store.try_save(conversation_id, self.kv)
+
+    def _can_persist(self) -> bool:
+        """Whether the memory can be saved with a conversation; says once per engine why not."""
+        if self.kv.can_persist:
+            return True
+        if not getattr(self, "_said_no_persist", False):
+            self._said_no_persist = True
+            warnings.warn(f"conversations of {self.model.spec.architecture} models are not saved to disk "
+                          "(their recurrent state is not persisted yet); each turn reuses only what is in memory.",
+                          KVStoreWarning, stacklevel=3)
+        return False
 
     def reset(self) -> None:
         self.kv.truncate(0)
@@ -211,6 +225,7 @@ class Engine:
                 logits = None
                 break
             logits = self.prefill_chunk_at(tokens[start:end], start)
+            self.kv.checkpoint(end)  # a recurrent state is kept here to be reused (a no-op for K/V)
             if plan.extends_canonical(start, end, self.kv.canonical):
                 self.kv.canonical = end
         stats.prompt_tokens = len(tokens)
@@ -253,7 +268,9 @@ class Engine:
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
-        speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculation_enabled(self.model) else None
+        # A recurrent state cannot roll back a rejected draft (memory/recurrent.py): no speculation.
+        speculative = speculation_enabled(self.model) and self.kv.can_rollback
+        speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculative else None
         t_decode = time.perf_counter()
         try:
             for i in range(max_tokens):

@@ -63,6 +63,12 @@ def layer_capacity(window: int | None, n_ctx: int, max_chunk: int, ring: bool = 
 
 
 class KVPool:
+    # What the features built on truncatable positional K/V may do with this memory (a
+    # recurrent memory, memory/recurrent.py, answers otherwise): roll back rejected drafts,
+    # save a conversation to disk.
+    can_rollback = True
+    can_persist = True
+
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype: "str | torch.dtype | None" = torch.float16,
                  device: torch.device | str = "cpu", ring: bool | None = None, max_chunk: int = 512):
         self.n_ctx = n_ctx
@@ -232,6 +238,10 @@ class KVPool:
             if need_from < intact_from:
                 return 0
         return n
+
+    def checkpoint(self, position: int) -> None:
+        """A prefill chunk ended at `position`. Positional K/V need no copy to be truncated back
+        there; a recurrent memory keeps its state (memory/recurrent.py)."""
 
     def truncate(self, n_tokens: int) -> None:
         """Forget positions from n_tokens on (their memory is simply overwritten later). A ring

@@ -8,6 +8,7 @@ from .base import DecoderModel
 from .gemma3 import Gemma3Model
 from .gemma4 import Gemma4Model
 from .llama import LlamaModel
+from .mamba import MambaModel
 from .qwen import Qwen2Model, Qwen3Model
 
 FAMILIES: dict[str, type[DecoderModel]] = {
@@ -16,6 +17,8 @@ FAMILIES: dict[str, type[DecoderModel]] = {
     "qwen3": Qwen3Model,
     "gemma3": Gemma3Model,
     "gemma4": Gemma4Model,
+    "mamba": MambaModel,
+    "mamba2": MambaModel,
 }
 
 
