@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SSM_ARCHITECTURES = ("mamba", "mamba2")
+SSM_ARCHITECTURES = ("mamba", "mamba2")  # pure state-space: no attention layers
+HYBRID_ARCHITECTURES = ("falcon-h1",)  # attention and a Mamba-2 mixer side by side in every block
 
 STATE_BYTES = 4  # float32
 
@@ -76,7 +77,7 @@ def ssm_spec_from_gguf(gf, n_layers: int, dim: int, read_int, read_bool) -> SSMS
     """The SSM hyperparameters of a mamba/mamba2 file. read_int(key, lo, hi) / read_bool(key):
     spec.py's checked readers (a bad value is one sentence naming the key)."""
     arch = gf.architecture
-    version = 2 if arch == "mamba2" else 1
+    version = 1 if arch == "mamba" else 2
     d_conv = read_int("ssm.conv_kernel", 1, 64)
     d_inner = read_int("ssm.inner_size", 1, 1 << 20)
     d_state = read_int("ssm.state_size", 1, 1 << 12)
@@ -84,7 +85,7 @@ def ssm_spec_from_gguf(gf, n_layers: int, dim: int, read_int, read_bool) -> SSMS
     n_group = read_int("ssm.group_count", 1, 1 << 12) if version == 2 else 1
     from .errors import ModelFileError
 
-    if version == 1 and d_inner != 2 * dim:  # llama.cpp refuses the same files
+    if arch == "mamba" and d_inner != 2 * dim:  # llama.cpp refuses the same files
         raise ModelFileError(f"{gf.path}: Mamba's inner size {d_inner} is not twice the embedding size {dim} "
                              f"(llama.cpp supports only an expansion factor of 2).")
     if version == 2 and (d_inner % dt_rank or d_inner % n_group or dt_rank % n_group):
@@ -151,3 +152,30 @@ def ssm_layer_lines(ssm: SSMSpec) -> list[str]:
         f"  state per layer        {ssm.layer_state_bytes} bytes (conv {ssm.conv_state_bytes} + SSM {ssm.ssm_state_bytes}),"
         f" fixed: {ssm.state_bytes} bytes in all at any context",
     ]
+
+
+def hybrid_model_spec(gf, spec, spec_module):
+    """A falcon-h1 spec: spec.py's attention layers (read from the usual attention keys) plus the
+    Mamba-2 mixer beside them in every block. llama.cpp scales Q·K by `attention.scale` where a
+    file sets it (else 1/sqrt(head size), as spec.py has it); Falcon-H1's other multipliers are
+    folded into the weights by its converter, so the file carries none."""
+    import dataclasses
+
+    s = spec_module
+    arch, path = gf.architecture, gf.path
+
+    def need(name: str):
+        value = gf.arch_get(name)
+        if value is None:
+            raise s.ModelFileError(f"{path}: the metadata key {arch}.{name} is missing.")
+        return value
+
+    def read_int(name: str, lo: int, hi: int) -> int:
+        return s._int(need(name), f"{arch}.{name}", path, lo, hi)
+
+    ssm = ssm_spec_from_gguf(gf, spec.n_layers, spec.dim, read_int, lambda name: False)
+    scale = gf.arch_get("attention.scale")
+    attn_scale = spec.attn_scale
+    if scale is not None and s._float(scale, f"{arch}.attention.scale", path) != 0.0:
+        attn_scale = float(scale)
+    return dataclasses.replace(spec, ssm=ssm, attn_scale=attn_scale)

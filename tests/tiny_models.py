@@ -301,13 +301,16 @@ def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:
 
 # Tiny state-space models (tallow/ssm_spec.py): written by their own function so every file
 # above stays byte-identical. Mamba-1: dim 64, d_inner 128 (llama.cpp wants 2 x dim), 16
-# states, conv kernel 4, dt rank 4. Mamba-2: 8 heads of 16 in 2 groups, 16 states.
-SSM_ARCHITECTURES = ("mamba", "mamba2")
+# states, conv kernel 4, dt rank 4. Mamba-2: 8 heads of 16 in 2 groups, 16 states. Falcon-H1:
+# the Mamba-2 mixer (one group) beside llama-style attention (4 heads of 16, 2 KV heads) in
+# every block, then a SwiGLU MLP of 128 (its multipliers are folded into the weights by
+# llama.cpp's converter, so the file has none).
+SSM_ARCHITECTURES = ("mamba", "mamba2", "falcon-h1")
 
 
 def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
                    n_layers: int = 2) -> Path:
-    """A tiny random-weight `mamba` or `mamba2` model. Matrices use qtype; the conv kernel, A,
+    """A tiny random-weight `mamba`, `mamba2` or `falcon-h1` model. Matrices use qtype; the conv kernel, A,
     D, norms and biases stay F32 (as llama.cpp's quantizer leaves them). A and the dt bias are
     drawn the way Mamba initializes them (A = -exp(log 1..d_state), dt in [1e-3, 1e-1]), so the
     states neither vanish nor explode over a few dozen tokens."""
@@ -315,7 +318,9 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
         raise ValueError(arch)
     rng = np.random.RandomState(seed)
     dim, d_inner, d_state, d_conv = 64, 128, 16, 4
-    n_head, n_group = 8, 2  # mamba2
+    n_head, n_group = 8, (1 if arch == "falcon-h1" else 2)  # mamba2, falcon-h1
+    hybrid = arch == "falcon-h1"
+    n_heads, n_kv, head_dim, ffn = 4, 2, 16, 128  # falcon-h1's attention and MLP
     dt_rank = 4 if arch == "mamba" else n_head
     tokens, types, merges = _tokens()
     n_vocab = len(tokens)
@@ -324,13 +329,18 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
     w.add_block_count(n_layers)
     w.add_context_length(256)
     w.add_embedding_length(dim)
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
+    w.add_feed_forward_length(ffn if hybrid else 0)
+    w.add_head_count(n_heads if hybrid else 0)
+    if hybrid:
+        w.add_head_count_kv(n_kv)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_rope_freq_base(10000.0)
     w.add_ssm_conv_kernel(d_conv)
     w.add_ssm_inner_size(d_inner)
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
-    if arch == "mamba2":
+    if arch != "mamba":
         w.add_ssm_group_count(n_group)
     else:
         w.add_ssm_dt_b_c_rms(False)
@@ -352,6 +362,11 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
     for i in range(n_layers):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        if hybrid:
+            matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
         if arch == "mamba":
             matrix(p + "ssm_in.weight", 2 * d_inner, dim, dim**-0.5)
         else:
@@ -371,6 +386,12 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
             f32(p + "ssm_d", 1.0 + rng.standard_normal((n_head, 1)) * 0.1)
             f32(p + "ssm_norm.weight", 1.0 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
         matrix(p + "ssm_out.weight", dim, d_inner, d_inner**-0.5)
+        if hybrid:
+            # llama.cpp b11434's falcon-h1 loader asks for `blk.N.ffn_norm`, without `.weight`.
+            vector(p + "ffn_norm", dim, 1.0, 0.1)
+            matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
+            matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
+            matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -6,6 +6,7 @@ from ..gguf_file import GGUFFile
 from ..spec import ModelSpec
 from .base import DecoderModel
 from .gemma3 import Gemma3Model
+from .falcon_h1 import FalconH1Model
 from .gemma4 import Gemma4Model
 from .llama import LlamaModel
 from .mamba import MambaModel
@@ -19,6 +20,7 @@ FAMILIES: dict[str, type[DecoderModel]] = {
     "gemma4": Gemma4Model,
     "mamba": MambaModel,
     "mamba2": MambaModel,
+    "falcon-h1": FalconH1Model,
 }
 
 

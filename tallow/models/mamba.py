@@ -52,7 +52,8 @@ class MambaModel(DecoderModel):
              "ssm_in": self.linear(p + "ssm_in.weight"),
              "ssm_out": self.linear(p + "ssm_out.weight"),
              "conv_w": self.small(p + "ssm_conv1d.weight", (ssm.conv_channels, ssm.d_conv)),
-             "conv_b": self.small(p + "ssm_conv1d.bias", (ssm.conv_channels,))}
+             "conv_b": (self.small(p + "ssm_conv1d.bias", (ssm.conv_channels,)) if p + "ssm_conv1d.bias" in self.gf.tensors
+                        else torch.zeros(ssm.conv_channels, device=self.device))}  # falcon-h1 may have none
         if ssm.version == 1:
             t["ssm_x"] = self.linear(p + "ssm_x.weight")
             t["ssm_dt"] = self.linear(p + "ssm_dt.weight", p + "ssm_dt.bias")
@@ -62,7 +63,8 @@ class MambaModel(DecoderModel):
             t["dt_b"] = self.small(p + "ssm_dt.bias", (ssm.n_head,))
             t["A"] = self.small(p + "ssm_a", (ssm.n_head,))
             t["D"] = self.small(p + "ssm_d", (ssm.n_head,))
-            t["ssm_norm"] = self.small(p + "ssm_norm.weight", (ssm.n_group, ssm.d_inner // ssm.n_group))
+            if p + "ssm_norm.weight" in self.gf.tensors:  # optional in falcon-h1
+                t["ssm_norm"] = self.small(p + "ssm_norm.weight", (ssm.n_group, ssm.d_inner // ssm.n_group))
         return LayerWeights(i, t)
 
     # -- forward ---------------------------------------------------------------------------
@@ -106,7 +108,8 @@ class MambaModel(DecoderModel):
             y = selective_scan(state.scan[i], x, dt + w.dt_b, w.A, B, C, n_valid)
             y = (y + x * w.D.view(nh, 1)).reshape(n, d)
             y = F.silu(z) * y
-            y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
+            if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
+                y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
         return w.ssm_out(y)
 
 

@@ -1,0 +1,210 @@
+"""State-space and hybrid models (mamba, mamba2, falcon-h1) on the CPU: conformance with llama.cpp on tiny random-weight
+models (tests/fixtures/tiny_<arch>.json, scripts/make_fixtures.py), and the recurrent memory
+(memory/recurrent.py): chunked prefill and decode continue one state, padded rows leave it alone,
+prefix reuse restores a checkpoint and answers as a cold run does, speculation and persistence
+step aside, the memory plan counts the fixed state."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_models import SSM_ARCHITECTURES, write_tiny_ssm
+
+import tallow
+from tallow.engine.engine import Engine, GenerationStats
+from tallow.errors import ModelFileError
+from tallow.gguf_file import GGUFFile
+from tallow.kernels.cpu.ssm import causal_conv, selective_scan
+from tallow.memory.budget import plan_memory
+from tallow.memory.kv_store import KVStoreWarning
+from tallow.memory.recurrent import RecurrentMemory, make_memory
+from tallow.models import build_model
+from tallow.sampling import Sampler, SamplingParams
+from tallow.spec import layer_kind_lines, spec_from_gguf
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Measured max |Δlogit| against llama.cpp over the 40-token prompt: 1.4e-6 (mamba), 1.8e-6
+# (mamba2), 2.8e-6 (falcon-h1, F32 KV); a wrong tap, decay or gate gives > 1e-1.
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ssm")
+    return {arch: write_tiny_ssm(arch, folder / f"tiny-{arch}.gguf") for arch in SSM_ARCHITECTURES}
+
+
+def _model(path):
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    return spec, build_model(gf, spec)
+
+
+def _ref(arch):
+    return json.loads((FIXTURES / f"tiny_{arch}.json").read_text())
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_logits_match_llama_cpp(arch, tiny):
+    ref = _ref(arch)
+    spec, model = _model(tiny[arch])
+    out = model.forward(ref["ids"], 0, make_memory(spec, 64, "f32"), all_logits=True).numpy()  # falcon-h1: F32 KV as the fixture
+    delta = np.abs(out - np.array(ref["logits"], dtype=np.float32)).max()
+    assert delta < TOLERANCE, f"{arch}: max |Δlogit| {delta:.2e}"
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_greedy_matches_llama_cpp_through_the_api(arch, tiny):
+    """tallow.load(...).generate on the CPU: the 16 greedy tokens llama.cpp chose after the
+    40-token prompt (ten times the conv kernel), speculation asked for and stepping aside."""
+    ref = _ref(arch)
+    llm = tallow.load(str(tiny[arch]), ctx=128, device="cpu")  # falcon-h1: f16 KV (llama.cpp's F32: |Δlogit| 6e-4)
+    out = llm.generate(ref["ids"], max_tokens=len(ref["greedy"]["ids"]))
+    assert out.tokens == ref["greedy"]["ids"]
+    assert out.stats.draft_tokens == 0
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_chunks_and_steps_continue_one_state(arch, tiny):
+    """Prefill in chunks of 3 (shorter than the conv window) and token-by-token decode give the
+    one-pass logits: the conv and SSM states carry across calls."""
+    ids = _ref(arch)["ids"]
+    spec, model = _model(tiny[arch])
+    whole = model.forward(ids, 0, make_memory(spec, 64, "f32"), all_logits=True)
+    mem = make_memory(spec, 64, "f32")
+    chunks = torch.cat([model.forward(ids[s : s + 3], s, mem, all_logits=True) for s in range(0, len(ids), 3)])
+    assert (chunks - whole).abs().max().item() < 1e-5
+    mem = make_memory(spec, 64, "f32")
+    steps = torch.cat([model.forward([t], i, mem) for i, t in enumerate(ids)])
+    assert (steps - whole).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="cannot continue at position 3"):
+        model.forward(ids[:2], 3, make_memory(spec, 64))  # a state cannot skip positions
+
+
+@pytest.mark.parametrize("version", (1, 2))
+def test_padded_rows_do_not_advance_the_state(version):
+    g = torch.Generator().manual_seed(version)
+    n, n_pad, heads, hd, groups, ds, ch, d_conv = 5, 3, 4, 1 if version == 1 else 8, 1 if version == 1 else 2, 16, 12, 4
+    x, dt = torch.randn(n + n_pad, heads, hd, generator=g), torch.randn(n + n_pad, heads, generator=g)
+    A = -torch.rand(heads, ds, generator=g) if version == 1 else -torch.rand(heads, generator=g)
+    B, C = torch.randn(n + n_pad, groups, ds, generator=g), torch.randn(n + n_pad, groups, ds, generator=g)
+    s0 = torch.randn(heads, hd, ds, generator=g)
+    plain, padded = s0.clone(), s0.clone()
+    y = selective_scan(plain, x[:n], dt[:n], A, B[:n], C[:n])
+    y_pad = selective_scan(padded, x, dt, A, B, C, n_valid=n)
+    assert torch.equal(plain, padded) and torch.equal(y, y_pad[:n])
+    assert not torch.equal(plain, s0)
+    cx, w, b = torch.randn(n + n_pad, ch, generator=g), torch.randn(ch, d_conv, generator=g), torch.randn(ch, generator=g)
+    c0 = torch.randn(d_conv - 1, ch, generator=g)
+    c_plain, c_pad = c0.clone(), c0.clone()
+    out = causal_conv(cx[:n], c_plain, w, b)
+    out_pad = causal_conv(cx, c_pad, w, b, n_valid=n)
+    assert torch.equal(c_plain, c_pad) and torch.equal(out, out_pad[:n])
+    assert torch.equal(c_plain, cx[n - d_conv + 1 : n])
+
+
+def _engine(model, chunk=8, **kw):
+    return Engine(model, 128, prefill_chunk=chunk, kv_dtype="f16", **kw)
+
+
+def _greedy(engine, prompt, n=6):
+    stats = GenerationStats()
+    tokens = list(engine.generate(prompt, n, Sampler(SamplingParams(temperature=0.0), engine.model.spec.vocab_size), set(), stats))
+    return tokens, stats
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_prefix_reuse_restores_a_checkpoint_and_answers_as_cold(arch, tiny):
+    """A first prompt of 20 tokens prefilled in chunks of 8 leaves checkpoints at 8, 16 and 20;
+    a second prompt that leaves it after 18 tokens reuses the state at 16 (the last canonical
+    chunk boundary) and gets bit for bit the cold run's logits and tokens."""
+    ids = _ref(arch)["ids"]
+    spec, model = _model(tiny[arch])
+    warm = _engine(model)
+    _greedy(warm, ids[:20])
+    assert isinstance(warm.kv, RecurrentMemory) and sorted(warm.kv.checkpoints) == [8, 16, 20]
+    second = ids[:18] + ids[30:40]
+    tokens, stats = _greedy(warm, second)
+    cold_tokens, cold_stats = _greedy(_engine(model), second)
+    assert stats.reused_tokens == 16 and cold_stats.reused_tokens == 0
+    assert tokens == cold_tokens
+    # The logits of the prompt's end, bit for bit.
+    a, b = _engine(model), _engine(model)
+    _greedy(a, ids[:20])
+    s1, s2 = GenerationStats(), GenerationStats()
+    assert torch.equal(a.prefill(second, s1), b.prefill(second, s2)) and s1.reused_tokens == 16
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_reuse_of_the_live_state_at_the_end_of_the_previous_sequence(arch, tiny, monkeypatch):
+    """With any prefix reusable (TALLOW_ALIGNED_REUSE=0) a prompt that extends everything the
+    memory holds — prompt and answer — continues the live state; one that leaves it before any
+    checkpoint reuses nothing."""
+    monkeypatch.setenv("TALLOW_ALIGNED_REUSE", "0")
+    monkeypatch.setenv("TALLOW_STATE_CHECKPOINTS", "0")
+    ids = _ref(arch)["ids"]
+    spec, model = _model(tiny[arch])
+    engine = _engine(model)
+    answer, _ = _greedy(engine, ids[:20])
+    held = list(engine.kv.tokens)  # the prompt and all but the last answer token
+    assert held == ids[:20] + answer[:-1] and not engine.kv.checkpoints
+    follow = held + ids[30:36]
+    tokens, stats = _greedy(engine, follow)
+    assert stats.reused_tokens == len(held)
+    cold, _ = _greedy(_engine(model), follow)
+    assert tokens == cold
+    _, stats = _greedy(engine, ids[:10] + ids[25:30])
+    assert stats.reused_tokens == 0
+
+
+def test_speculation_and_persistence_step_aside(tiny, tmp_path, monkeypatch):
+    """TALLOW_SPECULATE=1 drafts nothing on a recurrent memory (it cannot roll back); a
+    conversation id warns once that the state is not saved, and the answer is unchanged."""
+    monkeypatch.setenv("TALLOW_SPECULATE", "1")
+    ids = _ref("mamba")["ids"]
+    spec, model = _model(tiny["mamba"])
+    plain, _ = _greedy(_engine(model), ids * 2, 8)  # repeats: prompt lookup would find drafts
+    engine = _engine(model, kv_store_dir=str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            stats = GenerationStats()
+            tokens = list(engine.generate(ids * 2, 8, Sampler(SamplingParams(temperature=0.0), engine.model.spec.vocab_size), set(), stats, conversation_id="c1"))
+            assert tokens == plain and stats.draft_tokens == 0
+    said = [w for w in caught if issubclass(w.category, KVStoreWarning)]
+    assert len(said) == 1 and "not saved to disk" in str(said[0].message)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_the_plan_counts_the_fixed_state(arch, tiny):
+    spec, model = _model(tiny[arch])
+    ssm = spec.ssm
+    per_layer = ((ssm.d_conv - 1) * ssm.conv_channels + ssm.d_inner * ssm.d_state) * 4
+    assert ssm.layer_state_bytes == per_layer and ssm.state_bytes == 2 * per_layer
+    small, big = plan_memory(tiny[arch], n_ctx=32), plan_memory(tiny[arch], n_ctx=256)
+    assert small.state == big.state == ssm.state_bytes * 5  # live + 4 checkpoints, whatever the context
+    if spec.layers:  # falcon-h1: every layer's attention K/V beside its state
+        assert 0 < small.kv < big.kv
+    else:
+        assert small.kv == big.kv == 0
+    assert ("recurrent state", small.state) in small.parts() and "recurrent layers" in small.describe()
+    memory = make_memory(spec, 256)
+    assert memory.nbytes == big.kv + ssm.state_bytes  # what is allocated: the KV (if any) and the live state
+    engine = _engine(model)
+    _greedy(engine, _ref(arch)["ids"])  # 40 tokens in chunks of 8: 5 checkpoints, 4 kept
+    assert engine.kv.checkpoint_bytes == 4 * ssm.state_bytes
+    assert engine.kv.state.nbytes + engine.kv.checkpoint_bytes == small.state
+    assert any("recurrent layers" in line for line in layer_kind_lines(spec))
+
+
+def test_gpu_is_refused_in_one_sentence(tiny):
+    gf = GGUFFile(tiny["mamba"])
+    with pytest.raises(ModelFileError, match="run on the CPU only"):
+        build_model(gf, spec_from_gguf(gf), device="cuda")
