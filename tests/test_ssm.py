@@ -1,13 +1,12 @@
 """State-space and hybrid models (mamba, mamba2, falcon-h1) on the CPU: conformance with llama.cpp on tiny random-weight
 models (tests/fixtures/tiny_<arch>.json, scripts/make_fixtures.py), and the recurrent memory
 (memory/recurrent.py): chunked prefill and decode continue one state, padded rows leave it alone,
-prefix reuse restores a checkpoint and answers as a cold run does, speculation and persistence
-step aside, the memory plan counts the fixed state."""
+prefix reuse restores a checkpoint and answers as a cold run does, so does a conversation
+restored from disk, speculation steps aside, the memory plan counts the fixed state."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -163,23 +162,47 @@ def test_reuse_of_the_live_state_at_the_end_of_the_previous_sequence(arch, tiny,
     assert stats.reused_tokens == 0
 
 
-def test_speculation_and_persistence_step_aside(tiny, tmp_path, monkeypatch):
-    """TALLOW_SPECULATE=1 drafts nothing on a recurrent memory (it cannot roll back); a
-    conversation id warns once that the state is not saved, and the answer is unchanged."""
+def test_speculation_steps_aside(tiny, monkeypatch):
+    """TALLOW_SPECULATE=1 drafts nothing on a recurrent memory (it cannot roll back a rejected
+    draft), and the answer is the plain decode's."""
     monkeypatch.setenv("TALLOW_SPECULATE", "1")
     ids = _ref("mamba")["ids"]
     spec, model = _model(tiny["mamba"])
-    plain, _ = _greedy(_engine(model), ids * 2, 8)  # repeats: prompt lookup would find drafts
-    engine = _engine(model, kv_store_dir=str(tmp_path))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            stats = GenerationStats()
-            tokens = list(engine.generate(ids * 2, 8, Sampler(SamplingParams(temperature=0.0), engine.model.spec.vocab_size), set(), stats, conversation_id="c1"))
-            assert tokens == plain and stats.draft_tokens == 0
-    said = [w for w in caught if issubclass(w.category, KVStoreWarning)]
-    assert len(said) == 1 and "not saved to disk" in str(said[0].message)
-    assert not list(tmp_path.iterdir())
+    engine = _engine(model)
+    assert not engine.kv.can_rollback
+    tokens, stats = _greedy(engine, ids * 2, 8)  # repeats: prompt lookup would find drafts
+    monkeypatch.setenv("TALLOW_SPECULATE", "0")
+    plain, _ = _greedy(_engine(model), ids * 2, 8)
+    assert tokens == plain and stats.draft_tokens == 0
+
+
+@pytest.mark.parametrize("arch", ("mamba2", "falcon-h1"))
+def test_a_restored_conversation_reuses_its_saved_state(arch, tiny, tmp_path):
+    """A conversation's file holds its tokens, any attention K/V and the states (the live one and
+    the checkpoints): a fresh engine hydrates it, reuses the state at 16 for a prompt that leaves
+    the first after 18 tokens, and answers as a cold run; a file whose state is cut short is
+    ignored with a warning."""
+    ids = _ref(arch)["ids"]
+    spec, model = _model(tiny[arch])
+    first = _engine(model, kv_store_dir=str(tmp_path))
+    stats = GenerationStats()
+    sampler = Sampler(SamplingParams(temperature=0.0), spec.vocab_size)
+    list(first.generate(ids[:20], 6, sampler, set(), stats, conversation_id="c1"))
+    saved = list(tmp_path.glob("*.kv"))
+    assert len(saved) == 1
+    second = ids[:18] + ids[30:40]
+    restored = _engine(model, kv_store_dir=str(tmp_path))
+    stats = GenerationStats()
+    tokens = list(restored.generate(second, 6, sampler, set(), stats, conversation_id="c1"))
+    cold, _ = _greedy(_engine(model), second)
+    assert stats.reused_from_disk == 16 and tokens == cold
+    data = saved[0].read_bytes()  # saved again by the second turn
+    saved[0].write_bytes(data[:-100])
+    with pytest.warns(KVStoreWarning, match="ignoring the KV cache file"):
+        stats = GenerationStats()
+        tokens = list(_engine(model, kv_store_dir=str(tmp_path)).generate(second, 6, sampler, set(), stats,
+                                                                           conversation_id="c1"))
+    assert stats.reused_tokens == 0 and tokens == cold
 
 
 @pytest.mark.parametrize("arch", SSM_ARCHITECTURES)

@@ -15,7 +15,9 @@ What that changes for the features built on truncatable positional K/V — each 
   memory). The engine's prefill plan still decides which positions are canonical.
 - Speculation rollback (`can_rollback`): not offered — a rejected draft would need the state
   before it, and re-running the accepted rows is not implemented. The engine decodes plainly.
-- Persistence (`can_persist`): not offered; the engine says so once per load and answers anyway.
+- Persistence (`can_persist`): a conversation's file (memory/kv_store.py) holds, beside the
+  tokens (and any attention K/V), the live state and the checkpoints: a restored conversation
+  reuses what a resident one would.
 - CUDA graphs and padded rows: the mixer's ops take `n_valid`, so padding never advances a
   state, but recurrent models run on the CPU only (the GPU scan is not built): the API refuses
   a CUDA device for them in one sentence, so no graph ever captures one.
@@ -73,7 +75,7 @@ class RecurrentMemory(KVPool):
     Everything the engine asks of a pool (tokens, canonical, reusable, truncate) answers for both."""
 
     can_rollback = False  # speculation's rollback (engine/speculate.py)
-    can_persist = False  # conversations saved to disk (memory/kv_store.py)
+    can_persist = True  # conversations saved to disk with their states (memory/kv_store.py)
 
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype="f16", device="cpu", ring=None, max_chunk: int = 512):
         super().__init__(spec, n_ctx, dtype, device, ring, max_chunk)
@@ -102,6 +104,36 @@ class RecurrentMemory(KVPool):
 
     def advance(self, n: int) -> None:
         self.state.position += n
+
+    # -- persistence (memory/kv_store.py) ----------------------------------------------------
+    def saved_positions(self) -> list[int]:
+        """The positions whose states a save writes: the checkpoints, then the live state."""
+        return list(self.checkpoints) + ([self.state.position] if self.state.position not in self.checkpoints else [])
+
+    def saved_states(self) -> list[list[torch.Tensor]]:
+        live = [] if self.state.position in self.checkpoints else [self.state.tensors()]
+        return list(self.checkpoints.values()) + live
+
+    def load_states(self, positions: list[int], raws: list[bytearray]) -> None:
+        """Hydrate from a file's states (KVStore._load, after the tokens and K/V): each raw block
+        is one state's tensors in `state.tensors()` order; the one at the end of the tokens is live."""
+        n = len(self.tokens)
+        shapes = [t.shape for t in self.state.tensors()]
+        self.checkpoints.clear()
+        for position, raw in zip(positions, raws):
+            flat = torch.frombuffer(raw, dtype=torch.float32)
+            saved, done = [], 0
+            for shape in shapes:
+                size = shape.numel()
+                saved.append(flat[done : done + size].view(shape).to(self.state.conv[self.state.ssm.layers[0]].device))
+                done += size
+            if position == n:
+                self.state.restore(saved, n)
+            self.checkpoints[position] = saved
+        if self.state.position != n:  # no live state saved: the tokens past the last checkpoint are not held
+            self.truncate(max((p for p in self.checkpoints if p <= n), default=0))
+        while len(self.checkpoints) > max(self.keep, 0) + (1 if n in self.checkpoints else 0):
+            self.checkpoints.popitem(last=False)
 
     # -- the engine's side -----------------------------------------------------------------
     def checkpoint(self, position: int) -> None:

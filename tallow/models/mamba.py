@@ -70,7 +70,11 @@ class MambaModel(DecoderModel):
     # -- forward ---------------------------------------------------------------------------
     def _blocks(self, step, ids, positions, kv, start):
         kv.begin(start)
-        out = super()._blocks(step, ids, positions, kv, start)
+        try:
+            out = super()._blocks(step, ids, positions, kv, start)
+        except BaseException:
+            kv.truncate(0)  # some layers' states moved on and others did not: none can be trusted
+            raise
         kv.advance(ids.shape[0])
         return out
 
