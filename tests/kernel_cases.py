@@ -298,6 +298,10 @@ register(op="ssm_scan", impl="tallow.kernels.cpu.ssm:selective_scan", tol=1e-5, 
          shapes=((1, 16, 1, 1, 8, 1), (9, 32, 1, 1, 16, 1), (1, 4, 8, 2, 16, 2), (9, 8, 4, 2, 16, 2)),
          run=lambda a: _ssm("selective_scan")(a["state"].clone(), a["x"], a["dt"], a["A"], a["B"], a["C"]),
          reference=_scan_reference)
+register(op="ssm_scan", impl="tallow.kernels.cpu.ssm:blocked_scan", tol=1e-5, inputs=_scan_inputs,
+         shapes=((1, 16, 1, 1, 8, 1), (9, 32, 1, 1, 16, 1), (1, 4, 8, 2, 16, 2), (9, 8, 4, 2, 16, 2)),
+         run=lambda a: _ssm("blocked_scan")(a["state"].clone(), a["x"], a["dt"], a["A"], a["B"], a["C"]),
+         reference=_scan_reference)
 
 
 # ---------------------------------------------------------------- not here (yet), and not kernels

@@ -49,10 +49,17 @@ def _ref(arch):
     return json.loads((FIXTURES / f"tiny_{arch}.json").read_text())
 
 
+@pytest.mark.parametrize("blocked", ("1", "0"))
 @pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
-def test_logits_match_llama_cpp(arch, tiny):
+def test_logits_match_llama_cpp(arch, blocked, tiny, monkeypatch):
+    """Both scans (the blocked fast path and the op-by-op reference, TALLOW_SSM_BLOCKED_SCAN=0);
+    the fast path's blocks cut to 3 tokens, so the 40-token prompt crosses 13 block boundaries."""
+    from tallow.kernels.cpu import ssm as ssm_ops
+
+    monkeypatch.setenv("TALLOW_SSM_BLOCKED_SCAN", blocked)
     ref = _ref(arch)
     spec, model = _model(tiny[arch])
+    monkeypatch.setattr(ssm_ops, "BLOCK_ELEMENTS", 3 * spec.ssm.d_inner * spec.ssm.d_state)
     out = model.forward(ref["ids"], 0, make_memory(spec, 64, "f32"), all_logits=True).numpy()  # falcon-h1: F32 KV as the fixture
     delta = np.abs(out - np.array(ref["logits"], dtype=np.float32)).max()
     assert delta < TOLERANCE, f"{arch}: max |Δlogit| {delta:.2e}"

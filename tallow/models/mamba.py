@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelFileError
-from ..kernels.cpu.ssm import causal_conv, selective_scan
+from .. import switches
+from ..kernels.cpu.ssm import blocked_scan, causal_conv, selective_scan
 from ..layers import rms_norm
 from ..quant.reference import dequantize
 from .base import DecoderModel, LayerWeights
@@ -87,6 +88,7 @@ class MambaModel(DecoderModel):
         (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1. Returns (n, dim)."""
         ssm, state = self.spec.ssm, memory.state
         n, i = h.shape[0], w.index
+        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
         proj = w.ssm_in(h).float()
         d = ssm.d_inner
         if ssm.version == 1:
@@ -98,7 +100,7 @@ class MambaModel(DecoderModel):
             if ssm.dt_b_c_rms:  # FalconMamba: weightless RMSNorms of dt, B and C
                 dt, B, C = (_rms(v, self.spec.norm_eps) for v in (dt, B, C))
             dt = w.ssm_dt(dt.contiguous()).float()  # (n, d_inner), with its bias
-            y = selective_scan(state.scan[i], x.view(n, d, 1), dt, w.A, B.reshape(n, 1, ds), C.reshape(n, 1, ds), n_valid)
+            y = scan(state.scan[i], x.view(n, d, 1), dt, w.A, B.reshape(n, 1, ds), C.reshape(n, 1, ds), n_valid)
             y = y.view(n, d) + x * w.D
             y = F.silu(z) * y
         else:
@@ -109,7 +111,7 @@ class MambaModel(DecoderModel):
             x = xBC[:, :d].reshape(n, nh, hd)
             B = xBC[:, d : d + ng * ds].reshape(n, ng, ds)
             C = xBC[:, d + ng * ds :].reshape(n, ng, ds)
-            y = selective_scan(state.scan[i], x, dt + w.dt_b, w.A, B, C, n_valid)
+            y = scan(state.scan[i], x, dt + w.dt_b, w.A, B, C, n_valid)
             y = (y + x * w.D.view(nh, 1)).reshape(n, d)
             y = F.silu(z) * y
             if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm

@@ -12,9 +12,14 @@ A is (n_head, d_state) for Mamba-1 (one decay per channel and state; there head_
 (n_head,) for Mamba-2 (one per head). g(h) = h // (n_head / n_group).
 
 Both take `n_valid`: only rows 0..n_valid-1 advance the state (rows after are padding, e.g. a
-captured graph's bucket); their outputs are computed and meaningless. The scan here is the
+captured graph's bucket); their outputs are computed and meaningless. `selective_scan` is the
 sequential reference, one token at a time — the same arithmetic whatever rows share a call,
 so a chunked prefill leaves bit for bit the state a one-token-at-a-time decode does.
+
+`blocked_scan` is the fast path (TALLOW_SSM_BLOCKED_SCAN=0: the reference): the decays, the
+B·x·dt inputs and the outputs of a block of tokens are computed in one operation each, and only
+the recurrence s = s·decay + input stays a loop, one fused multiply-add launch per token
+(`addcmul_`: a product then a sum, each rounded, as the reference's two operations round).
 """
 
 from __future__ import annotations
@@ -66,4 +71,37 @@ def selective_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
         y[t] = (s * Ch[t].unsqueeze(1)).sum(-1)
         if t == n_valid - 1:
             state.copy_(s)
+    return y
+
+
+# A block's per-token states (l, n_head, head_dim, d_state) float32 stay under this many elements.
+BLOCK_ELEMENTS = 1 << 22
+
+
+def blocked_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                 C: torch.Tensor, n_valid: int | None = None) -> torch.Tensor:
+    """`selective_scan`, with everything but the recurrence itself batched over blocks of tokens."""
+    n, n_head = dt.shape
+    n_valid = n if n_valid is None else n_valid
+    per_group = n_head // B.shape[1]
+    dts = softplus_ggml(dt)
+    Bh = B.repeat_interleave(per_group, dim=1) if per_group > 1 else B  # (n, n_head, d_state)
+    Ch = C.repeat_interleave(per_group, dim=1) if per_group > 1 else C
+    if A.dim() == 2:
+        decay = torch.exp(dts.unsqueeze(-1) * A).unsqueeze(2)  # (n, n_head, 1, d_state)
+    else:
+        decay = torch.exp(dts * A).view(n, n_head, 1, 1)
+    block = max(1, min(n, BLOCK_ELEMENTS // state.numel()))
+    y = torch.empty_like(x)
+    s = state
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        states = (x[a:b] * dts[a:b].unsqueeze(-1)).unsqueeze(-1) * Bh[a:b].unsqueeze(2)  # the inputs, then the states
+        for t in range(b - a):
+            states[t].addcmul_(s, decay[a + t])  # s_t = input_t + s_{t-1} * decay_t
+            s = states[t]
+            if a + t == n_valid - 1:
+                state.copy_(s)
+        y[a:b] = (states * Ch[a:b].unsqueeze(2)).sum(-1)
+        s = s.clone() if b < n else s  # the next block's first step reads it; this block's buffer goes
     return y
