@@ -52,8 +52,8 @@ def _ref(arch):
 @pytest.mark.parametrize("blocked", ("1", "0"))
 @pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
 def test_logits_match_llama_cpp(arch, blocked, tiny, monkeypatch):
-    """Both scans (the blocked fast path and the op-by-op reference, TALLOW_SSM_BLOCKED_SCAN=0);
-    the fast path's blocks cut to 3 tokens, so the 40-token prompt crosses 13 block boundaries."""
+    """Both scans (the op-by-op reference and the opt-in blocked one, TALLOW_SSM_BLOCKED_SCAN=1,
+    its blocks cut to 3 tokens, so the 40-token prompt crosses 13 block boundaries)."""
     from tallow.kernels.cpu import ssm as ssm_ops
 
     monkeypatch.setenv("TALLOW_SSM_BLOCKED_SCAN", blocked)

@@ -16,10 +16,12 @@ captured graph's bucket); their outputs are computed and meaningless. `selective
 sequential reference, one token at a time — the same arithmetic whatever rows share a call,
 so a chunked prefill leaves bit for bit the state a one-token-at-a-time decode does.
 
-`blocked_scan` is the fast path (TALLOW_SSM_BLOCKED_SCAN=0: the reference): the decays, the
-B·x·dt inputs and the outputs of a block of tokens are computed in one operation each, and only
-the recurrence s = s·decay + input stays a loop, one fused multiply-add launch per token
-(`addcmul_`: a product then a sum, each rounded, as the reference's two operations round).
+`blocked_scan` (opt-in, TALLOW_SSM_BLOCKED_SCAN=1): the decays, the B·x·dt inputs and the
+outputs of a block of tokens are computed in one operation each, and only the recurrence
+s = s·decay + input stays a loop, one `addcmul_` per token (within 1e-5 of the reference, not
+bit-identical). Not the default: on the shared 2-core machine (load ~10, 2026-12-01) a
+Mamba-1.4B-shaped layer over 128 tokens took 131 ms against the reference's 111 ms on one
+thread (a Falcon-H1-0.5B-shaped one 22 against 29 ms), too noisy and too mixed to call faster.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def selective_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
 
 
 # A block's per-token states (l, n_head, head_dim, d_state) float32 stay under this many elements.
-BLOCK_ELEMENTS = 1 << 22
+BLOCK_ELEMENTS = 1 << 20  # 4 MiB: 1 << 22 was 2-4x slower on one thread (out of cache)
 
 
 def blocked_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
