@@ -238,3 +238,20 @@ def test_gpu_is_refused_in_one_sentence(tiny):
     gf = GGUFFile(tiny["mamba"])
     with pytest.raises(ModelFileError, match="run on the CPU only"):
         build_model(gf, spec_from_gguf(gf), device="cuda")
+
+
+@pytest.mark.parametrize("arch, key, value, message", [
+    ("mamba", "add_ssm_inner_size", 96, "not twice the embedding size"),
+    ("mamba2", "add_ssm_inner_size", 96, "ssm_in.weight has shape"),
+    ("mamba2", "add_ssm_group_count", 3, "do not divide evenly"),
+    ("mamba", "add_ssm_conv_kernel", 0, "ssm.conv_kernel is 0, outside"),
+])
+def test_a_bad_ssm_file_is_one_sentence(arch, key, value, message, tmp_path, monkeypatch):
+    from gguf import GGUFWriter
+
+    original = getattr(GGUFWriter, key)
+    monkeypatch.setattr(GGUFWriter, key, lambda self, v: original(self, value))
+    path = write_tiny_ssm(arch, tmp_path / "bad.gguf")
+    with pytest.raises(ModelFileError, match=message):
+        gf = GGUFFile(path)
+        build_model(gf, spec_from_gguf(gf))

@@ -47,8 +47,22 @@ class MambaModel(DecoderModel):
             raise ModelFileError(f"{self.gf.path}: the tensor {name} has shape {list(t.shape)}, not {list(reversed(shape))}.")
         return dequantize(t.data, t.qtype, t.n_cols).reshape(shape).clone().float().to(self.device)
 
+    def shaped(self, name: str, cols: int, rows: int) -> str:
+        """name, after checking the matrix is [cols, rows] (GGUF order): a wrong shape is one
+        sentence at load, not a matmul error mid-answer."""
+        shape = list(self._tensor(name).shape)
+        if shape != [cols, rows]:
+            raise ModelFileError(f"{self.gf.path}: the tensor {name} has shape {shape}, not {[cols, rows]}.")
+        return name
+
     def load_layer(self, i: int) -> LayerWeights:
-        ssm, p = self.spec.ssm, f"blk.{i}."
+        ssm, p, dim = self.spec.ssm, f"blk.{i}.", self.spec.dim
+        d, ch = ssm.d_inner, ssm.conv_channels
+        self.shaped(p + "ssm_in.weight", dim, 2 * d if ssm.version == 1 else d + ch + ssm.n_head)
+        self.shaped(p + "ssm_out.weight", d, dim)
+        if ssm.version == 1:
+            self.shaped(p + "ssm_x.weight", d, ssm.dt_rank + 2 * ssm.d_state)
+            self.shaped(p + "ssm_dt.weight", ssm.dt_rank, d)
         t = {"attn_norm": self.norm_weight(p + "attn_norm.weight"),
              "ssm_in": self.linear(p + "ssm_in.weight"),
              "ssm_out": self.linear(p + "ssm_out.weight"),
