@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_models import SSM_ARCHITECTURES, write_tiny_ssm
+from tiny_models import SSM_ARCHITECTURES, tiny_prompt, write_tiny_ssm
 
 import tallow
 from tallow.engine.engine import Engine, GenerationStats
@@ -255,3 +255,25 @@ def test_a_bad_ssm_file_is_one_sentence(arch, key, value, message, tmp_path, mon
     with pytest.raises(ModelFileError, match=message):
         gf = GGUFFile(path)
         build_model(gf, spec_from_gguf(gf))
+
+
+@pytest.mark.parametrize("arch", ("mamba2", "falcon-h1"))
+def test_quantized_prefill_is_row_invariant_and_reuses_the_end_of_the_prompt(arch, tmp_path):
+    """With Q8_0 matrices (row-exact kernels) the prefill plan lets reuse start at any canonical
+    position: a second prompt extending the first 150-token prompt continues its state at 150,
+    and its logits are bit for bit the cold run's; one that leaves it at 120 — no state there —
+    reuses nothing."""
+    from gguf import GGMLQuantizationType as QT
+
+    spec, model = _model(write_tiny_ssm(arch, tmp_path / "q8.gguf", qtype=QT.Q8_0))
+    ids = tiny_prompt(260)
+    engine = Engine(model, 256, kv_dtype="f16")
+    engine.prefill(ids[:150], GenerationStats())
+    assert list(engine.kv.checkpoints) == [150] and engine.kv.canonical == 150
+    stats = GenerationStats()
+    warm = engine.prefill(ids[:230], stats)
+    cold = Engine(model, 256, kv_dtype="f16").prefill(ids[:230], GenerationStats())
+    assert stats.reused_tokens == 150 and torch.equal(warm, cold)
+    stats = GenerationStats()
+    engine.prefill(ids[:120] + ids[240:260], stats)
+    assert stats.reused_tokens == 0

@@ -375,7 +375,10 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
         vector(p + "ssm_conv1d.bias", conv_ch, 0.0, 0.1)
         if arch == "mamba":
             matrix(p + "ssm_x.weight", dt_rank + 2 * d_state, d_inner, d_inner**-0.5)
-            matrix(p + "ssm_dt.weight", d_inner, dt_rank, dt_rank**-0.5)
+            if qtype == GGMLQuantizationType.F32 or dt_rank % 32:  # too narrow for a quantized block: F32
+                f32(p + "ssm_dt.weight", rng.standard_normal((d_inner, dt_rank)) * dt_rank**-0.5)
+            else:
+                matrix(p + "ssm_dt.weight", d_inner, dt_rank, dt_rank**-0.5)
             f32(p + "ssm_dt.bias", dt_bias(d_inner))
             a = -np.tile(np.arange(1, d_state + 1, dtype=np.float64), (d_inner, 1)) * np.exp(rng.standard_normal((d_inner, d_state)) * 0.1)
             f32(p + "ssm_a", a)
