@@ -390,7 +390,8 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
             f32(p + "ssm_norm.weight", 1.0 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
         matrix(p + "ssm_out.weight", dim, d_inner, d_inner**-0.5)
         if hybrid:
-            # llama.cpp b11434's falcon-h1 loader asks for `blk.N.ffn_norm`, without `.weight`.
+            # `blk.N.ffn_norm`, without `.weight`: llama.cpp's converter maps Falcon-H1's whole
+            # `pre_ff_layernorm.weight` to that name, and its falcon-h1 loader asks for it.
             vector(p + "ffn_norm", dim, 1.0, 0.1)
             matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
             matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)

@@ -25,7 +25,8 @@ class FalconH1Model(MambaModel):
         t = w.tensors
         t["attn_qkv"] = self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
         t["attn_output"] = self.linear(p + "attn_output.weight")
-        # llama.cpp b11434 loads `blk.N.ffn_norm` (no `.weight`); accept either name.
+        # Falcon-H1 files name it `blk.N.ffn_norm` (no `.weight`: llama.cpp's converter maps the
+        # whole `pre_ff_layernorm.weight` to it); accept either name.
         t["ffn_norm"] = self.norm_weight(p + "ffn_norm" if p + "ffn_norm" in self.gf.tensors else p + "ffn_norm.weight")
         t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
         t["ffn_down"] = self.linear(p + "ffn_down.weight")
