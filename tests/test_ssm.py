@@ -269,7 +269,7 @@ def test_quantized_prefill_is_row_invariant_and_reuses_the_end_of_the_prompt(arc
     ids = tiny_prompt(260)
     engine = Engine(model, 256, kv_dtype="f16")
     engine.prefill(ids[:150], GenerationStats())
-    assert list(engine.kv.checkpoints) == [150] and engine.kv.canonical == 150
+    assert list(engine.kv.checkpoints) == [86, 150] and engine.kv.canonical == 150  # the last chunk cut 64 before the end
     stats = GenerationStats()
     warm = engine.prefill(ids[:230], stats)
     cold = Engine(model, 256, kv_dtype="f16").prefill(ids[:230], GenerationStats())
@@ -277,3 +277,38 @@ def test_quantized_prefill_is_row_invariant_and_reuses_the_end_of_the_prompt(arc
     stats = GenerationStats()
     engine.prefill(ids[:120] + ids[240:260], stats)
     assert stats.reused_tokens == 0
+
+
+def test_the_server_answers_with_a_recurrent_model(tiny):
+    """The OpenAI-shaped completion endpoint on the tiny falcon-h1 (K/V and state): the same
+    greedy text as the Python API, a second request with the same prompt reusing its prefix."""
+    import httpx
+    from server_utils import LiveServer
+
+    path = str(tiny["falcon-h1"])
+    expected = tallow.load(path, ctx=128, device="cpu").generate("the cat sat on the mat", max_tokens=8).text
+    server = LiveServer(lambda: tallow.LLM(path, ctx=128, device="cpu"), "tiny-falcon-h1", path)
+    try:
+        server.wait_ready(60)
+        for _ in range(2):
+            r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+                "model": "tiny-falcon-h1", "prompt": "the cat sat on the mat", "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == expected
+    finally:
+        server.stop()
+
+
+def test_the_same_prompt_again_reuses_all_but_its_last_rows(tmp_path):
+    """Row-invariant plan (Q8_0): the last prefill chunk is cut min_rows (64) before the end, so a
+    retried 200-token prompt continues the checkpoint at 136 and gets the cold run's logits."""
+    from gguf import GGMLQuantizationType as QT
+
+    spec, model = _model(write_tiny_ssm("falcon-h1", tmp_path / "q8.gguf", qtype=QT.Q8_0))
+    ids = tiny_prompt(200)
+    engine = Engine(model, 256, kv_dtype="f16")
+    first = engine.prefill(ids, GenerationStats())
+    assert list(engine.kv.checkpoints) == [136, 200] and engine.kv.canonical == 200
+    stats = GenerationStats()
+    again = engine.prefill(ids, stats)
+    assert stats.reused_tokens == 136 and torch.equal(first, again)

@@ -220,7 +220,7 @@ class Engine:
         reuse = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
         self.kv.truncate(reuse)
         logits = None
-        for start, end in plan.chunks(reuse, len(tokens)):
+        for start, end in self.kv.prefill_chunks(plan, reuse, len(tokens)):  # plan.chunks, or cut for a recurrent state
             if should_stop is not None and start > reuse and should_stop():
                 logits = None
                 break

@@ -239,6 +239,11 @@ class KVPool:
                 return 0
         return n
 
+    def prefill_chunks(self, plan, start: int, n: int) -> list[tuple[int, int]]:
+        """How a prefill of positions start..n-1 is cut: the plan's chunks (a recurrent memory
+        adds a cut where it wants a state checkpoint, memory/recurrent.py)."""
+        return plan.chunks(start, n)
+
     def checkpoint(self, position: int) -> None:
         """A prefill chunk ended at `position`. Positional K/V need no copy to be truncated back
         there; a recurrent memory keeps its state (memory/recurrent.py)."""

@@ -10,7 +10,9 @@ What that changes for the features built on truncatable positional K/V — each 
 - Prefix reuse. A recurrent state cannot be truncated: it is the whole sequence folded into
   one value. The memory keeps checkpoints, copies of the state at positions it was at: the end
   of every prefill chunk (engine.prefill calls `checkpoint`), the latest TALLOW_STATE_CHECKPOINTS
-  of them, plus the live state at the end of the resident tokens. `reusable(n)` answers the
+  of them, plus the live state at the end of the resident tokens; with a row-invariant plan
+  the last chunk is cut min_rows before the end (`prefill_chunks`), where the same prompt again
+  would resume. `reusable(n)` answers the
   longest checkpointed prefix <= n, and `truncate` restores that checkpoint (or empties the
   memory). The engine's prefill plan still decides which positions are canonical.
 - Speculation rollback (`can_rollback`): not offered — a rejected draft would need the state
@@ -144,6 +146,18 @@ class RecurrentMemory(KVPool):
         self.checkpoints.move_to_end(position)
         while len(self.checkpoints) > self.keep:
             self.checkpoints.popitem(last=False)
+
+    def prefill_chunks(self, plan, start: int, n: int) -> list[tuple[int, int]]:
+        """The plan's chunks, the last one cut min_rows before the end where the plan is
+        row-invariant: the same prompt again (a retry, a regenerated answer) then reuses all but
+        its last min_rows tokens (the plan always recomputes those), from the checkpoint there.
+        Both parts keep >= min_rows rows, so the numbers are the uncut chunk's and stay canonical."""
+        chunks = plan.chunks(start, n)
+        if self.keep > 0 and plan.stable and plan.row_invariant and chunks:
+            a, b = chunks[-1]
+            if b == n and b - a >= 2 * plan.min_rows:
+                chunks[-1:] = [(a, n - plan.min_rows), (n - plan.min_rows, n)]
+        return chunks
 
     def reusable(self, n: int) -> int:
         """The longest prefix <= n a state exists for: the live state's (when n reaches the end
