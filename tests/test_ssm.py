@@ -17,6 +17,7 @@ from tiny_models import SSM_ARCHITECTURES, tiny_prompt, write_tiny_ssm
 
 import tallow
 from tallow.engine.engine import Engine, GenerationStats
+from tallow.engine.speculate import K_MAX
 from tallow.errors import ModelFileError
 from tallow.gguf_file import GGUFFile
 from tallow.kernels.cpu.ssm import causal_conv, selective_scan
@@ -26,6 +27,7 @@ from tallow.memory.recurrent import RecurrentMemory, make_memory
 from tallow.models import build_model
 from tallow.sampling import Sampler, SamplingParams
 from tallow.spec import layer_kind_lines, spec_from_gguf
+from tallow.ssm_spec import VERIFY_ROWS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Measured max |Δlogit| against llama.cpp over the 40-token prompt: 1.4e-6 (mamba), 1.8e-6
@@ -169,18 +171,31 @@ def test_reuse_of_the_live_state_at_the_end_of_the_previous_sequence(arch, tiny,
     assert stats.reused_tokens == 0
 
 
-def test_speculation_steps_aside(tiny, monkeypatch):
-    """TALLOW_SPECULATE=1 drafts nothing on a recurrent memory (it cannot roll back a rejected
-    draft), and the answer is the plain decode's."""
-    monkeypatch.setenv("TALLOW_SPECULATE", "1")
-    ids = _ref("mamba")["ids"]
-    spec, model = _model(tiny["mamba"])
-    engine = _engine(model)
-    assert not engine.kv.can_rollback
-    tokens, stats = _greedy(engine, ids * 2, 8)  # repeats: prompt lookup would find drafts
-    monkeypatch.setenv("TALLOW_SPECULATE", "0")
-    plain, _ = _greedy(_engine(model), ids * 2, 8)
-    assert tokens == plain and stats.draft_tokens == 0
+@pytest.mark.parametrize("arch", ("mamba2", "falcon-h1"))
+def test_speculation_rolls_the_state_back_exactly(arch, tmp_path, monkeypatch):
+    """Q8_0 (row-exact projections: speculation on by default): prompt-lookup drafts are verified
+    with each row's state kept, rejected ones rolled back to the state after the last accepted
+    row, and the greedy tokens and their logits are plain decoding's, bit for bit."""
+    from gguf import GGMLQuantizationType as QT
+
+    spec, model = _model(write_tiny_ssm(arch, tmp_path / "q8.gguf", qtype=QT.Q8_0))
+    ids = tiny_prompt(24) * 3  # repeats: the lookup finds drafts
+
+    def run(speculate: str):
+        monkeypatch.setenv("TALLOW_SPECULATE", speculate)
+        engine = Engine(model, 256, kv_dtype="f16")
+        stats, seen = GenerationStats(), []
+        sampler = Sampler(SamplingParams(temperature=0.0), spec.vocab_size)
+        tokens = list(engine.generate(ids, 40, sampler, set(), stats, observe=lambda t, logits: seen.append(logits.clone())))
+        return tokens, seen, stats
+
+    plain, plain_logits, plain_stats = run("0")
+    fast, fast_logits, stats = run("1")
+    assert plain_stats.draft_tokens == 0 and stats.draft_tokens > 0
+    assert stats.accepted_tokens < stats.draft_tokens  # drafts were rolled back
+    if arch == "falcon-h1":  # its continuation repeats the prompt in places: drafts accepted too (measured)
+        assert stats.accepted_tokens > 0
+    assert fast == plain and all(torch.equal(a, b) for a, b in zip(fast_logits, plain_logits))
 
 
 @pytest.mark.parametrize("arch", ("mamba2", "falcon-h1"))
@@ -219,7 +234,7 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     per_layer = ((ssm.d_conv - 1) * ssm.conv_channels + ssm.d_inner * ssm.d_state) * 4
     assert ssm.layer_state_bytes == per_layer and ssm.state_bytes == 2 * per_layer
     small, big = plan_memory(tiny[arch], n_ctx=32), plan_memory(tiny[arch], n_ctx=256)
-    assert small.state == big.state == ssm.state_bytes * 5  # live + 4 checkpoints, whatever the context
+    assert small.state == big.state == ssm.state_bytes * 13  # live + 4 checkpoints + 8 rows, whatever the context
     if spec.layers:  # falcon-h1: every layer's attention K/V beside its state
         assert 0 < small.kv < big.kv
     else:
@@ -230,7 +245,8 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     engine = _engine(model)
     _greedy(engine, _ref(arch)["ids"])  # 40 tokens in chunks of 8: 5 checkpoints, 4 kept
     assert engine.kv.checkpoint_bytes == 4 * ssm.state_bytes
-    assert engine.kv.state.nbytes + engine.kv.checkpoint_bytes == small.state
+    assert engine.kv.state.nbytes + engine.kv.checkpoint_bytes + VERIFY_ROWS * ssm.state_bytes == small.state
+    assert VERIFY_ROWS == K_MAX + 1
     assert any("recurrent layers" in line for line in layer_kind_lines(spec))
 
 

@@ -178,7 +178,8 @@ class Engine:
         if self.model.device.type != "cuda":
             if self._verifier is None:
                 self._verifier = exact_verifier(self.model)
-            return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
+            with self.kv.rows_kept():  # a recurrent memory keeps each row's state, to roll back to
+                return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
         if self._row_graphs is None:
             from .graphs import RowGraphs
 
@@ -268,7 +269,7 @@ class Engine:
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
-        # A recurrent state cannot roll back a rejected draft (memory/recurrent.py): no speculation.
+        # Whether the memory can roll back a rejected draft (a recurrent one: memory/recurrent.py).
         speculative = speculation_enabled(self.model) and self.kv.can_rollback
         speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculative else None
         t_decode = time.perf_counter()

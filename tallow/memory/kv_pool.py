@@ -34,6 +34,8 @@ changes an answer. The engine raises it after each such prefill chunk; truncatio
 
 from __future__ import annotations
 
+import contextlib
+
 
 import torch
 
@@ -243,6 +245,11 @@ class KVPool:
         """How a prefill of positions start..n-1 is cut: the plan's chunks (a recurrent memory
         adds a cut where it wants a state checkpoint, memory/recurrent.py)."""
         return plan.chunks(start, n)
+
+    def rows_kept(self):
+        """A context for a speculative verification pass: positional K/V roll back by truncation
+        alone; a recurrent memory keeps the state after each row (memory/recurrent.py)."""
+        return contextlib.nullcontext()
 
     def checkpoint(self, position: int) -> None:
         """A prefill chunk ended at `position`. Positional K/V need no copy to be truncated back

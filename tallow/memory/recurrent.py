@@ -15,8 +15,11 @@ What that changes for the features built on truncatable positional K/V — each 
   would resume. `reusable(n)` answers the
   longest checkpointed prefix <= n, and `truncate` restores that checkpoint (or empties the
   memory). The engine's prefill plan still decides which positions are canonical.
-- Speculation rollback (`can_rollback`): not offered — a rejected draft would need the state
-  before it, and re-running the accepted rows is not implemented. The engine decodes plainly.
+- Speculation rollback (`can_rollback`): exact. A verification pass (the engine wraps it in
+  `rows_kept()`) runs each row's recurrent part as a one-token decode step would and keeps the
+  state after every row; truncating to any of those positions restores it. Verification is then
+  bit-exact wherever the projections are row-exact (engine/speculate.rows_are_exact), which is
+  when speculation is on by default.
 - Persistence (`can_persist`): a conversation's file (memory/kv_store.py) holds, beside the
   tokens (and any attention K/V), the live state and the checkpoints: a restored conversation
   reuses what a resident one would.
@@ -28,6 +31,7 @@ What that changes for the features built on truncatable positional K/V — each 
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import torch
 
@@ -76,7 +80,7 @@ class RecurrentMemory(KVPool):
     """A KVPool over the model's attention layers plus the recurrent state of its Mamba layers.
     Everything the engine asks of a pool (tokens, canonical, reusable, truncate) answers for both."""
 
-    can_rollback = False  # speculation's rollback (engine/speculate.py)
+    can_rollback = True  # speculation's rollback (engine/speculate.py): to any row of a verification pass
     can_persist = True  # conversations saved to disk with their states (memory/kv_store.py)
 
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype="f16", device="cpu", ring=None, max_chunk: int = 512):
@@ -84,6 +88,8 @@ class RecurrentMemory(KVPool):
         self.state = RecurrentState(spec, device)
         self.checkpoints: OrderedDict[int, list[torch.Tensor]] = OrderedDict()  # position -> state copies
         self.keep = max_checkpoints()
+        self.keeping_rows = False  # inside rows_kept(): the mixer keeps the state after each row
+        self.row_states: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # position -> layer -> states
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +109,21 @@ class RecurrentMemory(KVPool):
             raise ValueError(f"the recurrent state holds {self.state.position} tokens; it cannot continue at position {start}")
         for p in [p for p in self.checkpoints if p > start]:
             del self.checkpoints[p]
+        self.row_states = {}
+
+    @contextmanager
+    def rows_kept(self):
+        """Within: every forward pass of several rows keeps the state after each of its rows."""
+        self.keeping_rows = True
+        try:
+            yield
+        finally:
+            self.keeping_rows = False
+
+    def keep_row(self, layer: int, row: int) -> None:
+        """The mixer of `layer` has folded row `row` of this pass into its states: keep them."""
+        self.row_states.setdefault(self.state.position + row + 1, {})[layer] = (
+            self.state.conv[layer].clone(), self.state.scan[layer].clone())
 
     def advance(self, n: int) -> None:
         self.state.position += n
@@ -166,7 +187,7 @@ class RecurrentMemory(KVPool):
         n = min(n, len(self.tokens))
         if n <= 0:
             return 0
-        if n == len(self.tokens) == self.state.position:
+        if n == self.state.position:  # the live state (inside truncate: just restored there)
             p = n
         else:
             p = max((c for c in self.checkpoints if c <= n), default=0)
@@ -175,13 +196,17 @@ class RecurrentMemory(KVPool):
     def truncate(self, n_tokens: int) -> None:
         n_tokens = max(0, min(n_tokens, len(self.tokens)))
         if n_tokens != self.state.position:
+            rows = self.row_states.get(n_tokens, {})
             if n_tokens in self.checkpoints and super().reusable(n_tokens) == n_tokens:
                 self.state.restore(self.checkpoints[n_tokens], n_tokens)
+            elif len(rows) == len(self.state.ssm.layers):  # a row of the last verification pass
+                self.state.restore([t for i in self.state.ssm.layers for t in rows[i]], n_tokens)
             else:
                 n_tokens = 0
         if n_tokens == 0:
             self.state.reset()
             self.checkpoints.clear()
+        self.row_states = {p: s for p, s in self.row_states.items() if p <= n_tokens}
         for p in [p for p in self.checkpoints if p > n_tokens]:
             del self.checkpoints[p]
         super().truncate(n_tokens)

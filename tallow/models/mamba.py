@@ -100,10 +100,25 @@ class MambaModel(DecoderModel):
     def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid: int | None = None) -> torch.Tensor:
         """The Mamba mixer of layer w over h (n, dim); advances the layer's states in `memory`
         (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1. Returns (n, dim)."""
-        ssm, state = self.spec.ssm, memory.state
-        n, i = h.shape[0], w.index
-        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
         proj = w.ssm_in(h).float()
+        n = h.shape[0]
+        if memory.keeping_rows and n > 1:
+            # A speculative verification pass (memory.rows_kept): each row runs the recurrent part
+            # as a one-token decode step does, and the memory keeps the state after it, so a
+            # rejected draft rolls back exactly. Only the in/out projections (row-exact) see all rows.
+            rows = []
+            for r in range(n):
+                rows.append(self._mix(w, proj[r : r + 1], memory, None))
+                memory.keep_row(w.index, r)
+            return w.ssm_out(torch.cat(rows))
+        return w.ssm_out(self._mix(w, proj, memory, n_valid))
+
+    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid: int | None) -> torch.Tensor:
+        """The mixer between its in-projection's output proj (n, d_in_proj) and its out-projection:
+        conv, scan, skip, gate (and Mamba-2's grouped norm). Returns y (n, d_inner)."""
+        ssm, state = self.spec.ssm, memory.state
+        n, i = proj.shape[0], w.index
+        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
         d = ssm.d_inner
         if ssm.version == 1:
             x, z = proj[:, :d], proj[:, d:]
@@ -130,7 +145,7 @@ class MambaModel(DecoderModel):
             y = F.silu(z) * y
             if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
                 y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
-        return w.ssm_out(y)
+        return y
 
 
 def _rms(v: torch.Tensor, eps: float) -> torch.Tensor:
