@@ -19,9 +19,7 @@ so a chunked prefill leaves bit for bit the state a one-token-at-a-time decode d
 `blocked_scan` (opt-in, TALLOW_SSM_BLOCKED_SCAN=1): the decays, the B·x·dt inputs and the
 outputs of a block of tokens are computed in one operation each, and only the recurrence
 s = s·decay + input stays a loop, one `addcmul_` per token (within 1e-5 of the reference, not
-bit-identical). Not the default: on the shared 2-core machine (load ~10, 2026-12-01) a
-Mamba-1.4B-shaped layer over 128 tokens took 131 ms against the reference's 111 ms on one
-thread (a Falcon-H1-0.5B-shaped one 22 against 29 ms), too noisy and too mixed to call faster.
+bit-identical). Not the default: not measured faster (docs/performance.md, issue 17).
 """
 
 from __future__ import annotations
