@@ -11,14 +11,12 @@ cache — in memory or on disk — holds.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from ..memory.kv_pool import KVPool
-from ..memory.kv_store import KVStore, KVStoreWarning, model_fingerprint, persist_enabled
+from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
 from ..memory.recurrent import make_memory
 from ..models.base import DecoderModel
 from ..sampling import Sampler
@@ -123,7 +121,7 @@ class Engine:
     def hydrate(self, conversation_id: str, tokens: list[int]) -> int:
         """Load a conversation's saved KV when more of `tokens` can be reused from it than from
         the resident pool; returns how many prompt tokens the loaded file covers (0: not loaded)."""
-        if not persist_enabled() or not prefix_reuse_enabled() or not self._can_persist():
+        if not persist_enabled() or not prefix_reuse_enabled():
             return 0
         plan = self.prefill_plan()
         resident = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
@@ -136,19 +134,8 @@ class Engine:
 
     def persist(self, conversation_id: str) -> None:
         """Save the pool for the conversation; a full disk warns rather than failing the answer."""
-        if persist_enabled() and self._can_persist():
+        if persist_enabled():
             self.kv_store.try_save(conversation_id, self.kv)
-
-    def _can_persist(self) -> bool:
-        """Whether the memory can be saved with a conversation; says once per engine why not."""
-        if self.kv.can_persist:
-            return True
-        if not getattr(self, "_said_no_persist", False):
-            self._said_no_persist = True
-            warnings.warn(f"conversations of {self.model.spec.architecture} models are not saved to disk "
-                          "(their recurrent state is not persisted yet); each turn reuses only what is in memory.",
-                          KVStoreWarning, stacklevel=3)
-        return False
 
     def reset(self) -> None:
         self.kv.truncate(0)

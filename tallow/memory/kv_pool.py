@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 
-
 import torch
 
 from ..spec import ModelSpec
@@ -65,11 +64,9 @@ def layer_capacity(window: int | None, n_ctx: int, max_chunk: int, ring: bool = 
 
 
 class KVPool:
-    # What the features built on truncatable positional K/V may do with this memory (a
-    # recurrent memory, memory/recurrent.py, answers otherwise): roll back rejected drafts,
-    # save a conversation to disk.
+    # Whether speculation may roll rejected drafts back by truncation (a recurrent memory,
+    # memory/recurrent.py, answers for itself).
     can_rollback = True
-    can_persist = True
 
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype: "str | torch.dtype | None" = torch.float16,
                  device: torch.device | str = "cpu", ring: bool | None = None, max_chunk: int = 512):

@@ -20,7 +20,7 @@ What that changes for the features built on truncatable positional K/V — each 
   state after every row; truncating to any of those positions restores it. Verification is then
   bit-exact wherever the projections are row-exact (engine/speculate.rows_are_exact), which is
   when speculation is on by default.
-- Persistence (`can_persist`): a conversation's file (memory/kv_store.py) holds, beside the
+- Persistence: a conversation's file (memory/kv_store.py) holds, beside the
   tokens (and any attention K/V), the live state and the checkpoints: a restored conversation
   reuses what a resident one would.
 - CUDA graphs and padded rows: the mixer's ops take `n_valid`, so padding never advances a
@@ -81,7 +81,6 @@ class RecurrentMemory(KVPool):
     Everything the engine asks of a pool (tokens, canonical, reusable, truncate) answers for both."""
 
     can_rollback = True  # speculation's rollback (engine/speculate.py): to any row of a verification pass
-    can_persist = True  # conversations saved to disk with their states (memory/kv_store.py)
 
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype="f16", device="cpu", ring=None, max_chunk: int = 512):
         super().__init__(spec, n_ctx, dtype, device, ring, max_chunk)
