@@ -8,6 +8,8 @@ One file per conversation under `$TALLOW_HOME/kv/`, named by a hash of the conve
                           K (n_kv_heads, m, head_dim), V (n_kv_heads, m, v_head_dim) in the
                           pool's storage dtype, then for int8/fp8 the K and V scales
                           (n_kv_heads, m) float32
+                        | a recurrent memory's states (memory/recurrent.py): per saved position
+                          (header "states"), each layer's conv and SSM state, float32
     sha256 of everything above (32 bytes)
 
 The header carries the model fingerprint (sha256 of the GGUF header and tensor table), the KV
