@@ -9,7 +9,8 @@ Writes tests/fixtures/conformance_<model>.json for the three real models:
   - teacher_forced: over a ~500-token text, per position llama.cpp's top-10 token ids and
     logits (full logit rows would be hundreds of MB).
 and tests/fixtures/tiny_<arch>.json: llama.cpp's full logits on the random-weight tiny
-models of tests/tiny_models.py (F32 weights and F32 KV, so no activation quantization).
+models of tests/tiny_models.py (F32 weights and F32 KV, so no activation quantization), and for
+the state-space tiny models (mamba, mamba2, falcon-h1) also their greedy continuation.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import llama_cpp  # noqa: E402
 
 from tallow.chat.template import ChatTemplate  # noqa: E402
 from tallow.gguf_file import GGUFFile  # noqa: E402
-from tiny_models import ARCHITECTURES, MOE_ARCHITECTURES, tiny_prompt, write_tiny_model  # noqa: E402
+from tiny_models import ARCHITECTURES, MOE_ARCHITECTURES, SSM_ARCHITECTURES, tiny_prompt, write_tiny_model, write_tiny_ssm  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
 N_GEN = 64
@@ -177,6 +178,29 @@ def tiny_fixture(arch: str, folder: Path, qtype=None) -> dict:
             gaps.append(round(top2_gap(row), 5))
             llm.eval([out[-1]])
         data["greedy"] = {"ids": out, "gaps": gaps}
+    return data
+
+
+SSM_N_PROMPT = 40  # ten times the conv kernel of 4
+
+
+def tiny_ssm_fixture(arch: str, folder: Path) -> dict:
+    """llama.cpp's logits over a 40-token prompt on the tiny mamba/mamba2/falcon-h1 (F32 weights,
+    F32 KV for falcon-h1's attention; the recurrent state is F32), then its greedy continuation
+    with each step's top-2 gap."""
+    path = write_tiny_ssm(arch, folder / f"tiny-{arch}.gguf")
+    ids = tiny_prompt(SSM_N_PROMPT)
+    llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
+    llm.eval(ids)
+    data = {"arch": arch, "qtype": "F32", "ids": ids,
+            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    out, gaps = [], []
+    for _ in range(TINY_N_GEN):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        out.append(int(row.argmax()))
+        gaps.append(round(top2_gap(row), 5))
+        llm.eval([out[-1]])
+    data["greedy"] = {"ids": out, "gaps": gaps}
     return data
 
 
@@ -343,6 +367,8 @@ def main() -> None:
                 print("wrote", f"tiny_{arch}.json")
             for arch in [a for a in MOE_ARCHITECTURES if args.arch in (None, a)]:
                 (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_moe_fixture(arch, Path(tmp))))
+            for arch in [a for a in SSM_ARCHITECTURES if args.arch in (None, a)]:
+                (out / f"tiny_{arch}.json").write_text(json.dumps(tiny_ssm_fixture(arch, Path(tmp))))
                 print("wrote", f"tiny_{arch}.json")
             from gguf import GGMLQuantizationType as QT
 

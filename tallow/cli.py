@@ -274,6 +274,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .spec import expert_lines
 
     lines += expert_lines(spec, gf)  # qwen3moe, gemma4 26B-A4B: routed experts
+    if spec.ssm is not None:  # mamba/mamba2/falcon-h1: a fixed state beside the KV (ssm_spec.py)
+        from .memory.budget import state_bytes
+
+        if not spec.layers:
+            lines = [line for line in lines if not line.startswith("rope ")]
+            lines = ["attention     none (a state-space model: no KV, no positions)" if line.startswith("attention ")
+                     else line for line in lines]
+        lines.append(f"recurrent state {spec.ssm.state_bytes / 2**20:.2f} MiB live, {state_bytes(spec) / 2**20:.2f} MiB"
+                     f" with its checkpoints (TALLOW_STATE_CHECKPOINTS), at any context")
     if kv_bytes_per_token(spec, shared=False) != spec.kv_bytes_per_token_f16:
         lines.append(f"KV sharing    {spec.kv_bytes_per_token_f16} bytes/token (f16) with it,"
                      f" {kv_bytes_per_token(spec, shared=False)} were every layer to own a cache")

@@ -15,12 +15,14 @@ import numpy as np
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
+from .ssm_spec import HYBRID_ARCHITECTURES, SSM_ARCHITECTURES, SSMSpec, hybrid_model_spec, ssm_layer_lines, ssm_model_spec
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4") + SSM_ARCHITECTURES + HYBRID_ARCHITECTURES
 
 # RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
 # the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
-_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "qwen3moe": "neox", "gemma3": "neox", "gemma4": "neox"}
+_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "qwen3moe": "neox", "gemma3": "neox", "gemma4": "neox",
+               "falcon-h1": "neox"}
 
 # llama.cpp's per-architecture defaults where the GGUF may not carry the key.
 _GEMMA3_SWA_PATTERN = 6
@@ -86,6 +88,7 @@ class ModelSpec:
     n_experts: int = 0
     n_experts_used: int = 0
     expert_ffn_dim: int = 0
+    ssm: SSMSpec | None = None  # the recurrent (Mamba) layers and their fixed state (ssm_spec.py); None: none
 
     @property
     def kv_bytes_per_token_f16(self) -> int:
@@ -103,6 +106,10 @@ def layer_kind_lines(spec: ModelSpec) -> list[str]:
             kinds.setdefault((layer.sliding_window, layer.head_dim, layer.n_kv_heads, layer.rope_base, layer.rope_dim,
                               layer.rope_factors), []).append(layer.index)
     shared = [layer for layer in spec.layers if not layer.owns_kv]
+    if spec.ssm is not None and not spec.layers:
+        return ssm_layer_lines(spec.ssm)
+    if spec.ssm is not None:  # a hybrid: its attention layers, then the recurrent ones beside them
+        return ["layer kinds", f"  attention beside the mixer in every block: {len(spec.layers)} layers"] + ssm_layer_lines(spec.ssm)
     if len(kinds) < 2 and not shared and len({layer.ffn_dim for layer in spec.layers}) < 2:
         return []
     lines = []
@@ -206,6 +213,10 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         return value
 
     path = gf.path
+    if arch in SSM_ARCHITECTURES:  # no attention layers: the recurrent ones are in ModelSpec.ssm
+        import sys
+
+        return ssm_model_spec(gf, sys.modules[__name__])
 
     def key(name: str) -> str:
         return f"{arch}.{name}"
@@ -275,7 +286,7 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
 
     name = gf.get("general.name")
     name = name if isinstance(name, str) and name else gf.path
-    return ModelSpec(
+    spec = ModelSpec(
         architecture=arch,
         name=str(name),
         n_layers=n_layers,
@@ -301,6 +312,11 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         per_layer_input_dim=per_layer_input_dim,
         **_expert_counts(gf, ffn_dims),
     )
+    if arch in HYBRID_ARCHITECTURES:  # attention beside Mamba-2 in every block (ssm_spec.py)
+        import sys
+
+        spec = hybrid_model_spec(gf, spec, sys.modules[__name__])
+    return spec
 
 
 def _expert_counts(gf: GGUFFile, ffn_dims: list[int]) -> dict:

@@ -32,7 +32,7 @@ _OFF = ("0", "false", "no", "off")
 @dataclass(frozen=True)
 class Switch:
     name: str
-    kind: str  # "flag" (bool; None = auto), "seconds" (float > 0), "bytes" (int >= 0), "text"
+    kind: str  # "flag" (bool; None = auto), "seconds" (float > 0), "bytes" or "count" (int >= 0), "text"
     default: bool | float | int | str | None
     example: str  # the value the README shows, e.g. "0" for a path that is on by default
     doc: str  # the README's one line: what the example value does
@@ -55,6 +55,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_FAST_LAYERS", "flag", True, "0", "CPU: step-by-step RMSNorm, RoPE, GELU and attention instead of the fused forms", "call", numeric=True),
     Switch("TALLOW_PREFILL_DEQUANT", "flag", True, "0", "CPU: prefill through the int4/int8 kernels instead of dequantized bf16 tiles", "call", numeric=True),
     Switch("TALLOW_NUMERICS", "text", "default", "ggml", "CPU: llama.cpp's own arithmetic — activations rounded to Q8_0/Q8_1/Q8_K blocks as ggml's x86 code does, Q/K/V and the softmax weights in f16 (flash attention off), ggml's RMSNorm and RoPE angles — over fp32 weights (4 bytes per weight, reference speed; no weight cache, no speculation). Closer to llama.cpp than the default where measured (gemma3 teacher-forced top-1 91% → 95%) but not bit-identical, for the reason docs/performance.md measures; off by default", "load", pack=True, numeric=True),
+    Switch("TALLOW_SSM_BLOCKED_SCAN", "flag", False, "1", "CPU, mamba/mamba2/falcon-h1: the selective scan batched over blocks of tokens (one launch per token for the recurrence) instead of op by op; opt-in: not measured faster on the 2-core machine", "call", numeric=True),
     Switch("TALLOW_REFERENCE", "flag", False, "1", "every weight dequantized to fp32 — the slow exact reference", "load", pack=True, numeric=True),
     Switch("TALLOW_WEIGHT_CACHE", "flag", True, "0", "CPU: repack the weights at every start instead of mapping them from `$TALLOW_HOME/packed`", "load"),
     Switch("TALLOW_WEIGHT_CACHE_BYTES", "bytes", 8 * _G, "N", "the most bytes the weight cache folder keeps (default 8 GiB; least recently used files go first)", "load"),
@@ -69,6 +70,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_PREFIX_CACHE", "flag", True, "0", "never reuse the KV of a previous request", "request"),
     Switch("TALLOW_ALIGNED_REUSE", "flag", True, "0", "reuse any cached prefix and prefill the rest from there, with unpadded prefill attention (a few dozen tokens less to prefill; the greedy answer may then change with what the cache held)", "call", numeric=True),
     Switch("TALLOW_PERSIST_KV", "flag", True, "0", "never save or load a conversation's KV on disk", "request"),
+    Switch("TALLOW_STATE_CHECKPOINTS", "count", 4, "0", "recurrent models (mamba): keep no copies of the state at prefill chunk ends (default 4), so a new prompt reuses a previous one only when it extends all of it", "load"),
     Switch("TALLOW_KV_STORE_BYTES", "bytes", 2 * _G, "N", "the most bytes the saved-conversation KV folder keeps (default 2 GiB)", "load"),
     Switch("TALLOW_KV_RING", "flag", True, "0", "sliding-window layers (gemma3) hold the whole context instead of a ring of window + 511 slots", "load", numeric=True),
     Switch("TALLOW_KV_DTYPE", "text", None, "f16", "the default KV dtype (f16, bf16, int8, fp8) for models without `--kv-dtype` / `kv_dtype=`", "load", numeric=True),
@@ -112,6 +114,10 @@ def parse(switch: Switch, raw: str | None):
         if not seconds > 0 or seconds == float("inf"):
             raise UsageError(f"{switch.name}={text!r} must be a positive number of seconds.")
         return seconds
+    if switch.kind == "count":
+        if not text.isdigit():
+            raise UsageError(f"{switch.name}={text!r} must be a whole number.")
+        return int(text)
     if switch.kind == "bytes":
         if not text.isdigit():
             raise UsageError(f"{switch.name}={text!r} must be a whole number of bytes.")

@@ -320,6 +320,67 @@ def _dequant_mm(name: str):
     return getattr(dequant_matmul, name)
 
 
+# ---------------------------------------------------------------- CPU: the Mamba ops (kernels/cpu/ssm.py)
+
+# The references recompute the recurrences element by element in float64 (a missed tap, decay or
+# group gives errors of order 1); the kernels run float32, so 1e-5 norm-wise.
+
+def _conv_inputs(shape, dtype, g):
+    n, ch, d_conv = shape
+    return {"x": torch.randn(n, ch, generator=g), "state": torch.randn(d_conv - 1, ch, generator=g),
+            "w": torch.randn(ch, d_conv, generator=g), "b": torch.randn(ch, generator=g)}
+
+
+def _conv_reference(a):
+    window = torch.cat([a["state"], a["x"]]).double()
+    n, d_conv = a["x"].shape[0], a["w"].shape[1]
+    return torch.stack([(window[t : t + d_conv].T * a["w"].double()).sum(1) for t in range(n)]) + a["b"].double()
+
+
+def _scan_inputs(shape, dtype, g):
+    n, heads, head_dim, groups, d_state, version = shape
+    A = -torch.rand(heads, d_state, generator=g) * 4 if version == 1 else -torch.rand(heads, generator=g) * 4
+    return {"state": torch.randn(heads, head_dim, d_state, generator=g), "x": torch.randn(n, heads, head_dim, generator=g),
+            "dt": torch.randn(n, heads, generator=g) * 3, "A": A, "B": torch.randn(n, groups, d_state, generator=g),
+            "C": torch.randn(n, groups, d_state, generator=g)}
+
+
+def _scan_reference(a):
+    s = a["state"].double().clone()
+    n, heads = a["dt"].shape
+    per_group = heads // a["B"].shape[1]
+    y = torch.zeros(a["x"].shape, dtype=torch.float64)
+    for t in range(n):
+        for h in range(heads):
+            dt = float(a["dt"][t, h])
+            dt = dt if dt > 20 else float(torch.log1p(torch.exp(torch.tensor(dt, dtype=torch.float64))))
+            A = a["A"][h].double()
+            decay = torch.exp(dt * A)  # (d_state,) or a scalar
+            b, c = a["B"][t, h // per_group].double(), a["C"][t, h // per_group].double()
+            s[h] = s[h] * decay + b * (a["x"][t, h].double() * dt).unsqueeze(-1)
+            y[t, h] = (s[h] * c).sum(-1)
+    return y
+
+
+def _ssm(name: str):
+    from tallow.kernels.cpu import ssm
+
+    return getattr(ssm, name)
+
+
+register(op="ssm_conv", impl="tallow.kernels.cpu.ssm:causal_conv", tol=1e-5, inputs=_conv_inputs,
+         shapes=((1, 32, 4), (7, 48, 4), (3, 16, 2)),
+         run=lambda a: _ssm("causal_conv")(a["x"], a["state"].clone(), a["w"], a["b"]), reference=_conv_reference)
+register(op="ssm_scan", impl="tallow.kernels.cpu.ssm:selective_scan", tol=1e-5, inputs=_scan_inputs,
+         shapes=((1, 16, 1, 1, 8, 1), (9, 32, 1, 1, 16, 1), (1, 4, 8, 2, 16, 2), (9, 8, 4, 2, 16, 2)),
+         run=lambda a: _ssm("selective_scan")(a["state"].clone(), a["x"], a["dt"], a["A"], a["B"], a["C"]),
+         reference=_scan_reference)
+register(op="ssm_scan", impl="tallow.kernels.cpu.ssm:blocked_scan", tol=1e-5, inputs=_scan_inputs,
+         shapes=((1, 16, 1, 1, 8, 1), (9, 32, 1, 1, 16, 1), (1, 4, 8, 2, 16, 2), (9, 8, 4, 2, 16, 2)),
+         run=lambda a: _ssm("blocked_scan")(a["state"].clone(), a["x"], a["dt"], a["A"], a["B"], a["C"]),
+         reference=_scan_reference)
+
+
 # ---------------------------------------------------------------- not here (yet), and not kernels
 
 # Implementations whose checks need more than a reference on random inputs (rings, CUDA graphs,
@@ -346,6 +407,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     # routed experts' helpers: a view of the file map, the router's softmax/top-k (checked against
     # llama.cpp's chosen experts in tests/test_moe.py), a switch
     "tallow.kernels.cpu.moe:expert_slice", "tallow.kernels.cpu.moe:route_softmax", "tallow.kernels.cpu.moe:grouped_enabled",
+    "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference",

@@ -491,3 +491,108 @@ def _write_gemma4_moe(path: str | Path, seed: int, qtype: GGMLQuantizationType) 
 def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:
     """A fixed token sequence longer than gemma3's tiny window of 8."""
     return [int(t) for t in np.random.RandomState(seed).randint(0, N_VOCAB_BYTES, size=n)]
+
+
+# Tiny state-space models (tallow/ssm_spec.py): written by their own function so every file
+# above stays byte-identical. Mamba-1: dim 64, d_inner 128 (llama.cpp wants 2 x dim), 16
+# states, conv kernel 4, dt rank 4. Mamba-2: 8 heads of 16 in 2 groups, 16 states. Falcon-H1:
+# the Mamba-2 mixer (one group) beside llama-style attention (4 heads of 16, 2 KV heads) in
+# every block, then a SwiGLU MLP of 128 (its multipliers are folded into the weights by
+# llama.cpp's converter, so the file has none).
+SSM_ARCHITECTURES = ("mamba", "mamba2", "falcon-h1")
+
+
+def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+                   n_layers: int = 2) -> Path:
+    """A tiny random-weight `mamba`, `mamba2` or `falcon-h1` model. Matrices use qtype; the conv kernel, A,
+    D, norms and biases stay F32 (as llama.cpp's quantizer leaves them). A and the dt bias are
+    drawn the way Mamba initializes them (A = -exp(log 1..d_state), dt in [1e-3, 1e-1]), so the
+    states neither vanish nor explode over a few dozen tokens."""
+    if arch not in SSM_ARCHITECTURES:
+        raise ValueError(arch)
+    rng = np.random.RandomState(seed)
+    dim, d_inner, d_state, d_conv = 64, 128, 16, 4
+    n_head, n_group = 8, (1 if arch == "falcon-h1" else 2)  # mamba2, falcon-h1
+    hybrid = arch == "falcon-h1"
+    n_heads, n_kv, head_dim, ffn = 4, 2, 16, 128  # falcon-h1's attention and MLP
+    dt_rank = 4 if arch == "mamba" else n_head
+    tokens, types, merges = _tokens()
+    n_vocab = len(tokens)
+
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn if hybrid else 0)
+    w.add_head_count(n_heads if hybrid else 0)
+    if hybrid:
+        w.add_head_count_kv(n_kv)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_rope_freq_base(10000.0)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    if arch != "mamba":
+        w.add_ssm_group_count(n_group)
+    else:
+        w.add_ssm_dt_b_c_rms(False)
+    w.add_layer_norm_rms_eps(1e-5)
+    _add_byte_tokenizer(w, tokens, types, merges)
+    matrix, vector = _random_tensors(w, rng, qtype)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, data.astype(np.float32))
+
+    def dt_bias(n: int) -> np.ndarray:  # softplus^-1 of dt drawn log-uniform in [1e-3, 1e-1]
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), n))
+        return dt + np.log(-np.expm1(-dt))
+
+    conv_ch = d_inner if arch == "mamba" else d_inner + 2 * n_group * d_state
+    matrix("token_embd.weight", n_vocab, dim, 1.0)
+    vector("output_norm.weight", dim, 1.0, 0.1)
+    matrix("output.weight", n_vocab, dim, dim**-0.5)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
+        if hybrid:
+            matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
+            matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
+        if arch == "mamba":
+            matrix(p + "ssm_in.weight", 2 * d_inner, dim, dim**-0.5)
+        else:
+            matrix(p + "ssm_in.weight", d_inner + conv_ch + n_head, dim, dim**-0.5)
+        f32(p + "ssm_conv1d.weight", rng.standard_normal((conv_ch, d_conv)) * d_conv**-0.5)
+        vector(p + "ssm_conv1d.bias", conv_ch, 0.0, 0.1)
+        if arch == "mamba":
+            matrix(p + "ssm_x.weight", dt_rank + 2 * d_state, d_inner, d_inner**-0.5)
+            if qtype == GGMLQuantizationType.F32 or dt_rank % 32:  # too narrow for a quantized block: F32
+                f32(p + "ssm_dt.weight", rng.standard_normal((d_inner, dt_rank)) * dt_rank**-0.5)
+            else:
+                matrix(p + "ssm_dt.weight", d_inner, dt_rank, dt_rank**-0.5)
+            f32(p + "ssm_dt.bias", dt_bias(d_inner))
+            a = -np.tile(np.arange(1, d_state + 1, dtype=np.float64), (d_inner, 1)) * np.exp(rng.standard_normal((d_inner, d_state)) * 0.1)
+            f32(p + "ssm_a", a)
+            f32(p + "ssm_d", 1.0 + rng.standard_normal(d_inner) * 0.1)
+        else:
+            f32(p + "ssm_dt.bias", dt_bias(n_head))
+            f32(p + "ssm_a", -np.exp(rng.uniform(0.0, np.log(16.0), (n_head, 1))))
+            f32(p + "ssm_d", 1.0 + rng.standard_normal((n_head, 1)) * 0.1)
+            f32(p + "ssm_norm.weight", 1.0 + rng.standard_normal((n_group, d_inner // n_group)) * 0.1)
+        matrix(p + "ssm_out.weight", dim, d_inner, d_inner**-0.5)
+        if hybrid:
+            # `blk.N.ffn_norm`, without `.weight`: llama.cpp's converter maps Falcon-H1's whole
+            # `pre_ff_layernorm.weight` to that name, and its falcon-h1 loader asks for it.
+            vector(p + "ffn_norm", dim, 1.0, 0.1)
+            matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
+            matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
+            matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

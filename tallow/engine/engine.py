@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..memory.kv_pool import KVPool
 from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
+from ..memory.recurrent import make_memory
 from ..models.base import DecoderModel
 from ..sampling import Sampler
 from .prefill_plan import PrefillPlan, numerics_key, plan_for
@@ -85,7 +85,8 @@ class Engine:
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         # Sliding-window layers hold rings sized for one prefill chunk beyond their window.
-        self.kv = KVPool(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
+        # (Recurrent layers add their fixed-size state: memory/recurrent.py.)
+        self.kv = make_memory(model.spec, n_ctx, kv_dtype or "f16", device=model.device, max_chunk=prefill_chunk)
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
         self._row_graphs = None  # CUDA graphs of speculative verification passes by size (GPU only)
@@ -165,7 +166,8 @@ class Engine:
         if self.model.device.type != "cuda":
             if self._verifier is None:
                 self._verifier = exact_verifier(self.model)
-            return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
+            with self.kv.rows_kept():  # a recurrent memory keeps each row's state, to roll back to
+                return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
         if self._row_graphs is None:
             from .graphs import RowGraphs
 
@@ -207,11 +209,12 @@ class Engine:
         reuse = self.kv.reusable(self._reuse_point(plan, tokens, self.kv.tokens, self.kv.canonical))
         self.kv.truncate(reuse)
         logits = None
-        for start, end in plan.chunks(reuse, len(tokens)):
+        for start, end in self.kv.prefill_chunks(plan, reuse, len(tokens)):  # plan.chunks, or cut for a recurrent state
             if should_stop is not None and start > reuse and should_stop():
                 logits = None
                 break
             logits = self.prefill_chunk_at(tokens[start:end], start)
+            self.kv.checkpoint(end)  # a recurrent state is kept here to be reused (a no-op for K/V)
             if plan.extends_canonical(start, end, self.kv.canonical):
                 self.kv.canonical = end
         stats.prompt_tokens = len(tokens)
@@ -254,7 +257,9 @@ class Engine:
         stats.reused_from_disk = min(from_disk, stats.reused_tokens)
         history = list(prompt)
         stats.finish_reason = "length"
-        speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculation_enabled(self.model) else None
+        # Whether the memory can roll back a rejected draft (a recurrent one: memory/recurrent.py).
+        speculative = speculation_enabled(self.model) and self.kv.can_rollback
+        speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculative else None
         t_decode = time.perf_counter()
         try:
             for i in range(max_tokens):

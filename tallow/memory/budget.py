@@ -239,9 +239,9 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     """The residual stream plus the larger block phase of one prefill chunk (scratch_bytes' table)."""
     c = min(prefill_chunk, n_ctx)
     n = n_ctx
-    h = max(layer.n_heads for layer in spec.layers)
-    hkv = max(layer.n_kv_heads for layer in spec.layers)
-    hd = max(max(layer.head_dim, layer.v_head_dim) for layer in spec.layers)
+    h = max((layer.n_heads for layer in spec.layers), default=0)  # 0: no attention layers (mamba)
+    hkv = max((layer.n_kv_heads for layer in spec.layers), default=0)
+    hd = max((max(layer.head_dim, layer.v_head_dim) for layer in spec.layers), default=0)
     residual = 3 * c * spec.dim * 4
     attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
     if kv_format(kv_dtype).scaled:
@@ -249,6 +249,8 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     if spec.n_experts:  # routed experts (kernels/cpu/moe.py): every row's k outputs, then weighted
         mlp = max(mlp, c * spec.n_experts_used * (2 * spec.dim * 4 + spec.expert_ffn_dim * (4 * 4 + 2)))
+    if spec.ssm is not None:
+        mlp = max(mlp, spec.ssm.mixer_activation_bytes(c))
     return residual + max(attention, mlp)
 
 
@@ -267,7 +269,8 @@ def prefix_cache_bytes(spec: ModelSpec, n_ctx: int, kv_dtype: str = "f16") -> in
     the cache. On disk (kv_store): saving and hydrating stage one layer's K and V (and scales)
     of the used positions at a time, plus the token ids (a Python int and a list slot each)."""
     fmt = kv_format(kv_dtype)
-    per_layer = max(fmt.bytes_per_position(layer.n_kv_heads, layer.head_dim, layer.v_head_dim) for layer in spec.layers)
+    per_layer = max((fmt.bytes_per_position(layer.n_kv_heads, layer.head_dim, layer.v_head_dim) for layer in spec.layers),
+                    default=0)
     return n_ctx * per_layer + n_ctx * 36
 
 
@@ -351,11 +354,12 @@ class MemoryPlan:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     kv_dtype: str = "f16"
     device: str = "cpu"  # on a GPU: weights, KV and scratch are GPU memory, the budget the GPU's
+    state: int = 0  # recurrent layers' fixed state and its checkpoints (ssm_spec.py; 0: none)
 
     @property
     def resident(self) -> int:
         """What stays resident after loading, before the first token (weights, KV, runtime)."""
-        return self.weights + self.kv + self.runtime
+        return self.weights + self.kv + self.state + self.runtime
 
     @property
     def total(self) -> int:
@@ -374,6 +378,7 @@ class MemoryPlan:
         return [
             ("weights", self.weights),
             (f"KV for {self.n_ctx} tokens", self.kv),
+        ] + ([("recurrent state", self.state)] if self.state else []) + [
             ("scratch", self.scratch),
             ("prefix cache", self.prefix_cache),
             ("runtime", self.runtime),
@@ -393,7 +398,7 @@ class MemoryPlan:
             self.model, n_ctx, self.weights, kv_bytes(self.spec, n_ctx, self.kv_dtype, self.prefill_chunk),
             scratch, prefix, self.runtime, self.reserve, self.budget, self.budget_text,
             self.kv_bytes_per_token, self.spec, self.header, self.linear_mode, self.prefill_chunk, self.kv_dtype,
-            self.device,
+            self.device, self.state,
         )
 
     def largest_fitting_ctx(self) -> int:
@@ -448,6 +453,12 @@ class MemoryPlan:
             owners = sum(1 for layer in self.spec.layers if layer.owns_kv)
             rings += (f"; {owners} of {len(self.spec.layers)} layers own a cache, the rest share one"
                       f" ({kv_bytes_per_token(self.spec, self.kv_dtype, shared=False)} bytes per token without sharing)")
+        if self.spec is not None and self.spec.ssm is not None:
+            from ..ssm_spec import VERIFY_ROWS
+
+            ssm = self.spec.ssm
+            rings += (f"; {len(ssm.layers)} recurrent layers of {ssm.layer_state_bytes} state bytes each, fixed,"
+                      f" plus up to {_state_checkpoints()} checkpoints and {VERIFY_ROWS} verification rows of it")
         where = f" in {self.device} memory" if self.device.startswith("cuda") else ""
         lines = [f"memory plan for {self.model}{where} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
                  f" bytes per token over all layers{rings}):"]
@@ -556,7 +567,23 @@ def plan_memory(
         prefill_chunk=prefill_chunk,
         kv_dtype=kv_dtype,
         device=device,
+        state=state_bytes(spec),
     )
+
+
+def _state_checkpoints() -> int:
+    return int(switches.value("TALLOW_STATE_CHECKPOINTS"))
+
+
+def state_bytes(spec: ModelSpec) -> int:
+    """The recurrent layers' state (conv + SSM, float32), live plus its checkpoints plus the
+    per-row copies a speculative verification pass keeps (memory/recurrent.py): fixed, whatever
+    the context. 0 for a model without recurrent layers."""
+    if spec.ssm is None:
+        return 0
+    from ..ssm_spec import VERIFY_ROWS
+
+    return spec.ssm.state_bytes * (1 + _state_checkpoints() + VERIFY_ROWS)
 
 
 # The KV dtype a model gets when none is asked for: int8 where greedy text on the conformance

@@ -34,6 +34,7 @@ changes an answer. The engine raises it after each such prefill chunk; truncatio
 
 from __future__ import annotations
 
+import contextlib
 
 import torch
 
@@ -63,6 +64,10 @@ def layer_capacity(window: int | None, n_ctx: int, max_chunk: int, ring: bool = 
 
 
 class KVPool:
+    # Whether speculation may roll rejected drafts back by truncation (a recurrent memory,
+    # memory/recurrent.py, answers for itself).
+    can_rollback = True
+
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype: "str | torch.dtype | None" = torch.float16,
                  device: torch.device | str = "cpu", ring: bool | None = None, max_chunk: int = 512):
         self.n_ctx = n_ctx
@@ -232,6 +237,20 @@ class KVPool:
             if need_from < intact_from:
                 return 0
         return n
+
+    def prefill_chunks(self, plan, start: int, n: int) -> list[tuple[int, int]]:
+        """How a prefill of positions start..n-1 is cut: the plan's chunks (a recurrent memory
+        adds a cut where it wants a state checkpoint, memory/recurrent.py)."""
+        return plan.chunks(start, n)
+
+    def rows_kept(self):
+        """A context for a speculative verification pass: positional K/V roll back by truncation
+        alone; a recurrent memory keeps the state after each row (memory/recurrent.py)."""
+        return contextlib.nullcontext()
+
+    def checkpoint(self, position: int) -> None:
+        """A prefill chunk ended at `position`. Positional K/V need no copy to be truncated back
+        there; a recurrent memory keeps its state (memory/recurrent.py)."""
 
     def truncate(self, n_tokens: int) -> None:
         """Forget positions from n_tokens on (their memory is simply overwritten later). A ring

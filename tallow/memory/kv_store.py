@@ -8,6 +8,8 @@ One file per conversation under `$TALLOW_HOME/kv/`, named by a hash of the conve
                           K (n_kv_heads, m, head_dim), V (n_kv_heads, m, v_head_dim) in the
                           pool's storage dtype, then for int8/fp8 the K and V scales
                           (n_kv_heads, m) float32
+                        | a recurrent memory's states (memory/recurrent.py): per saved position
+                          (header "states"), each layer's conv and SSM state, float32
     sha256 of everything above (32 bytes)
 
 The header carries the model fingerprint (sha256 of the GGUF header and tensor table), the KV
@@ -122,6 +124,36 @@ def _read_header(f, fingerprint: str) -> tuple[dict, bytes, bytes]:
     return header, head, raw_header
 
 
+def _state_header(kv: KVPool) -> dict:
+    """A recurrent memory's header fields: the positions of the states saved (the live one at the
+    end of the tokens, and the checkpoints) and each state's tensor shapes; nothing for a KVPool."""
+    if getattr(kv, "state", None) is None:
+        return {}
+    return {"states": kv.saved_positions(), "state_layout": [list(t.shape) for t in kv.state.tensors()]}
+
+
+def _state_tensors(kv: KVPool) -> list:
+    if getattr(kv, "state", None) is None:
+        return []
+    return [t for saved in kv.saved_states() for t in saved]
+
+
+def _check_states(header: dict, kv: KVPool, n: int) -> list[int]:
+    """The saved state positions of a file, checked against this memory (none for a KVPool)."""
+    if getattr(kv, "state", None) is None:
+        if header.get("states"):
+            raise ValueError("it holds recurrent states, this model has none")
+        return []
+    positions = header.get("states")
+    if header.get("state_layout") != [list(t.shape) for t in kv.state.tensors()]:
+        raise ValueError("its recurrent state layout differs from this model's")
+    if (not isinstance(positions, list) or not positions or len(positions) > 64
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p <= n for p in positions)
+            or len(set(positions)) != len(positions)):
+        raise ValueError("its recurrent state positions are not distinct positions within its tokens")
+    return positions
+
+
 class KVStoreWarning(UserWarning):
     """A cache file was ignored (corrupt, truncated, foreign model): generation goes on without it."""
 
@@ -179,6 +211,7 @@ class KVStore:
             "lo": lo,
             "canonical": kv.canonical,
             "numerics": self.numerics,
+            **_state_header(kv),
             "conversation_id": conversation_id[:MAX_ID_IN_HEADER],  # for a person reading the file; the name is the hash
         }).encode()
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -193,6 +226,8 @@ class KVStore:
                 put(np.asarray(kv.tokens, dtype=np.int32).tobytes())
                 for layer in kv.owners:
                     self._write_layer(put, kv, layer, lo[layer], n)
+                for t in _state_tensors(kv):  # a recurrent memory's states (memory/recurrent.py), fixed size
+                    put(memoryview(t.contiguous().cpu().view(torch.uint8).numpy()).cast("B"))
                 f.write(digest.digest())
                 f.flush()
                 os.fsync(f.fileno())
@@ -279,11 +314,15 @@ class KVStore:
             if len(lo) != len(kv.caps) or any(not 0 <= a <= n or n - a > cap or (a and cap >= kv.n_ctx)
                                               for i, (a, cap) in enumerate(zip(lo, kv.caps)) if i in owners):
                 raise ValueError("its stored position ranges do not fit this pool")
-            item = kv.k[0].element_size()
+            item = kv.format.torch_dtype.itemsize  # (a mamba memory has no K/V tensors to ask)
             scale_bytes = 2 * kv.format.scale_bytes  # K's and V's
             layout = header["layout"]
             body = 4 * n + sum((n - lo[i]) * layout[i][0] * ((layout[i][1] + layout[i][2]) * item + scale_bytes)
                                for i in owners)
+            positions = _check_states(header, kv, n)
+            state_size = getattr(kv, "state", None)
+            state_size = state_size.nbytes if state_size is not None else 0
+            body += len(positions) * state_size
             if size != 16 + header_len + body + 32:
                 raise ValueError(f"it is {size} bytes, its header promises {16 + header_len + body + 32} (truncated?)")
             digest = hashlib.sha256(head + raw_header)
@@ -303,12 +342,19 @@ class KVStore:
                     for a, b in kv._spans(layer, lo[layer], n):
                         t[:, a:b] = block[:, done : done + b - a].to(t.device)
                         done += b - a
+            states = []
+            for _ in positions:
+                raw = f.read(state_size)
+                digest.update(raw)
+                states.append(raw)
             if f.read(32) != digest.digest():
                 raise ValueError("its checksum does not match (corrupt)")
         kv.tokens.extend(np.frombuffer(raw_tokens, dtype=np.int32).tolist())  # only now is it reusable
         kv._high = n - 1
         kv._intact_from = [lo[i] if kv.owns(i) else 0 for i in range(len(lo))]
         kv.canonical = self._canonical(header, n)
+        if positions:
+            kv.load_states(positions, [bytearray(raw) for raw in states])
         return n
 
     # -- bounding ------------------------------------------------------------------------

@@ -6,8 +6,10 @@ from ..gguf_file import GGUFFile
 from ..spec import ModelSpec
 from .base import DecoderModel
 from .gemma3 import Gemma3Model
+from .falcon_h1 import FalconH1Model
 from .gemma4 import Gemma4Model
 from .llama import LlamaModel
+from .mamba import MambaModel
 from .qwen import Qwen2Model, Qwen3Model
 from .qwen3moe import Qwen3MoeModel
 
@@ -18,6 +20,9 @@ FAMILIES: dict[str, type[DecoderModel]] = {
     "qwen3moe": Qwen3MoeModel,
     "gemma3": Gemma3Model,
     "gemma4": Gemma4Model,
+    "mamba": MambaModel,
+    "mamba2": MambaModel,
+    "falcon-h1": FalconH1Model,
 }
 
 

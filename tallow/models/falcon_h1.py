@@ -1,0 +1,41 @@
+"""Falcon-H1 (GGUF `falcon-h1`), as llama.cpp's src/models/falcon-h1.cpp builds it.
+
+Every block runs attention and a Mamba-2 mixer side by side on the same normed input and adds
+both to the residual, then a SwiGLU MLP:
+    h = RMSNorm(x, attn_norm)
+    x = x + Attention(h) + Mamba2(h)         (llama-style attention, NEOX RoPE, GQA)
+    x = x + MLP(RMSNorm(x, ffn_norm))
+Falcon-H1's multipliers (attention in/out, key, SSM in/out and per-segment, MLP, embedding,
+LM head) are folded into the weights by llama.cpp's converter, so the graph has none. Every
+layer owns a K/V cache and a recurrent state (memory/recurrent.RecurrentMemory holds both).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import LayerWeights
+from .mamba import MambaModel
+
+
+class FalconH1Model(MambaModel):
+    def load_layer(self, i: int) -> LayerWeights:
+        w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors
+        p = f"blk.{i}."
+        t = w.tensors
+        t["attn_qkv"] = self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+        t["attn_output"] = self.linear(p + "attn_output.weight")
+        # Falcon-H1 files name it `blk.N.ffn_norm` (no `.weight`: llama.cpp's converter maps the
+        # whole `pre_ff_layernorm.weight` to it); accept either name.
+        t["ffn_norm"] = self.norm_weight(p + "ffn_norm" if p + "ffn_norm" in self.gf.tensors else p + "ffn_norm.weight")
+        t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
+        t["ffn_down"] = self.linear(p + "ffn_down.weight")
+        return w
+
+    def block(self, w: LayerWeights, x: torch.Tensor, delta, positions, kv, start):
+        eps, ops = self.spec.norm_eps, self.ops
+        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
+        mixed = w.attn_output(self.attend(w.index, q, kv, start)) + self.mixer(w, h, kv)
+        x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
+        return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))

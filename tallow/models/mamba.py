@@ -1,0 +1,152 @@
+"""Mamba (GGUF `mamba`) and Mamba-2 (`mamba2`), as llama.cpp's src/models/mamba.cpp and
+mamba-base.cpp build them.
+
+Every block: RMSNorm, a Mamba mixer, the residual. No attention, no MLP, no positions: what a
+block knows of earlier tokens is its layer's recurrent state (memory/recurrent.py).
+
+Mamba-1 mixer (build_mamba_layer): in-projection to x and the gate z (d_inner each); a causal
+depthwise conv1d of x over d_conv taps (conv state = the d_conv - 1 inputs before), bias, SiLU;
+x projected to dt (dt_rank), B and C (d_state each), dt up-projected to d_inner with a bias;
+the selective scan with a decay per (channel, state); y + D·x, gated by SiLU(z); out-projection.
+
+Mamba-2 mixer (build_mamba2_layer): in-projection to z (d_inner), xBC (d_inner + 2·n_group·d_state)
+and dt (one per head); the conv1d runs over x, B and C together; dt gets a bias; the scan has
+one scalar decay per head and B/C shared by each group's heads; y + D·x per head, gated by
+SiLU(z), then an RMSNorm per group with its weight; out-projection.
+
+The mixer needs only (layer weights, x, the memory): `mixer(w, h, memory, n_valid)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelFileError
+from .. import switches
+from ..kernels.cpu.ssm import blocked_scan, causal_conv, selective_scan
+from ..layers import rms_norm
+from ..quant.reference import dequantize
+from .base import DecoderModel, LayerWeights
+
+
+class MambaModel(DecoderModel):
+    """Both versions: spec.ssm.version says which mixer a block runs."""
+
+    fused_attention_inputs = False
+
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+        if torch.device(device).type != "cpu":
+            raise ModelFileError(f"{gf.path}: {spec.architecture} models run on the CPU only (no GPU scan yet); use --device cpu.")
+        super().__init__(gf, spec, linear_mode, device, weight_cache)
+
+    def small(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A small F32/F16 tensor (conv kernel, A, D, biases, norms) as float32 of `shape`."""
+        t = self._tensor(name)
+        if int(torch.tensor(t.shape).prod()) != int(torch.tensor(shape).prod()):
+            raise ModelFileError(f"{self.gf.path}: the tensor {name} has shape {list(t.shape)}, not {list(reversed(shape))}.")
+        return dequantize(t.data, t.qtype, t.n_cols).reshape(shape).clone().float().to(self.device)
+
+    def shaped(self, name: str, cols: int, rows: int) -> str:
+        """name, after checking the matrix is [cols, rows] (GGUF order): a wrong shape is one
+        sentence at load, not a matmul error mid-answer."""
+        shape = list(self._tensor(name).shape)
+        if shape != [cols, rows]:
+            raise ModelFileError(f"{self.gf.path}: the tensor {name} has shape {shape}, not {[cols, rows]}.")
+        return name
+
+    def load_layer(self, i: int) -> LayerWeights:
+        ssm, p, dim = self.spec.ssm, f"blk.{i}.", self.spec.dim
+        d, ch = ssm.d_inner, ssm.conv_channels
+        self.shaped(p + "ssm_in.weight", dim, 2 * d if ssm.version == 1 else d + ch + ssm.n_head)
+        self.shaped(p + "ssm_out.weight", d, dim)
+        if ssm.version == 1:
+            self.shaped(p + "ssm_x.weight", d, ssm.dt_rank + 2 * ssm.d_state)
+            self.shaped(p + "ssm_dt.weight", ssm.dt_rank, d)
+        t = {"attn_norm": self.norm_weight(p + "attn_norm.weight"),
+             "ssm_in": self.linear(p + "ssm_in.weight"),
+             "ssm_out": self.linear(p + "ssm_out.weight"),
+             "conv_w": self.small(p + "ssm_conv1d.weight", (ssm.conv_channels, ssm.d_conv)),
+             "conv_b": (self.small(p + "ssm_conv1d.bias", (ssm.conv_channels,)) if p + "ssm_conv1d.bias" in self.gf.tensors
+                        else torch.zeros(ssm.conv_channels, device=self.device))}  # falcon-h1 may have none
+        if ssm.version == 1:
+            t["ssm_x"] = self.linear(p + "ssm_x.weight")
+            t["ssm_dt"] = self.linear(p + "ssm_dt.weight", p + "ssm_dt.bias")
+            t["A"] = self.small(p + "ssm_a", (ssm.d_inner, ssm.d_state))
+            t["D"] = self.small(p + "ssm_d", (ssm.d_inner,))
+        else:
+            t["dt_b"] = self.small(p + "ssm_dt.bias", (ssm.n_head,))
+            t["A"] = self.small(p + "ssm_a", (ssm.n_head,))
+            t["D"] = self.small(p + "ssm_d", (ssm.n_head,))
+            if p + "ssm_norm.weight" in self.gf.tensors:  # optional in falcon-h1
+                t["ssm_norm"] = self.small(p + "ssm_norm.weight", (ssm.n_group, ssm.d_inner // ssm.n_group))
+        return LayerWeights(i, t)
+
+    # -- forward ---------------------------------------------------------------------------
+    def _blocks(self, step, ids, positions, kv, start):
+        kv.begin(start)
+        try:
+            out = super()._blocks(step, ids, positions, kv, start)
+        except BaseException:
+            kv.truncate(0)  # some layers' states moved on and others did not: none can be trusted
+            raise
+        kv.advance(ids.shape[0])
+        return out
+
+    def block(self, w: LayerWeights, x, delta, positions, kv, start):
+        x, h = self.ops.add_norm(x, delta, w.attn_norm, self.spec.norm_eps)
+        return x, self.mixer(w, h, kv)
+
+    def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid: int | None = None) -> torch.Tensor:
+        """The Mamba mixer of layer w over h (n, dim); advances the layer's states in `memory`
+        (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1. Returns (n, dim)."""
+        proj = w.ssm_in(h).float()
+        n = h.shape[0]
+        if memory.keeping_rows and n > 1:
+            # A speculative verification pass (memory.rows_kept): each row runs the recurrent part
+            # as a one-token decode step does, and the memory keeps the state after it, so a
+            # rejected draft rolls back exactly. Only the in/out projections (row-exact) see all rows.
+            rows = []
+            for r in range(n):
+                rows.append(self._mix(w, proj[r : r + 1], memory, None))
+                memory.keep_row(w.index, r)
+            return w.ssm_out(torch.cat(rows))
+        return w.ssm_out(self._mix(w, proj, memory, n_valid))
+
+    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid: int | None) -> torch.Tensor:
+        """The mixer between its in-projection's output proj (n, d_in_proj) and its out-projection:
+        conv, scan, skip, gate (and Mamba-2's grouped norm). Returns y (n, d_inner)."""
+        ssm, state = self.spec.ssm, memory.state
+        n, i = proj.shape[0], w.index
+        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
+        d = ssm.d_inner
+        if ssm.version == 1:
+            x, z = proj[:, :d], proj[:, d:]
+            x = F.silu(causal_conv(x, state.conv[i], w.conv_w, w.conv_b, n_valid))
+            x_db = w.ssm_x(x).float()
+            r, ds = ssm.dt_rank, ssm.d_state
+            dt, B, C = x_db[:, :r], x_db[:, r : r + ds], x_db[:, r + ds :]
+            if ssm.dt_b_c_rms:  # FalconMamba: weightless RMSNorms of dt, B and C
+                dt, B, C = (_rms(v, self.spec.norm_eps) for v in (dt, B, C))
+            dt = w.ssm_dt(dt.contiguous()).float()  # (n, d_inner), with its bias
+            y = scan(state.scan[i], x.view(n, d, 1), dt, w.A, B.reshape(n, 1, ds), C.reshape(n, 1, ds), n_valid)
+            y = y.view(n, d) + x * w.D
+            y = F.silu(z) * y
+        else:
+            ch = ssm.conv_channels
+            z, xBC, dt = proj[:, :d], proj[:, d : d + ch], proj[:, d + ch :]
+            xBC = F.silu(causal_conv(xBC, state.conv[i], w.conv_w, w.conv_b, n_valid))
+            nh, hd, ng, ds = ssm.n_head, ssm.head_dim, ssm.n_group, ssm.d_state
+            x = xBC[:, :d].reshape(n, nh, hd)
+            B = xBC[:, d : d + ng * ds].reshape(n, ng, ds)
+            C = xBC[:, d + ng * ds :].reshape(n, ng, ds)
+            y = scan(state.scan[i], x, dt + w.dt_b, w.A, B, C, n_valid)
+            y = (y + x * w.D.view(nh, 1)).reshape(n, d)
+            y = F.silu(z) * y
+            if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
+                y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
+        return y
+
+
+def _rms(v: torch.Tensor, eps: float) -> torch.Tensor:
+    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
