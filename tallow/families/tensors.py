@@ -75,9 +75,12 @@ NAMES: dict[str, str] = {
 def tensor_name(role: str, i: int | None = None, suffix: str = "weight") -> str:
     """The GGUF name of `role` (block `i` for a block tensor), e.g. ("attn_q", 3) ->
     "blk.3.attn_q.weight"."""
-    template = NAMES[role]
+    return _spell(role, NAMES[role], i, suffix)
+
+
+def _spell(role: str, template: str, i: int | None, suffix: str) -> str:
     if ("{i}" in template) != (i is not None):
-        raise ValueError(f"tensor role {role!r} ({template}) {'needs' if i is None else 'takes no'} a block index")
+        raise ValueError(f"tensor role {role!r} ({template}) {'needs a' if i is None else 'takes no'} block index")
     return (template.format(i=i) if i is not None else template) + (f".{suffix}" if suffix else "")
 
 
@@ -101,10 +104,21 @@ class TensorTable:
         return tuple(self.templates)
 
     def name(self, role: str, i: int | None = None, suffix: str = "weight") -> str:
-        template = self.templates[role]
-        if ("{i}" in template) != (i is not None):
-            raise ValueError(f"tensor role {role!r} ({template}) {'needs' if i is None else 'takes no'} a block index")
-        return (template.format(i=i) if i is not None else template) + (f".{suffix}" if suffix else "")
+        """The GGUF name of this family's `role` (KeyError: a role it did not declare)."""
+        return _spell(role, self.templates[role], i, suffix)
+
+    def role_of(self, name: str) -> tuple[str, int | None, str] | None:
+        """(role, block index, suffix) of a GGUF tensor name, or None if no role of this family
+        spells it: the inverse of `name`, for checking a file or a writer against the table."""
+        stem, _, suffix = name.rpartition(".")
+        index = None
+        parts = stem.split(".")
+        if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+            index, stem = int(parts[1]), ".".join(["blk", "{i}", *parts[2:]])
+        for role, template in self.templates.items():
+            if template == stem:
+                return role, index, suffix
+        return None
 
     def block(self, i: int):
         """Names of block i's tensors: `tn = table.block(3); tn("attn_q")` -> "blk.3.attn_q.weight"."""
