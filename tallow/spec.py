@@ -233,10 +233,17 @@ class Hparams:
 
 
 def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
+    """The ModelSpec of a file, built by its architecture's family (tallow/families/)."""
     from .families import family
+
+    return family(gf.architecture, gf.path).spec(gf)
+
+
+def attention_spec(gf: GGUFFile, fam) -> ModelSpec:
+    """The ModelSpec of a stack of attention + MLP blocks: the keys every such family shares,
+    then the family's own (`fam`: a families.Family) for its layers and scales."""
     from .families.tensors import TOKEN_EMBD, is_tied, tensor_name
 
-    fam = family(gf.architecture, gf.path)
     md = Metadata(gf)
     path, key = gf.path, md.key
 

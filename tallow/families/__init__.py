@@ -1,29 +1,40 @@
 """The family registry: what tallow knows about each GGUF architecture, declared once per family.
 
-A family file here (torch-free, so `tallow plan`/`inspect` never import torch) declares:
+A family file here (torch-free, so `tallow plan`/`inspect` never import torch) subclasses
+`base.Family` and declares:
   - `architecture`: the GGUF `general.architecture` it reads;
   - `tensors`: its tensor-name table (`tensors.TensorTable`: role -> GGUF name template);
   - `layer_kinds`: the kinds of layer it builds (spec.LAYER_KINDS: full attention, sliding
     window, shared-KV reader; recurrent is reserved for the SSM families) — spec_from_gguf
-    refuses a file whose layers come out of another kind;
-  - `layers(md, hp)`: its GGUF metadata keys -> per-layer `LayerSpec`s (the shared keys every
-    family reads are already parsed into `hp`, spec.Hparams; `md` reads and checks the rest);
-    and `attn_scale`, `embed_scale`, `rope_style`, `per_layer_input_dim`;
+    stops on a layer of another kind;
+  - `layers(md, hp)`: its GGUF metadata keys -> per-layer `LayerSpec`s (the keys every family
+    shares are already read into `hp`, a spec.Hparams; `md`, a spec.Metadata, reads and checks
+    its own), and `attn_scale`, `embed_scale`, `rope_style`, `per_layer_input_dim`;
+    or, for blocks that are not all attention + MLP, `spec(gf)` itself;
   - `model`: "module:Class" of its forward pass (tallow/models/<family>.py, imported only when
     a model is built).
 
-Adding a family (e.g. the SSM issue's mamba2) takes:
-  1. tallow/families/<family>.py: a `Family` subclass as above (new tensor roles: add llama.cpp's
-     spelling to tensors.NAMES, or pass them as `extra=` to its TensorTable);
-  2. its line in `_FAMILY_CLASSES` below;
-  3. tallow/models/<family>.py: the model class (`load_layer` asks `self.tensor_names` for every
-     name; `block` is its forward); its kernels under tallow/kernels/ (with a tests/kernel_cases.py case);
-  4. its tiny random-weight writer in tests/tiny_models.py, naming tensors through the same table.
-A new layer kind (recurrent) also needs its memory (memory/) and its constant in spec.LAYER_KINDS.
-Porting a family written the old way: move its `if arch == ...` branch of spec_from_gguf into
-`layers`/`attn_scale`/`embed_scale`, its `_ROPE_STYLE` entry into `rope_style`, its FAMILIES entry
-into `model`, and replace each "blk.{i}.<name>.weight" string in load_layer and the writer with
-`tn(role)` where tn = the table's block(i) (the role is llama.cpp's LLM_TENSOR_* name lowercased).
+Adding a family touches:
+  1. tallow/families/<family>.py (new): the Family subclass; a tensor role no family has yet
+     gets llama.cpp's spelling (src/llama-arch.cpp LLM_TENSOR_NAMES) in tensors.NAMES, or
+     `extra=` in its own TensorTable;
+  2. this file: its import and its entry in `_FAMILY_CLASSES` (two lines);
+  3. tallow/models/<family>.py (new): the model class — `load_layer` takes every name from
+     `self.tensor_names` (tn = self.tensor_names.block(i); tn("attn_q")), `block` is its forward;
+     its kernels under tallow/kernels/, each with a case in tests/kernel_cases.py;
+  4. tests/tiny_models.py: its tiny random-weight writer, naming tensors through the same table
+     (family(arch).tensors), and its llama.cpp fixture (scripts/make_fixtures.py).
+A new layer kind (recurrent) also brings its memory (memory/) and a LayerSpec/ModelSpec field.
+
+Porting a family written the old way (an `if arch == ...` branch in spec.py, a FAMILIES entry in
+models/__init__.py, "blk.{i}.<name>.weight" strings): its SUPPORTED_ARCHITECTURES and _ROPE_STYLE
+entries become `architecture` and `rope_style`; its FAMILIES entry `model`; its branch of
+spec_from_gguf `layers`/`attn_scale`/`embed_scale`, or a `spec(gf)` override for model-wide
+fields (`dataclasses.replace(super().spec(gf), n_experts=...)`) and for recurrent blocks; each
+name string in load_layer and in its tiny writer `tn(role)` (or `tn(role, "bias")`, `tn(role, "")`
+for a name without suffix), the role being llama.cpp's LLM_TENSOR_* enum lowercased
+(LLM_TENSOR_ATTN_OUT -> "attn_out" -> "blk.{i}.attn_output"). tests/test_families.py then checks
+that every tensor of its tiny file is spelled by a role of its table.
 """
 
 from __future__ import annotations

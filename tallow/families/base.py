@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..spec import FULL_ATTENTION, Hparams, LayerSpec, Metadata
+from ..gguf_file import GGUFFile
+from ..spec import FULL_ATTENTION, Hparams, LayerSpec, Metadata, ModelSpec, attention_spec
 from .tensors import TensorTable
 
 
@@ -16,6 +17,14 @@ class Family:
     # RoPE pairing: "norm" rotates adjacent pairs (llama's converter permutes Q/K for it),
     # "neox" the two halves of each head, as llama.cpp's rope types.
     rope_style: str = "neox"
+
+    def spec(self, gf: GGUFFile) -> ModelSpec:
+        """The file's ModelSpec. For attention + MLP blocks the shared reading (spec.attention_spec)
+        calls the hooks below; a family whose blocks are otherwise overrides this: one with
+        model-wide facts of its own (routed experts) returns dataclasses.replace(super().spec(gf),
+        ...), a hybrid adds its recurrent layers to super().spec(gf), a pure recurrent one
+        (no attention keys at all) builds its ModelSpec itself."""
+        return attention_spec(gf, self)
 
     def layers(self, md: Metadata, hp: Hparams) -> list[LayerSpec]:
         """Per-layer facts from the metadata; by default every layer alike, global attention."""
