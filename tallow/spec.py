@@ -1,9 +1,10 @@
 """ModelSpec: one normalized description of a model, built from GGUF metadata only.
 
 Per-layer facts (sliding window, RoPE base, KV heads) live here so model files and the
-memory planner never re-derive them. Where llama.cpp fixes a fact per architecture rather
-than reading it from the file (gemma3's sliding-window pattern of 6 and local RoPE base of
-10000), we read the metadata key when a file carries it and fall back to llama.cpp's value.
+memory planner never re-derive them. This module holds the types (ModelSpec, LayerSpec,
+Hparams, the layer kinds) and the parsing every family shares (`Metadata`, the keys every
+architecture has); what differs per architecture is declared by its family
+(tallow/families/<family>.py), which `spec_from_gguf` looks up by `general.architecture`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ import numpy as np
 
 from .errors import ModelFileError
 from .gguf_file import GGUFFile
-from .ssm_spec import HYBRID_ARCHITECTURES, SSM_ARCHITECTURES, SSMSpec, hybrid_model_spec, ssm_layer_lines, ssm_model_spec
+from .ssm_spec import SSMSpec, ssm_layer_lines
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4") + SSM_ARCHITECTURES + HYBRID_ARCHITECTURES
-
-# RoPE pairing: llama's converter permutes Q/K so adjacent pairs rotate ("norm");
-# the others rotate the two halves of each head ("neox"), as in llama.cpp's rope types.
-_ROPE_STYLE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "qwen3moe": "neox", "gemma3": "neox", "gemma4": "neox",
-               "falcon-h1": "neox"}
-
-# llama.cpp's per-architecture defaults where the GGUF may not carry the key.
-_GEMMA3_SWA_PATTERN = 6
-_GEMMA3_ROPE_BASE_SWA = 10000.0
-_GEMMA4_ROPE_BASE_SWA = 10000.0  # llama.cpp's hparams default when rope.freq_base_swa is absent
+# Layer kinds (LayerSpec.kind), as llama.cpp composes its memory: attention over the layer's
+# own cache of every position, over its own sliding window (a ring where TALLOW_KV_RING), or
+# over an earlier layer's cache (gemma4's shared-KV layers: no cache of their own).
+# RECURRENT is reserved for the SSM issue's layers (conv + SSM state, no positional cache):
+# its LayerSpec field and memory come with those families.
+FULL_ATTENTION = "full"
+SLIDING_ATTENTION = "sliding"
+SHARED_KV = "shared_kv"
+RECURRENT = "recurrent"
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION, SHARED_KV, RECURRENT)
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,13 @@ class LayerSpec:
     @property
     def owns_kv(self) -> bool:
         return self.kv_source == self.index
+
+    @property
+    def kind(self) -> str:
+        """FULL_ATTENTION, SLIDING_ATTENTION or SHARED_KV (see LAYER_KINDS)."""
+        if not self.owns_kv:
+            return SHARED_KV
+        return SLIDING_ATTENTION if self.sliding_window else FULL_ATTENTION
 
     @property
     def rope_key(self) -> tuple:
@@ -199,36 +206,83 @@ def _per_layer(value, n_layers: int, what: str, path: str, lo: int = 1) -> list[
     return [_int(value, what, path, lo, MAX_HEADS)] * n_layers
 
 
-def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
-    arch = gf.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFileError(
-            f"{gf.path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
-        )
+_REQUIRED = object()
 
-    def need(key: str):
-        value = gf.arch_get(key)
+
+class Metadata:
+    """A file's `<architecture>.<key>` metadata, read and checked: every failure is one
+    ModelFileError sentence naming the key. Families read their own keys through it."""
+
+    def __init__(self, gf: GGUFFile):
+        self.gf, self.path, self.arch = gf, gf.path, gf.architecture
+
+    def key(self, name: str) -> str:
+        return f"{self.arch}.{name}"
+
+    def get(self, name: str, default=None):
+        """The raw value, unchecked (default where absent)."""
+        return self.gf.arch_get(name, default)
+
+    def need(self, name: str):
+        value = self.gf.arch_get(name)
         if value is None:
-            raise ModelFileError(f"{gf.path}: the metadata key {arch}.{key} is missing.")
+            raise ModelFileError(f"{self.path}: the metadata key {self.key(name)} is missing.")
         return value
 
-    path = gf.path
-    if arch in SSM_ARCHITECTURES:  # no attention layers: the recurrent ones are in ModelSpec.ssm
-        import sys
+    def _value(self, name: str, default):
+        return self.need(name) if default is _REQUIRED else self.gf.arch_get(name, default)
 
-        return ssm_model_spec(gf, sys.modules[__name__])
+    def int(self, name: str, default=_REQUIRED, lo: int = 1, hi: int = MAX_WIDTH) -> int:
+        """An integer within [lo, hi]; no default: the key is required."""
+        return _int(self._value(name, default), self.key(name), self.path, lo, hi)
 
-    def key(name: str) -> str:
-        return f"{arch}.{name}"
+    def float(self, name: str, default=_REQUIRED, positive: bool = False) -> float:
+        return _float(self._value(name, default), self.key(name), self.path, positive)
 
-    n_layers = _int(need("block_count"), key("block_count"), path, 1, MAX_LAYERS)
-    dim = _int(need("embedding_length"), key("embedding_length"), path)
-    heads = _per_layer(need("attention.head_count"), n_layers, key("attention.head_count"), path)
-    kv_heads = _per_layer(gf.arch_get("attention.head_count_kv", heads[0]), n_layers, key("attention.head_count_kv"), path)
+    def per_layer(self, name: str, n_layers: int, default=_REQUIRED, lo: int = 1) -> list[int]:
+        """One integer per layer: an array of n_layers, or one value for all."""
+        return _per_layer(self._value(name, default), n_layers, self.key(name), self.path, lo)
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """The keys every family reads (llama.cpp's shared LLM_KV keys), checked; the family's
+    `layers` turns them and its own keys into LayerSpecs."""
+
+    n_layers: int
+    dim: int
+    heads: list[int]
+    kv_heads: list[int]
+    ffn_dims: list[int]
+    head_dim: int  # key/query head size (gemma4: of the global layers)
+    v_head_dim: int
+    rope_base: float
+    rope_dim: int
+
+
+def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
+    """The ModelSpec of a file, built by its architecture's family (tallow/families/)."""
+    from .families import family
+
+    return family(gf.architecture, gf.path).spec(gf)
+
+
+def attention_spec(gf: GGUFFile, fam) -> ModelSpec:
+    """The ModelSpec of a stack of attention + MLP blocks: the keys every such family shares,
+    then the family's own (`fam`: a families.Family) for its layers and scales."""
+    from .families.tensors import TOKEN_EMBD, is_tied, tensor_name
+
+    md = Metadata(gf)
+    path, key = gf.path, md.key
+
+    n_layers = md.int("block_count", lo=1, hi=MAX_LAYERS)
+    dim = md.int("embedding_length")
+    heads = md.per_layer("attention.head_count", n_layers)
+    kv_heads = md.per_layer("attention.head_count_kv", n_layers, heads[0])
     for h, kv in zip(heads, kv_heads):
         if h % kv:
             raise ModelFileError(f"{path}: {h} attention heads cannot share {kv} KV heads evenly.")
-    ffn = need("feed_forward_length")
+    ffn = md.need("feed_forward_length")
     if isinstance(ffn, np.ndarray) and len(ffn) == 0:
         raise ModelFileError(f"{path}: the metadata key {key('feed_forward_length')} is an empty array.")
     if isinstance(ffn, np.ndarray):
@@ -237,57 +291,39 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         ffn_dims = [_int(v, key("feed_forward_length"), path) for v in ffn]
     else:
         ffn_dims = [_int(ffn, key("feed_forward_length"), path)] * n_layers
-    head_dim = _int(gf.arch_get("attention.key_length", dim // heads[0]), key("attention.key_length"), path)
-    v_head_dim = _int(gf.arch_get("attention.value_length", head_dim), key("attention.value_length"), path)
-    if "token_embd.weight" not in gf.tensors:
-        raise ModelFileError(f"{path}: the tensor token_embd.weight is missing.")
-    embd = gf.tensors["token_embd.weight"].shape
+    head_dim = md.int("attention.key_length", dim // heads[0])
+    v_head_dim = md.int("attention.value_length", head_dim)
+    embd_name = tensor_name(TOKEN_EMBD)
+    if embd_name not in gf.tensors:
+        raise ModelFileError(f"{path}: the tensor {embd_name} is missing.")
+    embd = gf.tensors[embd_name].shape
     if len(embd) != 2 or embd[0] != dim or embd[1] < 1:
-        raise ModelFileError(f"{path}: the tensor token_embd.weight has shape {list(embd)}, not [{dim}, vocabulary].")
+        raise ModelFileError(f"{path}: the tensor {embd_name} has shape {list(embd)}, not [{dim}, vocabulary].")
     vocab_size = embd[1]
 
-    rope_base = _float(gf.arch_get("rope.freq_base", 10000.0), key("rope.freq_base"), path, positive=True)
-    rope_dim = _int(gf.arch_get("rope.dimension_count", head_dim), key("rope.dimension_count"), path, 0, head_dim)
+    rope_base = md.float("rope.freq_base", 10000.0, positive=True)
+    rope_dim = md.int("rope.dimension_count", head_dim, 0, head_dim)
     rope_scale = 1.0
-    if gf.arch_get("rope.scaling.type") == "linear" and gf.arch_get("rope.scaling.factor"):
-        rope_scale = _float(gf.arch_get("rope.scaling.factor"), key("rope.scaling.factor"), path, positive=True)
+    if md.get("rope.scaling.type") == "linear" and md.get("rope.scaling.factor"):
+        rope_scale = md.float("rope.scaling.factor", positive=True)
 
-    window = gf.arch_get("attention.sliding_window")
-    per_layer_input_dim = 0
-    if arch == "gemma4":
-        layers, per_layer_input_dim = _gemma4_layers(gf, n_layers, heads, kv_heads, ffn_dims, head_dim, v_head_dim,
-                                                     rope_base, rope_dim)
-    else:
-        layers = []
-        for i in range(n_layers):
-            sliding = None
-            base = rope_base
-            if arch == "gemma3" and window:
-                pattern = _int(gf.arch_get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN), key("attention.sliding_window_pattern"), path, 1, MAX_LAYERS)
-                if i % pattern < pattern - 1:
-                    sliding = _int(window, key("attention.sliding_window"), path, 1, MAX_CONTEXT)
-                    base = _float(gf.arch_get("rope.freq_base_swa", _GEMMA3_ROPE_BASE_SWA), key("rope.freq_base_swa"), path, positive=True)
-            layers.append(LayerSpec(i, heads[i], kv_heads[i], sliding, base, head_dim=head_dim, v_head_dim=v_head_dim,
-                                    rope_dim=rope_dim, ffn_dim=ffn_dims[i], kv_source=i))
+    hp = Hparams(n_layers, dim, heads, kv_heads, ffn_dims, head_dim, v_head_dim, rope_base, rope_dim)
+    layers = fam.layers(md, hp)
+    per_layer_input_dim = fam.per_layer_input_dim(md)
+    for layer in layers:
+        if layer.kind not in fam.layer_kinds:  # a family bug, not the file's
+            raise RuntimeError(f"the {fam.architecture} family built layer {layer.index} of kind {layer.kind!r}, "
+                               f"not one of its declared kinds {fam.layer_kinds}")
 
-    if arch == "gemma4":
-        attn_scale = 1.0  # llama.cpp: Gemma 4 scales Q·K by 1 (its Q/K RMSNorm sets the scale)
-        embed_scale = math.sqrt(dim)
-    elif arch == "gemma3":
-        attn_scale = 1.0 / math.sqrt(head_dim)  # llama.cpp: 1/sqrt(n_embd_head_k) for all but 27B
-        embed_scale = math.sqrt(dim)
-    else:
-        attn_scale = 1.0 / math.sqrt(head_dim)
-        embed_scale = 1.0
-    softcap = gf.arch_get("final_logit_softcapping")
-    attn_softcap = gf.arch_get("attn_logit_softcapping")
-    softcap = _float(softcap, key("final_logit_softcapping"), path) if softcap is not None else None
-    attn_softcap = _float(attn_softcap, key("attn_logit_softcapping"), path) if attn_softcap is not None else None
+    softcap = md.get("final_logit_softcapping")
+    attn_softcap = md.get("attn_logit_softcapping")
+    softcap = md.float("final_logit_softcapping") if softcap is not None else None
+    attn_softcap = md.float("attn_logit_softcapping") if attn_softcap is not None else None
 
     name = gf.get("general.name")
     name = name if isinstance(name, str) and name else gf.path
-    spec = ModelSpec(
-        architecture=arch,
+    return ModelSpec(
+        architecture=fam.architecture,
         name=str(name),
         n_layers=n_layers,
         dim=dim,
@@ -297,120 +333,36 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         head_dim=head_dim,
         v_head_dim=v_head_dim,
         vocab_size=vocab_size,
-        context_length=_int(gf.arch_get("context_length", 2048), key("context_length"), path, 1, MAX_CONTEXT),
-        norm_eps=_float(gf.arch_get("attention.layer_norm_rms_epsilon", 1e-6), key("attention.layer_norm_rms_epsilon"), path),
+        context_length=md.int("context_length", 2048, 1, MAX_CONTEXT),
+        norm_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
         rope_base=rope_base,
         rope_dim=rope_dim,
-        rope_style=_ROPE_STYLE[arch],
+        rope_style=fam.rope_style,
         rope_scale=rope_scale,
-        attn_scale=attn_scale,
-        embed_scale=embed_scale,
+        attn_scale=fam.attn_scale(hp),
+        embed_scale=fam.embed_scale(hp),
         final_logit_softcap=float(softcap) if softcap else None,
         attn_logit_softcap=float(attn_softcap) if attn_softcap else None,
-        tied_embeddings="output.weight" not in gf.tensors,
+        tied_embeddings=is_tied(gf.tensors),
         layers=tuple(layers),
         per_layer_input_dim=per_layer_input_dim,
-        **_expert_counts(gf, ffn_dims),
+        **expert_counts(gf, ffn_dims, fam.routed_experts_required),
     )
-    if arch in HYBRID_ARCHITECTURES:  # attention beside Mamba-2 in every block (ssm_spec.py)
-        import sys
-
-        spec = hybrid_model_spec(gf, spec, sys.modules[__name__])
-    return spec
 
 
-def _expert_counts(gf: GGUFFile, ffn_dims: list[int]) -> dict:
+def expert_counts(gf: GGUFFile, ffn_dims: list[int], required: bool) -> dict:
     """n_experts, n_experts_used and expert_ffn_dim from `expert_count`, `expert_used_count` and
     `expert_feed_forward_length` (llama.cpp's fallback when the last is absent: the FFN width
-    over the experts used). A file without `expert_count` is dense: all three 0."""
+    over the experts used). A file without `expert_count` (or with 0, where the family's experts
+    are optional: gemma4) is dense: {}. required: a routed family (qwen3moe) needs the key."""
     path, arch = gf.path, gf.architecture
     count = gf.arch_get("expert_count")
-    if count is None and arch == "qwen3moe":
+    if count is None and required:
         raise ModelFileError(f"{path}: the metadata key {arch}.expert_count is missing.")
-    if count is None or (arch != "qwen3moe" and count == 0):
+    if count is None or (not required and count == 0):
         return {}
     n = _int(count, f"{arch}.expert_count", path, 1, MAX_HEADS)
     used = _int(gf.arch_get("expert_used_count", 0), f"{arch}.expert_used_count", path, 1, n)
     width = gf.arch_get("expert_feed_forward_length")
     width = _int(width, f"{arch}.expert_feed_forward_length", path) if width is not None else max(ffn_dims) // used
     return {"n_experts": n, "n_experts_used": used, "expert_ffn_dim": width}
-
-
-def _gemma4_layers(gf: GGUFFile, n_layers: int, heads: list[int], kv_heads: list[int], ffn_dims: list[int],
-                   head_dim_full: int, v_head_dim_full: int, rope_base: float,
-                   rope_dim_full: int) -> tuple[list[LayerSpec], int]:
-    """Gemma 4's per-layer facts, read as llama.cpp's gemma4 loader reads them: a per-layer
-    sliding-window flag array; sliding layers with their own head size, RoPE base and rotated
-    width; global layers with `rope_freqs` factors ("proportional" RoPE); and the trailing
-    `shared_kv_layers` layers reading the cache of the last cached layer of their type."""
-    path, arch = gf.path, gf.architecture
-
-    def key(name: str) -> str:
-        return f"{arch}.{name}"
-
-    def need(name: str):
-        value = gf.arch_get(name)
-        if value is None:
-            raise ModelFileError(f"{path}: the metadata key {key(name)} is missing.")
-        return value
-
-    pattern = need("attention.sliding_window_pattern")
-    if not isinstance(pattern, np.ndarray) or len(pattern) != n_layers:
-        raise ModelFileError(f"{path}: {key('attention.sliding_window_pattern')} must be an array of {n_layers} "
-                             f"per-layer flags, not {_kind(pattern)}.")
-    is_swa = [bool(v) for v in pattern]
-    window = _int(need("attention.sliding_window"), key("attention.sliding_window"), path, 1, MAX_CONTEXT)
-    head_dim_swa = _int(need("attention.key_length_swa"), key("attention.key_length_swa"), path)
-    v_head_dim_swa = _int(need("attention.value_length_swa"), key("attention.value_length_swa"), path)
-    if head_dim_swa != v_head_dim_swa or head_dim_full != v_head_dim_full:
-        raise ModelFileError(f"{path}: Gemma 4 needs equal key and value head sizes (global {head_dim_full}/"
-                             f"{v_head_dim_full}, sliding {head_dim_swa}/{v_head_dim_swa}).")
-    rope_dim_swa = _int(gf.arch_get("rope.dimension_count_swa", rope_dim_full), key("rope.dimension_count_swa"),
-                        path, 0, head_dim_swa)
-    base_swa = _float(gf.arch_get("rope.freq_base_swa", _GEMMA4_ROPE_BASE_SWA), key("rope.freq_base_swa"), path,
-                      positive=True)
-    per_layer_dim = _int(need("embedding_length_per_layer_input"), key("embedding_length_per_layer_input"), path, 0)
-    n_shared = _int(gf.arch_get("attention.shared_kv_layers", 0), key("attention.shared_kv_layers"), path, 0, MAX_LAYERS)
-    n_cached = n_layers - n_shared
-    if n_shared and n_cached < 2:
-        raise ModelFileError(f"{path}: {n_shared} shared-KV layers leave {n_cached} of {n_layers} layers with a "
-                             f"cache; Gemma 4 needs at least 2.")
-
-    factors = None
-    if not all(is_swa):
-        t = gf.tensors.get("rope_freqs.weight")
-        if t is None:
-            raise ModelFileError(f"{path}: the tensor rope_freqs.weight (the global layers' RoPE factors) is missing.")
-        if t.qtype not in (0, 1) or int(np.prod(t.shape)) != rope_dim_full // 2:  # F32 or F16
-            raise ModelFileError(f"{path}: the tensor rope_freqs.weight must be {rope_dim_full // 2} F32/F16 values, "
-                                 f"not {list(t.shape)} of type {t.qtype.name}.")
-        raw = np.asarray(t.data).reshape(-1).view(np.float32 if t.qtype == 0 else np.float16).astype(np.float64)
-        if not np.all(np.isfinite(raw)) or np.any(raw <= 0):
-            raise ModelFileError(f"{path}: the tensor rope_freqs.weight holds values that are not finite and positive.")
-        factors = tuple(float(v) for v in raw)
-
-    layers = []
-    for i in range(n_layers):
-        source = i
-        if i >= n_cached:
-            # llama.cpp's rule (llama-model.cpp, the gemma3n/gemma4 reuse callback): a sliding
-            # layer reads layer n_cached - 2, a global one n_cached - 1.
-            source = n_cached - (2 if is_swa[i] else 1)
-            if is_swa[source] != is_swa[i]:
-                kind = "sliding" if is_swa[i] else "global"
-                raise ModelFileError(f"{path}: shared-KV layer {i} ({kind}) would read layer {source}, which is not "
-                                     f"{kind}: the layer pattern does not end in a sliding and a global cached layer.")
-        if is_swa[i]:
-            layers.append(LayerSpec(i, heads[i], kv_heads[i], window, base_swa, head_dim=head_dim_swa,
-                                    v_head_dim=v_head_dim_swa, rope_dim=rope_dim_swa, ffn_dim=ffn_dims[i],
-                                    kv_source=source))
-        else:
-            layers.append(LayerSpec(i, heads[i], kv_heads[i], None, rope_base, head_dim=head_dim_full,
-                                    v_head_dim=v_head_dim_full, rope_dim=rope_dim_full, ffn_dim=ffn_dims[i],
-                                    kv_source=source, rope_factors=factors))
-    for layer in layers:
-        src = layers[layer.kv_source]
-        if (src.n_kv_heads, src.head_dim) != (layer.n_kv_heads, layer.head_dim):
-            raise ModelFileError(f"{path}: shared-KV layer {layer.index} has {layer.n_kv_heads} KV heads of "
-                                 f"{layer.head_dim}, but its source layer {src.index} has {src.n_kv_heads} of {src.head_dim}.")
-    return layers, per_layer_dim

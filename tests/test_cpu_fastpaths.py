@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as QT
 
 from tallow.kernels.cpu import dequant_matmul
 from tallow.kernels.cpu.fused_linear import FusedLinear
+from tallow.families.tensors import OUTPUT
 from tallow.kernels.cpu.linear import make_linear
 from tallow.layers import (RotaryTables, attention, attention_mask, decode_attention, geglu, rms_norm,
                            rms_norm_reference)
@@ -280,13 +281,14 @@ def test_tiny_model_fast_paths_match_reference_paths(arch, tmp_path, monkeypatch
                                           (QT.Q4_K, 1024, "int4")])
 def test_output_projection_kind(qtype, k, want, monkeypatch: pytest.MonkeyPatch) -> None:
     t = fake_tensor(qtype, 48, k, seed=2, name="output.weight")
-    lin, ref = make_linear(t), make_linear(t, mode="reference")
+    lin, ref = make_linear(t, role=OUTPUT), make_linear(t, mode="reference")
     assert lin.kind == want
-    assert make_linear(fake_tensor(qtype, 48, k, seed=2, name="blk.0.ffn_down.weight")).kind in ("int8", "int4")
+    # The role decides, not the name: the same tensor as any other matrix keeps per-row forms.
+    assert make_linear(t).kind in ("int8", "int4")
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(0))
     assert rel_err(lin(x), ref(x)) < tolerance(t, lin.kind)
     monkeypatch.setenv("TALLOW_OUTPUT_INT8G", "0")
-    assert make_linear(t).kind == ("int4" if qtype == QT.Q4_K else "int8")
+    assert make_linear(t, role=OUTPUT).kind == ("int4" if qtype == QT.Q4_K else "int8")
 
 
 @pytest.mark.skipif(not pack.HAS_INT4_OPS, reason="no int4pack ops in this torch")

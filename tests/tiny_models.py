@@ -15,6 +15,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
+from tallow.families import family
+
 # "gemma4": E2B/E4B-style (per-layer embeddings, shared-KV layers with a double-wide MLP,
 # per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
@@ -127,32 +129,33 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
         w.add_sliding_window(8)
     _add_byte_tokenizer(w, tokens, types, merges)
     matrix, vector = _random_tensors(w, rng, qtype)
+    names = family(arch).tensors  # tallow's tensor-name table (tallow/families/)
 
-    matrix("token_embd.weight", n_vocab, dim, 1.0)
-    vector("output_norm.weight", dim, 1.0, 0.1)
+    matrix(names.name("token_embd"), n_vocab, dim, 1.0)
+    vector(names.name("output_norm"), dim, 1.0, 0.1)
     if arch in ("llama", "qwen2"):
-        matrix("output.weight", n_vocab, dim, dim**-0.5)
+        matrix(names.name("output"), n_vocab, dim, dim**-0.5)
     for i in range(n_layers):
-        p = f"blk.{i}."
-        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
-        matrix(p + "attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
-        matrix(p + "attn_k.weight", n_kv * head_dim, dim, dim**-0.5)
-        matrix(p + "attn_v.weight", n_kv * head_dim, dim, dim**-0.5)
-        matrix(p + "attn_output.weight", dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
+        tn = names.block(i)
+        vector(tn("attn_norm"), dim, 1.0, 0.1)
+        matrix(tn("attn_q"), n_heads * head_dim, dim, dim**-0.5)
+        matrix(tn("attn_k"), n_kv * head_dim, dim, dim**-0.5)
+        matrix(tn("attn_v"), n_kv * head_dim, dim, dim**-0.5)
+        matrix(tn("attn_out"), dim, n_heads * head_dim, (n_heads * head_dim) ** -0.5)
         if arch == "qwen2":
-            vector(p + "attn_q.bias", n_heads * head_dim, 0.0, 0.1)
-            vector(p + "attn_k.bias", n_kv * head_dim, 0.0, 0.1)
-            vector(p + "attn_v.bias", n_kv * head_dim, 0.0, 0.1)
+            vector(tn("attn_q", "bias"), n_heads * head_dim, 0.0, 0.1)
+            vector(tn("attn_k", "bias"), n_kv * head_dim, 0.0, 0.1)
+            vector(tn("attn_v", "bias"), n_kv * head_dim, 0.0, 0.1)
         if arch in ("qwen3", "gemma3"):
-            vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
-            vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
+            vector(tn("attn_q_norm"), head_dim, 1.0, 0.1)
+            vector(tn("attn_k_norm"), head_dim, 1.0, 0.1)
         if arch == "gemma3":
-            vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
-            vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
-        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
-        matrix(p + "ffn_gate.weight", ffn, dim, dim**-0.5)
-        matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
-        matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
+            vector(tn("attn_post_norm"), dim, 1.0, 0.1)
+            vector(tn("ffn_post_norm"), dim, 1.0, 0.1)
+        vector(tn("ffn_norm"), dim, 1.0, 0.1)
+        matrix(tn("ffn_gate"), ffn, dim, dim**-0.5)
+        matrix(tn("ffn_up"), ffn, dim, dim**-0.5)
+        matrix(tn("ffn_down"), dim, ffn, ffn**-0.5)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -205,44 +208,45 @@ def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_
     w.add_final_logit_softcapping(30.0)
     _add_byte_tokenizer(w, tokens, types, merges)
     matrix, vector = _random_tensors(w, rng, qtype)
+    names = family("gemma4").tensors  # tallow's tensor-name table (tallow/families/gemma4.py)
 
-    matrix("token_embd.weight", n_vocab, dim, 1.0)
-    vector("output_norm.weight", dim, 1.0, 0.1)
+    matrix(names.name("token_embd"), n_vocab, dim, 1.0)
+    vector(names.name("output_norm"), dim, 1.0, 0.1)
     if e2b_style:
         # Untied: with logits from the tied embedding the tiny model's greedy run repeats one
         # token; its own output projection gives a varied continuation to compare. (The 31B
         # style keeps the tie, as the real files do.)
-        matrix("output.weight", n_vocab, dim, 1.0)
+        matrix(names.name("output"), n_vocab, dim, 1.0)
     n_rot = hd_full // 2 // 4  # partial_rotary_factor 0.25, as the converter writes it
-    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    w.add_tensor(names.name("rope_freqs"), np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
     if e2b_style:
-        matrix("per_layer_token_embd.weight", n_vocab, per_layer * n_layers, 1.0)
-        matrix("per_layer_model_proj.weight", per_layer * n_layers, dim, dim**-0.5)
-        vector("per_layer_proj_norm.weight", per_layer, 1.0, 0.1)
+        matrix(names.name("per_layer_token_embd"), n_vocab, per_layer * n_layers, 1.0)
+        matrix(names.name("per_layer_model_proj"), per_layer * n_layers, dim, dim**-0.5)
+        vector(names.name("per_layer_proj_norm"), per_layer, 1.0, 0.1)
     for i in range(n_layers):
-        p = f"blk.{i}."
+        tn = names.block(i)
         hd = hd_swa if swa[i] else hd_full
         nkv = kv_heads[i]
-        vector(p + "attn_norm.weight", dim, 1.0, 0.1)
-        matrix(p + "attn_q.weight", n_heads * hd, dim, dim**-0.5)
-        vector(p + "attn_q_norm.weight", hd, 1.0, 0.1)
+        vector(tn("attn_norm"), dim, 1.0, 0.1)
+        matrix(tn("attn_q"), n_heads * hd, dim, dim**-0.5)
+        vector(tn("attn_q_norm"), hd, 1.0, 0.1)
         if i < n_cached:
-            matrix(p + "attn_k.weight", nkv * hd, dim, dim**-0.5)
-            vector(p + "attn_k_norm.weight", hd, 1.0, 0.1)
+            matrix(tn("attn_k"), nkv * hd, dim, dim**-0.5)
+            vector(tn("attn_k_norm"), hd, 1.0, 0.1)
             if e2b_style or swa[i]:  # the 31B style: global layers' V is their K projection
-                matrix(p + "attn_v.weight", nkv * hd, dim, dim**-0.5)
-        matrix(p + "attn_output.weight", dim, n_heads * hd, (n_heads * hd) ** -0.5)
-        vector(p + "post_attention_norm.weight", dim, 1.0, 0.1)
-        vector(p + "ffn_norm.weight", dim, 1.0, 0.1)
-        matrix(p + "ffn_gate.weight", ffn[i], dim, dim**-0.5)
-        matrix(p + "ffn_up.weight", ffn[i], dim, dim**-0.5)
-        matrix(p + "ffn_down.weight", dim, ffn[i], ffn[i] ** -0.5)
-        vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
+                matrix(tn("attn_v"), nkv * hd, dim, dim**-0.5)
+        matrix(tn("attn_out"), dim, n_heads * hd, (n_heads * hd) ** -0.5)
+        vector(tn("attn_post_norm"), dim, 1.0, 0.1)
+        vector(tn("ffn_norm"), dim, 1.0, 0.1)
+        matrix(tn("ffn_gate"), ffn[i], dim, dim**-0.5)
+        matrix(tn("ffn_up"), ffn[i], dim, dim**-0.5)
+        matrix(tn("ffn_down"), dim, ffn[i], ffn[i] ** -0.5)
+        vector(tn("ffn_post_norm"), dim, 1.0, 0.1)
         if e2b_style:
-            matrix(p + "inp_gate.weight", per_layer, dim, dim**-0.5)
-            matrix(p + "proj.weight", dim, per_layer, per_layer**-0.5)
-            vector(p + "post_norm.weight", dim, 1.0, 0.1)
-            vector(p + "layer_output_scale.weight", 1, 0.8, 0.1)
+            matrix(tn("per_layer_inp_gate"), per_layer, dim, dim**-0.5)
+            matrix(tn("per_layer_proj"), dim, per_layer, per_layer**-0.5)
+            vector(tn("per_layer_post_norm"), dim, 1.0, 0.1)
+            vector(tn("layer_out_scale"), 1, 0.8, 0.1)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -299,18 +303,19 @@ def write_tiny_gemma4_vocab(vocab: str | Path, out: str | Path) -> Path:
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    matrix("token_embd.weight", n_vocab, dim)
-    ones("output_norm.weight", dim)
-    ones("rope_freqs.weight", hd // 2)
+    names = family("gemma4").tensors  # tallow's tensor-name table (tallow/families/gemma4.py)
+    matrix(names.name("token_embd"), n_vocab, dim)
+    ones(names.name("output_norm"), dim)
+    ones(names.name("rope_freqs"), hd // 2)
     for i in range(2):
-        p = f"blk.{i}."
-        for name, n in (("attn_norm", dim), ("attn_q_norm", hd), ("attn_k_norm", hd), ("post_attention_norm", dim),
-                        ("ffn_norm", dim), ("post_ffw_norm", dim)):
-            ones(p + name + ".weight", n)
-        for name, rows, cols in (("attn_q", heads * hd, dim), ("attn_k", hd, dim), ("attn_v", hd, dim),
-                                 ("attn_output", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
+        tn = names.block(i)
+        for role, n in (("attn_norm", dim), ("attn_q_norm", hd), ("attn_k_norm", hd), ("attn_post_norm", dim),
+                        ("ffn_norm", dim), ("ffn_post_norm", dim)):
+            ones(tn(role), n)
+        for role, rows, cols in (("attn_q", heads * hd, dim), ("attn_k", hd, dim), ("attn_v", hd, dim),
+                                 ("attn_out", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
                                  ("ffn_down", dim, ffn)):
-            matrix(p + name + ".weight", rows, cols)
+            matrix(tn(role), rows, cols)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

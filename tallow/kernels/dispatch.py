@@ -61,14 +61,16 @@ class Placement:
         it, else `build()` (then recorded for the cache file)."""
         return build() if self.weight_cache is None else self.weight_cache.layer(names, build)
 
-    def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None):
+    def linear(self, tensor: TensorInfo, bias: np.ndarray | None = None, role: str | None = None):
+        """role: the tensor's model-wide role where the kernels treat it specially
+        (families/tensors.OUTPUT: the output projection), else None."""
         if self.on_gpu:
             from .gpu.linear import GPULinear
 
             return GPULinear(tensor, bias, self.device, self._scratch)
         from .cpu.linear import make_linear
 
-        return make_linear(tensor, bias, mode=self.linear_mode)
+        return make_linear(tensor, bias, mode=self.linear_mode, role=role)
 
     def linear_group(self, parts: list):
         if self.on_gpu:

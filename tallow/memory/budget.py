@@ -39,6 +39,7 @@ from gguf import GGMLQuantizationType as QT
 
 from .. import switches
 from ..errors import MemoryBudgetError, UsageError
+from ..families.tensors import PER_LAYER_TOKEN_EMBD, TOKEN_EMBD, is_tied, model_roles
 from ..gguf_file import GGUFFile
 from ..spec import ModelSpec, spec_from_gguf
 from .kv_format import kv_format, user_kv_format
@@ -140,10 +141,11 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
 
 def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     """Bytes of every weight as resident after loading (embedding in the map: 0)."""
-    tied = "output.weight" not in header.tensors
+    tied, roles = is_tied(header.tensors), model_roles(header.tensors)
     total = 0
     for t in header.tensors.values():
-        if (t.name == "token_embd.weight" and not tied) or t.name == "per_layer_token_embd.weight":
+        role = roles.get(t.name)
+        if (role == TOKEN_EMBD and not tied) or role == PER_LAYER_TOKEN_EMBD:
             continue  # only its rows, read from the map on lookup (gemma4's per-layer table too)
         if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
             total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
@@ -298,6 +300,7 @@ def gpu_weights_bytes(header: GGUFFile) -> int:
     """Bytes of the weights in GPU memory (kernels/gpu/linear.py): byte planes of the file's
     blocks, dense copies of types without a kernel, fp32 norms and biases; a tied output
     projection holds a second copy of the embedding's planes."""
+    tied, roles = is_tied(header.tensors), model_roles(header.tensors)
     total = 0
     for t in header.tensors.values():
         if len(t.shape) >= 2 and t.n_rows > 1:
@@ -305,7 +308,7 @@ def gpu_weights_bytes(header: GGUFFile) -> int:
                 size = t.n_bytes
             else:
                 size = t.n_rows * t.n_cols * (4 if t.qtype in (QT.F32, QT.F16) else 2)
-            total += size * (2 if t.name == "token_embd.weight" and "output.weight" not in header.tensors else 1)
+            total += size * (2 if tied and roles.get(t.name) == TOKEN_EMBD else 1)
         else:
             total += t.n_rows * t.n_cols * 4
     return total

@@ -54,6 +54,7 @@ import torch
 from .. import switches
 from ..gguf_file import GGUFFile
 from ..durable import fsync_dir, pid_alive
+from ..families.tensors import TOKEN_EMBD, is_tied, model_roles
 
 MAGIC = b"TALLOWPK"
 FORMAT_VERSION = 1
@@ -325,9 +326,10 @@ class WeightCache:
 
         self._bar = Progress(TextColumn("packing weights (once; cached for the next start)"), BarColumn(bar_width=24),
                              TaskProgressColumn(), TimeElapsedColumn(), console=Console(stderr=True, force_terminal=True))
-        tied = "output.weight" not in self.gf.tensors  # else the embedding stays in the GGUF map, unpacked
+        tied = is_tied(self.gf.tensors)  # else the embedding stays in the GGUF map, unpacked
+        roles = model_roles(self.gf.tensors)
         total = sum(t.n_bytes for t in self.gf.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1
-                    and (tied or t.name != "token_embd.weight"))
+                    and (tied or roles.get(t.name) != TOKEN_EMBD))
         self._task = self._bar.add_task("pack", total=total)
         self._bar.start()
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from ..errors import ModelFileError
+from ..families import family
+from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
 from ..kernels.dispatch import Placement
 from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
@@ -25,7 +27,7 @@ from ..spec import ModelSpec
 
 @dataclass
 class LayerWeights:
-    """Tensors of one block, by their GGUF short names (attn_q, ffn_norm, …)."""
+    """Tensors of one block, by the names the family's `block` reads them by (attn_qkv, ffn_norm, …)."""
 
     index: int
     tensors: dict[str, Any]
@@ -55,10 +57,12 @@ class DecoderModel:
         self.place = Placement(device, linear_mode, weight_cache)
         self.device = self.place.device
         self.ops = self.place.ops  # norms and GLU: torch, or one Triton launch each on the GPU
-        self.embedding = self.place.embedding(self._tensor("token_embd.weight"))
-        self.output_norm = self.norm_weight("output_norm.weight")
-        output = gf.tensors.get("output.weight") or self._tensor("token_embd.weight")
-        self.output = self.place.cached([output.name], lambda: self.place.linear(output))
+        self.tensor_names = family(spec.architecture).tensors  # role -> GGUF name (families/tensors.py)
+        embd = self._tensor(self.tensor_names.name(TOKEN_EMBD))
+        self.embedding = self.place.embedding(embd)
+        self.output_norm = self.norm_weight(self.tensor_names.name(OUTPUT_NORM))
+        output = gf.tensors.get(self.tensor_names.name(OUTPUT)) or embd  # tied: the embedding table
+        self.output = self.place.cached([output.name], lambda: self.place.linear(output, role=OUTPUT))
         self.rope = {}
         for layer in spec.layers:  # one table per distinct (base, rotated width, factors)
             if layer.rope_key not in self.rope:

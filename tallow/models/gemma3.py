@@ -13,18 +13,19 @@ class Gemma3Model(DecoderModel):
     ggml_prescaled_q = True  # llama.cpp's gemma3.cpp: Qcur = ggml_scale(Qcur, f_attention_scale)
 
     def load_layer(self, i: int) -> LayerWeights:
-        p = f"blk.{i}."
+        tn = self.tensor_names.block(i)  # role -> this block's GGUF name (families/gemma3.py)
         layer = self.spec.layers[i]
-        names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-        t = {name: self.norm_weight(p + name + ".weight") for name in names}
-        q_norm = self.norm_weight(p + "attn_q_norm.weight")
-        k_norm = self.norm_weight(p + "attn_k_norm.weight")
+        norms = {"attn_norm": "attn_norm", "post_attention_norm": "attn_post_norm", "ffn_norm": "ffn_norm",
+                 "post_ffw_norm": "ffn_post_norm"}
+        t = {key: self.norm_weight(tn(role)) for key, role in norms.items()}
+        q_norm = self.norm_weight(tn("attn_q_norm"))
+        k_norm = self.norm_weight(tn("attn_k_norm"))
         # One norm over the Q and K heads side by side: each head keeps its own weight row.
         t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
-        t["attn_qkv"] = self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-        t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
-        for name in ("attn_output", "ffn_down"):
-            t[name] = self.linear(p + name + ".weight")
+        t["attn_qkv"] = self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")])
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
+        t["attn_output"] = self.linear(tn("attn_out"))
+        t["ffn_down"] = self.linear(tn("ffn_down"))
         return LayerWeights(i, t)
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,

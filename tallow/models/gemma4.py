@@ -21,6 +21,7 @@ import math
 import numpy as np
 import torch
 
+from ..families.tensors import PER_LAYER_TOKEN_EMBD
 from ..layers import rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
@@ -55,13 +56,14 @@ class Gemma4Model(DecoderModel):
         self.per_layer = None
         if spec.per_layer_input_dim:
             d, n_layers = spec.per_layer_input_dim, spec.n_layers
-            table = self._tensor("per_layer_token_embd.weight")
+            names = self.tensor_names
+            table = self._tensor(names.name(PER_LAYER_TOKEN_EMBD))
             if table.n_cols != d * n_layers or table.n_rows != spec.vocab_size:
                 raise self._shape_error(table, [d * n_layers, spec.vocab_size])
             self.per_layer = {
                 "token_embd": self.place.embedding(table),  # rows gathered per token from the map
-                "model_proj": self.linear("per_layer_model_proj.weight"),
-                "proj_norm": self.norm_weight("per_layer_proj_norm.weight"),
+                "model_proj": self.linear(names.name("per_layer_model_proj")),
+                "proj_norm": self.norm_weight(names.name("per_layer_proj_norm")),
             }
             # Also listed with block 0's tensors, where the engine's walks over the model's
             # linears look (speculation's row-exactness, the prefill plan, nbytes).
@@ -78,38 +80,39 @@ class Gemma4Model(DecoderModel):
         return ModelFileError(f"{self.gf.path}: the tensor {t.name} has shape {list(t.shape)}, not {expected}.")
 
     def load_layer(self, i: int) -> LayerWeights:
-        p = f"blk.{i}."
+        tn = self.tensor_names.block(i)  # role -> this block's GGUF name (families/gemma4.py)
         layer = self.spec.layers[i]
-        names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-        t = {name: self.norm_weight(p + name + ".weight") for name in names}
-        q_norm = self.norm_weight(p + "attn_q_norm.weight").expand(layer.n_heads, -1)
+        norms = {"attn_norm": "attn_norm", "post_attention_norm": "attn_post_norm", "ffn_norm": "ffn_norm",
+                 "post_ffw_norm": "ffn_post_norm"}
+        t = {key: self.norm_weight(tn(role)) for key, role in norms.items()}
+        q_norm = self.norm_weight(tn("attn_q_norm")).expand(layer.n_heads, -1)
         if layer.owns_kv:
-            k_norm = self.norm_weight(p + "attn_k_norm.weight").expand(layer.n_kv_heads, -1)
+            k_norm = self.norm_weight(tn("attn_k_norm")).expand(layer.n_kv_heads, -1)
             # One norm over the Q and K heads side by side: each head keeps its own weight row.
             t["attn_qk_norm"] = torch.cat((q_norm, k_norm))
-            qkv = [p + "attn_q.weight", p + "attn_k.weight"]
+            qkv = [tn("attn_q"), tn("attn_k")]
             # Without attn_v (llama.cpp: "use_alternative_attention") V is the K projection.
-            if p + "attn_v.weight" in self.gf.tensors:
-                qkv.append(p + "attn_v.weight")
+            if tn("attn_v") in self.gf.tensors:
+                qkv.append(tn("attn_v"))
             else:
                 self.v_is_k.add(i)
             t["attn_qkv"] = self.linear_group(qkv)
         else:  # a shared-KV layer: Q only, attending over its source layer's cache
             t["attn_q_norm"] = q_norm[0].contiguous()  # (hd,): the same weight for every head
-            t["attn_q"] = self.linear(p + "attn_q.weight")
-        t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
-        if p + "ffn_gate_inp.weight" in self.gf.tensors:  # 26B-A4B: routed experts beside the MLP
+            t["attn_q"] = self.linear(tn("attn_q"))
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
+        if tn("ffn_gate_inp") in self.gf.tensors:  # 26B-A4B: routed experts beside the MLP
             from .qwen3moe import load_gemma4_experts
 
             t.update(load_gemma4_experts(self, i))
-        for name in ("attn_output", "ffn_down"):
-            t[name] = self.linear(p + name + ".weight")
-        if p + "layer_output_scale.weight" in self.gf.tensors:
-            t["out_scale"] = self.norm_weight(p + "layer_output_scale.weight")  # (1,)
+        t["attn_output"] = self.linear(tn("attn_out"))
+        t["ffn_down"] = self.linear(tn("ffn_down"))
+        if tn("layer_out_scale") in self.gf.tensors:
+            t["out_scale"] = self.norm_weight(tn("layer_out_scale"))  # (1,)
         if self.spec.per_layer_input_dim:
-            t["ple_gate"] = self.linear(p + "inp_gate.weight")  # dim -> d
-            t["ple_proj"] = self.linear(p + "proj.weight")  # d -> dim
-            t["ple_post_norm"] = self.norm_weight(p + "post_norm.weight")
+            t["ple_gate"] = self.linear(tn("per_layer_inp_gate"))  # dim -> d
+            t["ple_proj"] = self.linear(tn("per_layer_proj"))  # d -> dim
+            t["ple_post_norm"] = self.norm_weight(tn("per_layer_post_norm"))
         return LayerWeights(i, t)
 
     # -- forward ---------------------------------------------------------------------------

@@ -16,22 +16,22 @@ class LlamaModel(DecoderModel):
     qk_norm = False
 
     def load_layer(self, i: int) -> LayerWeights:
-        p = f"blk.{i}."
+        tn = self.tensor_names.block(i)  # role -> this block's GGUF name (families/llama.py, qwen.py)
         layer = self.spec.layers[i]
-        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        qkv = ("attn_q", "attn_k", "attn_v")
         t = {
-            "attn_norm": self.norm_weight(p + "attn_norm.weight"),
+            "attn_norm": self.norm_weight(tn("attn_norm")),
             # Q, K, V side by side (one product where their storage allows): (n, (nh+nkv)*hd + nkv*vhd)
-            "attn_qkv": self.linear_group(qkv, [n.replace(".weight", ".bias") for n in qkv] if self.qkv_bias else None),
-            "attn_output": self.linear(p + "attn_output.weight"),
-            "ffn_norm": self.norm_weight(p + "ffn_norm.weight"),
-            "ffn_gate_up": self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"]),  # (n, 2*ffn)
-            "ffn_down": self.linear(p + "ffn_down.weight"),
+            "attn_qkv": self.linear_group([tn(r) for r in qkv], [tn(r, "bias") for r in qkv] if self.qkv_bias else None),
+            "attn_output": self.linear(tn("attn_out")),
+            "ffn_norm": self.norm_weight(tn("ffn_norm")),
+            "ffn_gate_up": self.linear_group([tn("ffn_gate"), tn("ffn_up")]),  # (n, 2*ffn)
+            "ffn_down": self.linear(tn("ffn_down")),
         }
         if self.qk_norm:
             # One norm over the Q and K heads side by side: each head keeps its own weight row.
-            q_norm = self.norm_weight(p + "attn_q_norm.weight")
-            k_norm = self.norm_weight(p + "attn_k_norm.weight")
+            q_norm = self.norm_weight(tn("attn_q_norm"))
+            k_norm = self.norm_weight(tn("attn_k_norm"))
             t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
         return LayerWeights(i, t)
 

@@ -35,6 +35,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ... import switches
 from ...errors import ModelFileError
+from ...families.tensors import OUTPUT
 from ...gguf_file import TensorInfo
 from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
                            INT8_TYPES, Int4Pack, _row_chunks, pack_int4, pack_int8)
@@ -291,9 +292,6 @@ def _env_on(var: str) -> bool:
     return switches.value(var) is True
 
 
-# The output projection (token_embd.weight when the embeddings are tied) runs one row per step:
-# prefill projects only the last token.
-OUTPUT_NAMES = frozenset({"output.weight", "token_embd.weight"})
 
 
 def _output_int8g(n_cols: int) -> bool:
@@ -306,13 +304,16 @@ def _output_int8g(n_cols: int) -> bool:
     return forced if forced is not None else n_cols >= 1024
 
 
-def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = None, mode: str | None = None) -> Linear:
+def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = None, mode: str | None = None,
+                role: str | None = None) -> Linear:
     """Build the linear layer for a 2-D GGUF weight (ggml shape (K, N): rows of length K).
 
     mode: None/"auto" picks by type and the TALLOW_* switches; "reference" forces ReferenceLinear;
     "int4"/"int4x2"/"int8"/"dense" force a kind where the type allows it (else dense bf16);
     "int8g" is "auto" with group-32 forms (int4x2, else GroupInt8Linear) instead of per-row int8;
-    "auto" uses it for the output projection (by GGUF name) where that is faster (_output_int8g).
+    "auto" uses it for the output projection (role OUTPUT, families/tensors.py: the output
+    weight or the tied embedding table) where that is faster (_output_int8g); it runs one row
+    per step, as prefill projects only the last token.
     """
     _check_2d(tensor)
     b = _bias_tensor(bias, tensor.n_rows, tensor.name)
@@ -324,7 +325,7 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
 
         return GgmlLinear(tensor, b)
     qt = tensor.qtype
-    if mode == "auto" and tensor.name in OUTPUT_NAMES and _output_int8g(tensor.n_cols):
+    if mode == "auto" and role == OUTPUT and _output_int8g(tensor.n_cols):
         mode = "int8g"
     if mode == "int8g":
         # "auto", except that the types auto sends to per-row int8 get a group-32 form instead:
