@@ -19,7 +19,7 @@ from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
 
-# The GGUF names of one layer's routed-expert tensors (llama.cpp's llama-arch.cpp).
+# The roles of one layer's routed-expert tensors (their GGUF names: families/tensors.py).
 ROUTER = "ffn_gate_inp"
 GATE_EXPS, UP_EXPS, GATE_UP_EXPS, DOWN_EXPS = "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps"
 
@@ -35,17 +35,17 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
     `ffn_gate_exps` and `ffn_up_exps` stacked) and one down linear, each cut out of the 3-D
     tensor without a copy and packed by the dense layers' kernels; plus `ffn_down_exps.scale`,
     a per-expert output scale, where the file has it."""
-    spec, gf, p = model.spec, model.gf, f"blk.{i}."
+    spec, gf, tn = model.spec, model.gf, model.tensor_names.block(i)
     n, width, dim = spec.n_experts, spec.expert_ffn_dim, spec.dim
 
     def tensor(name: str, shape: list[int]):
-        t = model._tensor(p + name + ".weight")
+        t = model._tensor(tn(name))
         if list(t.shape) != shape:
             raise ModelFileError(f"{gf.path}: the tensor {t.name} has shape {list(t.shape)}, not {shape}.")
         return t
 
     down = tensor(DOWN_EXPS, [width, dim, n])
-    if p + GATE_UP_EXPS + ".weight" in gf.tensors:
+    if tn(GATE_UP_EXPS) in gf.tensors:
         gate_up = tensor(GATE_UP_EXPS, [dim, 2 * width, n])
         gate_up_layers = [model.place.cached([f"{gate_up.name}[{e}]"],
                                              lambda e=e: model.place.linear(expert_slice(gate_up, e, n)))
@@ -58,18 +58,18 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
     down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
                    for e in range(n)]
     def per_expert(name: str) -> torch.Tensor | None:
-        if p + name + ".scale" not in gf.tensors:
+        if tn(name, "scale") not in gf.tensors:
             return None
-        scale = model.norm_weight(p + name + ".scale")
+        scale = model.norm_weight(tn(name, "scale"))
         if scale.numel() != n:
-            raise ModelFileError(f"{gf.path}: the tensor {p}{name}.scale has {scale.numel()} values for {n} experts.")
+            raise ModelFileError(f"{gf.path}: the tensor {tn(name, 'scale')} has {scale.numel()} values for {n} experts.")
         return scale
 
     # Per-expert output scales: of the down product (gemma4's per_expert_scale; NVFP4 global
     # scales), and of gate and up (NVFP4; a merged gate/up takes ffn_up_exps.scale, as llama.cpp).
     gate_s, up_s = per_expert(GATE_EXPS), per_expert(UP_EXPS)
     gate_up_scale = None
-    if p + GATE_UP_EXPS + ".weight" in gf.tensors:
+    if tn(GATE_UP_EXPS) in gf.tensors:
         gate_up_scale = None if up_s is None else up_s[:, None].contiguous()  # (n, 1): both halves
     elif gate_s is not None or up_s is not None:
         ones = torch.ones(n)
@@ -106,14 +106,15 @@ def load_gemma4_experts(model: DecoderModel, i: int) -> dict:
     router and its input scale, the routed experts, and the three extra norms."""
     refuse_gpu(model)
     refuse_unapplied_scales(model, i, EXPERT_SCALES + (ROUTER,))
-    p = f"blk.{i}."
-    router = model._tensor(p + ROUTER + ".weight")
+    tn = model.tensor_names.block(i)
+    router = model._tensor(tn(ROUTER))
     if list(router.shape) != [model.spec.dim, model.spec.n_experts]:
         raise ModelFileError(f"{model.gf.path}: the tensor {router.name} has shape {list(router.shape)}, "
                              f"not {[model.spec.dim, model.spec.n_experts]}.")
-    t = {name: model.norm_weight(p + name + ".weight") for name in ("post_ffw_norm_1", "pre_ffw_norm_2", "post_ffw_norm_2")}
+    norms = {"post_ffw_norm_1": "ffn_post_norm_1", "pre_ffw_norm_2": "ffn_pre_norm_2", "post_ffw_norm_2": "ffn_post_norm_2"}
+    t = {key: model.norm_weight(tn(role)) for key, role in norms.items()}
     t["ffn_gate_inp"] = model.linear(router.name)
-    t["ffn_gate_inp_scale"] = model.norm_weight(p + ROUTER + ".scale")
+    t["ffn_gate_inp_scale"] = model.norm_weight(tn(ROUTER, "scale"))
     t["ffn_experts"] = load_experts(model, i)
     return t
 
@@ -143,21 +144,21 @@ class Qwen3MoeModel(Qwen3Model):
     def load_layer(self, i: int) -> LayerWeights:
         refuse_gpu(self)
         refuse_unapplied_scales(self, i)
-        p = f"blk.{i}."
+        tn = self.tensor_names.block(i)  # role -> this block's GGUF name (families/qwen.py)
         layer = self.spec.layers[i]
-        q_norm = self.norm_weight(p + "attn_q_norm.weight")
-        k_norm = self.norm_weight(p + "attn_k_norm.weight")
+        q_norm = self.norm_weight(tn("attn_q_norm"))
+        k_norm = self.norm_weight(tn("attn_k_norm"))
         t = {
-            "attn_norm": self.norm_weight(p + "attn_norm.weight"),
-            "attn_qkv": self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]),
-            "attn_output": self.linear(p + "attn_output.weight"),
+            "attn_norm": self.norm_weight(tn("attn_norm")),
+            "attn_qkv": self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")]),
+            "attn_output": self.linear(tn("attn_out")),
             # One norm over the Q and K heads side by side: each head keeps its own weight row.
             "attn_qk_norm": torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1))),
-            "ffn_norm": self.norm_weight(p + "ffn_norm.weight"),
-            "ffn_gate_inp": self.linear(p + ROUTER + ".weight"),  # (n, n_experts)
+            "ffn_norm": self.norm_weight(tn("ffn_norm")),
+            "ffn_gate_inp": self.linear(tn(ROUTER)),  # (n, n_experts)
             "ffn_experts": load_experts(self, i),
         }
-        router = self._tensor(p + ROUTER + ".weight")
+        router = self._tensor(tn(ROUTER))
         if list(router.shape) != [self.spec.dim, self.spec.n_experts]:
             raise ModelFileError(f"{self.gf.path}: the tensor {router.name} has shape {list(router.shape)}, "
                                  f"not {[self.spec.dim, self.spec.n_experts]}.")
