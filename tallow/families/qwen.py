@@ -28,5 +28,5 @@ class Qwen3Moe(Family):
     architecture = "qwen3moe"
     model = "tallow.models.qwen3moe:Qwen3MoeModel"
     tensors = TensorTable(*MODEL_ROLES, "attn_norm", "attn_q", "attn_k", "attn_v", "attn_out", "attn_q_norm",
-                          "attn_k_norm", "ffn_norm", *MOE_ROLES)
+                          "attn_k_norm", "ffn_norm", *MOE_ROLES, "ffn_gate_up_exps")
     routed_experts_required = True
