@@ -15,7 +15,7 @@ for t in "${tests[@]}"; do
   if [ "${kind:0:2}" = pp ]; then tl=(-p "$n" -n 0); ll=(-p "$n" -n 0); else tl=(-p 0 -n "$n"); ll=(-p 0 -n "$n"); fi
   {
     echo "== $t  $(date -u +%H:%M:%S)  tallow ${TALLOW_ENV:-}  load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    env ${TALLOW_ENV:-} python -m tallow.cli bench -m "$model" --device cpu "${tl[@]}" -d "$depth" -r "$reps" 2>&1 | grep -v '^|'
+    env ${TALLOW_ENV:-} python -m tallow.cli bench -m "$model" --device cpu "${tl[@]}" -d "$depth" -r "$reps" 2>&1 | grep -v -E '^\| (model|---)'
     echo "== $t  $(date -u +%H:%M:%S)  llama.cpp ${LLAMA_ARGS:-}  load: $(cut -d' ' -f1-3 /proc/loadavg)"
     /tmp/llama/llama-bench -m "$model" -t 2 ${LLAMA_ARGS:-} "${ll[@]}" -d "$depth" -r "$reps" 2>&1 | grep -E 'pp|tg' | grep -v '^| model'
     echo "   done $(date -u +%H:%M:%S)  load: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -12,7 +12,8 @@
 #          meanwhile, write the two twins into $WORK/twins (scripts/make_gemma4_twin.py)
 #   e2b, e4b: `tallow bench --device cuda` then `llama-bench -ngl 99 -fa 1`, pp33, pp512 and tg128
 #          at depths 0, 4096 and 32768, -r 3, nvidia-smi's state before and after each
-# Everything goes to $OUT/gpu_bench_gemma4.log. Overrides for a dry run elsewhere: WORK, DEVICE,
+# A call that finds a bare machine (the last one went back) redoes what is missing, the build included:
+# run setup again then. Everything goes to $OUT/gpu_bench_gemma4.log. Overrides for a dry run elsewhere: WORK, DEVICE,
 # LLAMA_BENCH (a built llama-bench: skips the build), PP, TG, DEPTHS, REPS, LLAMA_ARGS.
 set -euo pipefail
 export PYTHONUNBUFFERED=1
@@ -46,10 +47,13 @@ state() {
   echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
-wheels() {
-  if python3 -c "import gguf" 2>/dev/null; then return; fi
-  ls .whl/*.whl >/dev/null 2>&1 || { echo "no gguf package and no .whl/ wheels: carry .whl (see the header)"; exit 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+wheels() {  # the carried wheels (gguf, llguidance), as the other GPU scripts install them
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; }
+  fi
+  PYTHONPATH=/tmp/site:$ROOT python3 -c "import gguf, tallow" \
+    || { echo "tallow or gguf does not import: carry .whl (see the header)"; exit 2; }
 }
 
 build_llama() {
