@@ -21,15 +21,15 @@ from .mamba import MambaModel
 class FalconH1Model(MambaModel):
     def load_layer(self, i: int) -> LayerWeights:
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors
-        p = f"blk.{i}."
+        tn = self.tensor_names.block(i)  # families/falcon_h1.py
         t = w.tensors
-        t["attn_qkv"] = self.linear_group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-        t["attn_output"] = self.linear(p + "attn_output.weight")
+        t["attn_qkv"] = self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")])
+        t["attn_output"] = self.linear(tn("attn_out"))
         # Falcon-H1 files name it `blk.N.ffn_norm` (no `.weight`: llama.cpp's converter maps the
         # whole `pre_ff_layernorm.weight` to it); accept either name.
-        t["ffn_norm"] = self.norm_weight(p + "ffn_norm" if p + "ffn_norm" in self.gf.tensors else p + "ffn_norm.weight")
-        t["ffn_gate_up"] = self.linear_group([p + "ffn_gate.weight", p + "ffn_up.weight"])
-        t["ffn_down"] = self.linear(p + "ffn_down.weight")
+        t["ffn_norm"] = self.norm_weight(tn("ffn_norm", "") if tn("ffn_norm", "") in self.gf.tensors else tn("ffn_norm"))
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
+        t["ffn_down"] = self.linear(tn("ffn_down"))
         return w
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta, positions, kv, start):

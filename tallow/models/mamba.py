@@ -56,30 +56,30 @@ class MambaModel(DecoderModel):
         return name
 
     def load_layer(self, i: int) -> LayerWeights:
-        ssm, p, dim = self.spec.ssm, f"blk.{i}.", self.spec.dim
+        ssm, tn, dim = self.spec.ssm, self.tensor_names.block(i), self.spec.dim  # families/mamba.py
         d, ch = ssm.d_inner, ssm.conv_channels
-        self.shaped(p + "ssm_in.weight", dim, 2 * d if ssm.version == 1 else d + ch + ssm.n_head)
-        self.shaped(p + "ssm_out.weight", d, dim)
+        self.shaped(tn("ssm_in"), dim, 2 * d if ssm.version == 1 else d + ch + ssm.n_head)
+        self.shaped(tn("ssm_out"), d, dim)
         if ssm.version == 1:
-            self.shaped(p + "ssm_x.weight", d, ssm.dt_rank + 2 * ssm.d_state)
-            self.shaped(p + "ssm_dt.weight", ssm.dt_rank, d)
-        t = {"attn_norm": self.norm_weight(p + "attn_norm.weight"),
-             "ssm_in": self.linear(p + "ssm_in.weight"),
-             "ssm_out": self.linear(p + "ssm_out.weight"),
-             "conv_w": self.small(p + "ssm_conv1d.weight", (ssm.conv_channels, ssm.d_conv)),
-             "conv_b": (self.small(p + "ssm_conv1d.bias", (ssm.conv_channels,)) if p + "ssm_conv1d.bias" in self.gf.tensors
+            self.shaped(tn("ssm_x"), d, ssm.dt_rank + 2 * ssm.d_state)
+            self.shaped(tn("ssm_dt"), ssm.dt_rank, d)
+        t = {"attn_norm": self.norm_weight(tn("attn_norm")),
+             "ssm_in": self.linear(tn("ssm_in")),
+             "ssm_out": self.linear(tn("ssm_out")),
+             "conv_w": self.small(tn("ssm_conv1d"), (ssm.conv_channels, ssm.d_conv)),
+             "conv_b": (self.small(tn("ssm_conv1d", "bias"), (ssm.conv_channels,)) if tn("ssm_conv1d", "bias") in self.gf.tensors
                         else torch.zeros(ssm.conv_channels, device=self.device))}  # falcon-h1 may have none
         if ssm.version == 1:
-            t["ssm_x"] = self.linear(p + "ssm_x.weight")
-            t["ssm_dt"] = self.linear(p + "ssm_dt.weight", p + "ssm_dt.bias")
-            t["A"] = self.small(p + "ssm_a", (ssm.d_inner, ssm.d_state))
-            t["D"] = self.small(p + "ssm_d", (ssm.d_inner,))
+            t["ssm_x"] = self.linear(tn("ssm_x"))
+            t["ssm_dt"] = self.linear(tn("ssm_dt"), tn("ssm_dt", "bias"))
+            t["A"] = self.small(tn("ssm_a", ""), (ssm.d_inner, ssm.d_state))
+            t["D"] = self.small(tn("ssm_d", ""), (ssm.d_inner,))
         else:
-            t["dt_b"] = self.small(p + "ssm_dt.bias", (ssm.n_head,))
-            t["A"] = self.small(p + "ssm_a", (ssm.n_head,))
-            t["D"] = self.small(p + "ssm_d", (ssm.n_head,))
-            if p + "ssm_norm.weight" in self.gf.tensors:  # optional in falcon-h1
-                t["ssm_norm"] = self.small(p + "ssm_norm.weight", (ssm.n_group, ssm.d_inner // ssm.n_group))
+            t["dt_b"] = self.small(tn("ssm_dt", "bias"), (ssm.n_head,))
+            t["A"] = self.small(tn("ssm_a", ""), (ssm.n_head,))
+            t["D"] = self.small(tn("ssm_d", ""), (ssm.n_head,))
+            if tn("ssm_norm") in self.gf.tensors:  # optional in falcon-h1
+                t["ssm_norm"] = self.small(tn("ssm_norm"), (ssm.n_group, ssm.d_inner // ssm.n_group))
         return LayerWeights(i, t)
 
     # -- forward ---------------------------------------------------------------------------
