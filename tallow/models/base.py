@@ -104,6 +104,8 @@ class DecoderModel:
         """Q (n, nh, hd) for this block's attention from the fused Q/K/V projection's output, K and
         V written to the pool: the step's backend runs `attention_heads`, or one fused Triton
         launch in a graph decode step (models/step.py)."""
+        if step.on_host:  # eager: the torch heads, without a hop through the backend
+            return self.attention_heads(w, qkv, kv, step)
         return step.backend.inputs(w, qkv, kv, step)
 
     def attention_heads(self, w: LayerWeights, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
@@ -130,7 +132,7 @@ class DecoderModel:
 
     # llama.cpp scales Q in float32 before attention for gemma (gemma3.cpp), so the f16 rounding
     # of Q sees the scaled values; the other families scale the scores inside soft_max
-    # (step.EagerAttention.ggml).
+    # (step.EagerAttention.ggml_attend).
     ggml_prescaled_q = False
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,

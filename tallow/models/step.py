@@ -70,30 +70,30 @@ class Step:
         return cls(phase or (DECODE if n == 1 else PREFILL), torch.tensor(tokens, dtype=torch.long, device=device),
                    torch.arange(start, start + n, device=device), start, logits=logits)
 
-    @property
-    def on_host(self) -> bool:
-        return isinstance(self.start, int)
+    def __post_init__(self):
+        self.on_host = isinstance(self.start, int)
 
     def rotate(self, table: RotaryTables, x: torch.Tensor) -> torch.Tensor:
-        """x (n, heads, head_dim) rotated at this step's positions."""
+        """x (n, heads, head_dim) rotated at this step's positions: the tables sliced at a host
+        start, else gathered on the device by the backend."""
+        if self.on_host:
+            return table.apply_at(x, self.start)
         return self.backend.rotate(table, x, self)
 
     def store(self, kv: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write k, v (n, n_kv_heads, dim) at this step's positions of `layer`."""
-        self.backend.store(kv, layer, k, v, self)
+        """Write k, v (n, n_kv_heads, dim) at this step's positions of `layer`: sliced at a host
+        start, else written by the backend at the device positions."""
+        if self.on_host:
+            kv.store(layer, self.start, k, v)
+        else:
+            self.backend.store(kv, layer, k, v, self)
 
 
 class Backend:
-    """RoPE, the K/V write and attention for one regime; host-start RoPE and writes by default."""
+    """Attention for one regime (and, with device positions, RoPE and the K/V write)."""
 
     def __init__(self, model):
         self.model = model
-
-    def rotate(self, table: RotaryTables, x: torch.Tensor, step: Step) -> torch.Tensor:
-        return table.apply_at(x, step.start)
-
-    def store(self, kv: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, step: Step) -> None:
-        kv.store(layer, step.start, k, v)
 
     def inputs(self, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
         return self.model.attention_heads(w, qkv, kv, step)
@@ -103,18 +103,22 @@ class Backend:
 
 
 class EagerAttention(Backend):
-    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
-        return self.at(index, q, kv, step.start)
+    def __init__(self, model):
+        super().__init__(model)
+        self.ggml = ggml_enabled() and not model.place.on_gpu  # TALLOW_NUMERICS=ggml (read at load)
 
-    def at(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        """Attention of q (n, n_heads, head_dim) at positions start.. over layer `index`'s cached
-        keys 0..start+n-1 (this step's K/V already stored). Returns (n, n_heads * v_head_dim)."""
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step | None, start: int | None = None) -> torch.Tensor:
+        """Attention of q (n, n_heads, head_dim) at positions start.. (default: step.start) over
+        layer `index`'s cached keys 0..start+n-1 (this step's K/V already stored). Returns
+        (n, n_heads * v_head_dim)."""
+        if start is None:
+            start = step.start
         model = self.model
         spec, layer = model.spec, model.spec.layers[index]
         n = q.shape[0]
         end = start + n
-        if ggml_enabled() and not model.place.on_gpu:  # TALLOW_NUMERICS=ggml: llama.cpp's f16 attention
-            return self.ggml(index, q, kv, start)
+        if self.ggml:  # llama.cpp's f16 attention
+            return self.ggml_attend(index, q, kv, start)
         if n == 1 and fast_paths_enabled():
             if kv.dtype in _FLOAT_KV and not kv.is_ring(index):
                 return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
@@ -147,8 +151,8 @@ class EagerAttention(Backend):
         mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
 
-    def ggml(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        """`at` with llama.cpp's arithmetic with flash attention off (numerics.ggml_attention)."""
+    def ggml_attend(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """`attend` with llama.cpp's arithmetic with flash attention off (numerics.ggml_attention)."""
         model = self.model
         spec, layer = model.spec, model.spec.layers[index]
         n = q.shape[0]
@@ -163,20 +167,20 @@ class EagerAttention(Backend):
 
 
 class EagerRowsAttention(EagerAttention):
-    """Verification on the CPU: each query attends as the one-token `EagerAttention.at` computes
+    """Verification on the CPU: each query attends as the one-token `EagerAttention.attend` computes
     it, so row i is bit for bit the decode step after rows 0..i-1 (engine/speculate.py)."""
 
     def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
         start, n = step.start, q.shape[0]
         if n == 1:
-            return self.at(index, q, kv, start)
+            return super().attend(index, q, kv, step)
         spec = self.model.spec
         # The K/V of all the rows are stored already; query i at start+i sees keys 0..start+i.
         window = spec.layers[index].sliding_window
         begins = [max(0, start + i + 1 - window) if window else 0 for i in range(n)]
         lo, end = begins[0], start + n
         if not (q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]):
-            return torch.cat([self.at(index, q[i : i + 1], kv, start + i) for i in range(n)])
+            return torch.cat([super(EagerRowsAttention, self).attend(index, q[i : i + 1], kv, None, start + i) for i in range(n)])
         # The one-query fast path reads keys begin..end-1 of the pool as float32 (decode_attention
         # or kv.view: a float copy, dequantized for int8/fp8) and calls attend_keys. Converting
         # once for all n queries and slicing gives the same elements, and SDPA over a slice gives
@@ -213,7 +217,7 @@ class GraphChunkAttention(DeviceBackend):
                                             spec.attn_logit_softcap)
         if out is not None:
             return out
-        return self.eager.at(index, q, kv, int(step.start.item()))
+        return self.eager.attend(index, q, kv, None, int(step.start.item()))
 
 
 def _kernel_attention(q: torch.Tensor) -> bool:
