@@ -120,7 +120,7 @@ class EagerAttention(Backend):
         if self.ggml:  # llama.cpp's f16 attention
             return self.ggml_attend(index, q, kv, start)
         if n == 1 and fast_paths_enabled():
-            if kv.dtype in _FLOAT_KV and not kv.is_ring(index):
+            if kv.dtype in _FLOAT_KV and kv.caps[index] == kv.n_ctx:  # not a ring (kv.is_ring, inlined)
                 return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
                                         layer.sliding_window, spec.attn_logit_softcap)
             # A ring or a quantized pool: the window's keys, in position order, as float32.
