@@ -52,7 +52,8 @@ class Step:
     start: the first position, a host int (eager) or a (1,) device tensor (graph-safe).
     seq_lens: (n,) int32 = positions + 1 on the device (decode and verify with device start).
     logits: ALL, LAST, a device tensor of row indices, or None for the final-norm hidden states.
-    backend: filled in by DecoderModel.run; scratch: per-run values (a ring's slots)."""
+    on_host: whether start is a host int. backend: filled in by DecoderModel.run from
+    (phase, on_host); scratch: per-run values (a ring's slots, a verify pass's row steps)."""
 
     phase: str
     ids: torch.Tensor
