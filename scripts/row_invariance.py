@@ -39,7 +39,7 @@ q, k, v = torch.randn(H, T, D), torch.randn(KVH, T, D), torch.randn(KVH, T, D)
 
 
 def attn(s, e, window, pad):
-    """Queries s..e-1 over the keys they may see, as DecoderModel.attend calls SDPA (pad: the
+    """Queries s..e-1 over the keys they may see, as models/step.EagerAttention calls SDPA (pad: the
     row-invariant form, keys to whole 512-blocks, queries to a multiple of 64)."""
     lo = max(0, s - window + 1) if window else 0
     a, b = (lo // 512 * 512, -(-e // 512) * 512) if pad else (lo, e)

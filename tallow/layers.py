@@ -24,7 +24,7 @@ def fast_paths_enabled() -> bool:
 # SDPA's CPU flash kernel walks the keys in blocks of 512 (its kvSplitSize) and the queries in
 # blocks of 32 (under 192 queries) or 64 (under 768), and a block cut short rounds differently
 # (measured: a last block of 2 queries): prefill attention pads its keys to whole blocks at
-# absolute positions and its queries to a multiple of 64 (DecoderModel.attend).
+# absolute positions and its queries to a multiple of 64 (models/step.EagerAttention).
 KEY_BLOCK = 512
 QUERY_BLOCK = 64
 

@@ -26,6 +26,8 @@ from tallow.gguf_file import GGUFFile  # noqa: E402
 from tallow.kernels.block_ops import TritonOps, block_ops  # noqa: E402
 from tallow.memory.kv_pool import KVPool  # noqa: E402
 from tallow.models import build_model  # noqa: E402
+from tallow.models.step import PREFILL, Step  # noqa: E402
+from test_graph_step import decode_step  # noqa: E402
 from tallow.spec import spec_from_gguf  # noqa: E402
 
 # The interpreter is slow (the two tiny gemma4 variants took 6.5 minutes here): the 31B-style one,
@@ -46,7 +48,7 @@ def fused_steps_and_eager(arch: str, tmp_path, n_tokens: int, **pool) -> tuple:
     for table in model.rope.values():
         table.ensure(64)
     steps = torch.cat([
-        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
+        model.run(decode_step(t, i), step_kv)
         for i, t in enumerate(ids)
     ])
     return steps, eager, step_kv, eager_kv
@@ -114,8 +116,8 @@ def test_forward_chunk_with_padding_matches_forward(arch, triton_ops, tmp_path):
     for start, end in ((0, 13), (13, 24), (24, 30)):
         bucket = 16
         padded = ids[start:end] + [0] * (bucket - (end - start))
-        got.append(model.forward_chunk(torch.tensor(padded), torch.arange(start, start + bucket), torch.tensor([start]),
-                                       torch.tensor([end - start - 1]), kv_b))
+        got.append(model.run(Step(PREFILL, torch.tensor(padded), torch.arange(start, start + bucket), torch.tensor([start]),
+                                  logits=torch.tensor([end - start - 1])), kv_b))
         kv_b.tokens.extend(ids[start:end])
         kv_b.mark_written(start + bucket - 1)
     # Padded shapes reorder sums. The E2B-style tiny gemma4 measured 3.5e-4 on the torch path: its
@@ -148,7 +150,7 @@ def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
             table.ensure(64)
         kv = KVPool(spec, 64)
         return torch.cat([
-            model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), kv)
+            model.run(decode_step(t, i), kv)
             for i, t in enumerate(ids)
         ]), model
 

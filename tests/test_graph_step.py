@@ -11,7 +11,14 @@ from tiny_models import ARCHITECTURES, tiny_prompt, write_tiny_model
 from tallow.gguf_file import GGUFFile
 from tallow.memory.kv_pool import KVPool
 from tallow.models import build_model
+from tallow.models.step import ALL, DECODE, VERIFY, Step
 from tallow.spec import spec_from_gguf
+
+
+def decode_step(token: int, position: int) -> Step:
+    """The graph-safe decode Step of one token: position and seq_len as device tensors."""
+    p = torch.tensor([position])
+    return Step(DECODE, torch.tensor([token]), p, p, torch.tensor([position + 1], dtype=torch.int32), logits=ALL)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -23,7 +30,7 @@ def test_forward_step_equals_forward(arch, tmp_path):
     eager_kv, step_kv = KVPool(spec, 64), KVPool(spec, 64)
     eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(ids)])
     steps = torch.cat([
-        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
+        model.run(decode_step(t, i), step_kv)
         for i, t in enumerate(ids)
     ])
     assert torch.equal(steps, eager)
@@ -48,13 +55,14 @@ def check_rows_equal_steps(arch: str, tmp_path, ops=None) -> None:
     step_kv, rows_kv = KVPool(spec, 64, max_chunk=8), KVPool(spec, 64, max_chunk=8)
 
     def step(kv, t, i):
-        return model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), kv)
+        return model.run(decode_step(t, i), kv)
 
     steps = torch.cat([step(step_kv, t, i) for i, t in enumerate(ids)])
     got, i = [], 0
     for m in (1, 3, 5, 2, 7, 6):  # 24 tokens in passes of several sizes
-        got.append(step(rows_kv, ids[i], i) if m == 1 else model.forward_rows(
-            torch.tensor(ids[i : i + m]), torch.arange(i, i + m), torch.arange(i + 1, i + m + 1, dtype=torch.int32), rows_kv))
+        got.append(step(rows_kv, ids[i], i) if m == 1 else model.run(Step(
+            VERIFY, torch.tensor(ids[i : i + m]), torch.arange(i, i + m), torch.tensor([i]),
+            torch.arange(i + 1, i + m + 1, dtype=torch.int32), logits=ALL), rows_kv))
         i += m
     assert torch.equal(torch.cat(got), steps)
     assert all(torch.equal(a, b) for a, b in zip(rows_kv.k + rows_kv.v, step_kv.k + step_kv.v))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_graph_step import decode_step
 from tiny_models import write_tiny_model
 
 from tallow.gguf_file import GGUFFile
@@ -85,7 +86,7 @@ def test_ring_decode_step_bound_to_device_position(gemma, kv_dtype) -> None:
     eager_kv, step_kv = KVPool(spec, 64, kv_dtype, max_chunk=4), KVPool(spec, 64, kv_dtype, max_chunk=4)
     eager = torch.cat([model.forward([t], i, eager_kv) for i, t in enumerate(IDS)])
     steps = torch.cat([
-        model.forward_step(torch.tensor([t]), torch.tensor([i]), torch.tensor([i + 1], dtype=torch.int32), step_kv)
+        model.run(decode_step(t, i), step_kv)
         for i, t in enumerate(IDS)
     ])
     torch.testing.assert_close(steps, eager, rtol=0, atol=1e-5)

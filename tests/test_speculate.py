@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as QT
 
 from tallow.engine import speculate
 from tallow.engine.engine import Engine, GenerationStats
-from tallow.engine.speculate import PromptLookup, Speculation, exact_verifier
+from tallow.engine.speculate import PromptLookup, Speculation
+from tallow.models.step import VERIFY
 from tallow.gguf_file import GGUFFile
 from tallow.models import build_model
 from tallow.sampling import Sampler, SamplingParams
@@ -103,9 +104,9 @@ def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeyp
     engine.prefill(prompt, GenerationStats())
     steps = torch.stack([engine.decode_step(t) for t in seq])
     engine.kv.truncate(len(prompt))
-    verifier = exact_verifier(engine.model)
-    rows = torch.cat([verifier.forward(seq[:5], len(prompt), engine.kv, all_logits=True),
-                      verifier.forward(seq[5:], len(prompt) + 5, engine.kv, all_logits=True)])
+    verifier = engine.model
+    rows = torch.cat([verifier.forward(seq[:5], len(prompt), engine.kv, all_logits=True, phase=VERIFY),
+                      verifier.forward(seq[5:], len(prompt) + 5, engine.kv, all_logits=True, phase=VERIFY)])
     assert torch.equal(rows, steps)
     assert engine.kv.tokens == prompt + seq
 
@@ -122,12 +123,12 @@ def test_exact_over_wrapped_rings_and_quantized_kv(tmp_path, monkeypatch, always
     assert engine.kv.has_rings
     prompt, seq = list(range(40, 70)), [7, 200, 13, 13, 99, 5, 61, 250, 3, 17, 17, 80]
     engine.prefill(prompt, GenerationStats())
-    verifier = exact_verifier(engine.model)
+    verifier = engine.model
     for i in range(0, len(seq), 4):  # a pass, the way speculation runs it: rewind at most its length
         start = len(prompt) + i
         steps = torch.stack([engine.decode_step(t) for t in seq[i : i + 4]])
         engine.kv.truncate(start)
-        assert torch.equal(verifier.forward(seq[i : i + 4], start, engine.kv, all_logits=True), steps)
+        assert torch.equal(verifier.forward(seq[i : i + 4], start, engine.kv, all_logits=True, phase=VERIFY), steps)
     # Drafts that are always wrong and as long as allowed: every pass is rolled back. Compare the
     # logits each generated token came from, bit for bit (this model's logits are too peaked for
     # the tokens alone to show a wrong key).

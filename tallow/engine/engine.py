@@ -19,9 +19,10 @@ import torch
 from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
 from ..memory.recurrent import make_memory
 from ..models.base import DecoderModel
+from ..models.step import VERIFY
 from ..sampling import Sampler
 from .prefill_plan import PrefillPlan, numerics_key, plan_for
-from .speculate import K_MAX, Speculation, exact_verifier, speculation_enabled
+from .speculate import K_MAX, Speculation, speculation_enabled
 from .. import switches
 
 
@@ -90,7 +91,6 @@ class Engine:
         self._graph = None  # the CUDA-graph decode step, captured on first use (GPU only)
         self._prefill_graphs = None  # CUDA graphs of prefill chunks by length bucket (GPU only)
         self._row_graphs = None  # CUDA graphs of speculative verification passes by size (GPU only)
-        self._verifier = None  # the model with query-by-query attention, for verification passes (CPU)
         self.prefill_rate = 0.0  # tok/s of the latest prefill of >= 64 tokens, to price reuse
         self.kv_store_dir = kv_store_dir  # None: $TALLOW_HOME/kv
         self._kv_store: KVStore | None = None
@@ -160,14 +160,12 @@ class Engine:
         """Run 2..8 tokens at the next positions in one pass (verifying speculative drafts);
         logits (m, vocab), row i bit-identical to decode_step's for token i where the model's
         matrices are row-exact (speculate.rows_are_exact). On the GPU a replayed CUDA graph per
-        pass size (graphs.RowGraphs); elsewhere the eager forward pass with attention query by
-        query, as decode computes it (speculate.exact_verifier)."""
+        pass size (graphs.RowGraphs); elsewhere the eager VERIFY step, attention query by query
+        as decode computes it (step.EagerRowsAttention)."""
         start = len(self.kv.tokens)
         if self.model.device.type != "cuda":
-            if self._verifier is None:
-                self._verifier = exact_verifier(self.model)
             with self.kv.rows_kept():  # a recurrent memory keeps each row's state, to roll back to
-                return self._verifier.forward(tokens, start, self.kv, all_logits=True)  # keeps kv.tokens
+                return self.model.forward(tokens, start, self.kv, all_logits=True, phase=VERIFY)  # keeps kv.tokens
         if self._row_graphs is None:
             from .graphs import RowGraphs
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..memory.kv_pool import KVPool
+from ..models.step import ALL, DECODE, PREFILL, VERIFY, Step
 from .. import switches
 
 
@@ -40,7 +41,8 @@ def capture(run, device: torch.device, pool=None):
 
 
 class GraphDecoder:
-    """Replays model.forward_step(token, position, seq_len, kv) for one token at a time."""
+    """Replays model.run of one decode Step (token, position and seq_len in static device
+    buffers) for one token at a time."""
 
     def __init__(self, model, kv: KVPool, device: torch.device):
         self.model = model
@@ -49,6 +51,7 @@ class GraphDecoder:
         self.token = torch.zeros(1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.seq_len = torch.ones(1, dtype=torch.int32, device=device)
+        self.decode = Step(DECODE, self.token, self.position, self.position, self.seq_len, logits=ALL)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.next_token: torch.Tensor | None = None
@@ -56,7 +59,7 @@ class GraphDecoder:
             self._capture()
 
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model.forward_step(self.token, self.position, self.seq_len, self.kv)  # (1, vocab)
+        logits = self.model.run(self.decode, self.kv)  # (1, vocab)
         return logits, torch.argmax(logits[0]).reshape(1)
 
     def _capture(self) -> None:
@@ -85,11 +88,11 @@ class GraphDecoder:
 
 class RowGraphs:
     """Verification passes of speculative decoding: m = 2..max_rows consecutive decode tokens in
-    one replayed graph of model.forward_rows, one graph per m, captured on first use.
+    one replayed graph of model.run of a VERIFY Step, one graph per m, captured on first use.
 
     Each row comes out bit for bit as a replay of the one-token GraphDecoder would compute it
-    (forward_rows: the GEMVs read the weights once for all rows but compute each row alone;
-    attention runs row by row through the step's own kernels), so accepting drafts by comparing
+    (step.RowsAttention: the GEMVs read the weights once for all rows but compute each row
+    alone; attention runs row by row through the decode step's own kernels), so accepting drafts by comparing
     them with the tokens these rows yield leaves greedy text exactly as plain decoding writes
     it. A pass costs little more than one step: decode is bound by reading the weights.
     """
@@ -110,7 +113,7 @@ class RowGraphs:
         tokens, positions = inputs[0], inputs[1]
 
         def run():
-            return self.model.forward_rows(tokens, positions, positions.int() + 1, self.kv)
+            return self.model.run(_rows_step(tokens, positions), self.kv)
 
         return capture(run, self.device, self.pool)  # warmed up with the real inputs
 
@@ -123,7 +126,7 @@ class RowGraphs:
         host = torch.tensor([tokens, list(range(start, start + m))], dtype=torch.long).pin_memory()
         if not graphs_enabled():  # TALLOW_CUDA_GRAPHS=0: the same pass, eagerly
             inputs = host.to(self.device)
-            logits = self.model.forward_rows(inputs[0], inputs[1], inputs[1].int() + 1, self.kv)
+            logits = self.model.run(_rows_step(inputs[0], inputs[1]), self.kv)
             self.kv.mark_written(start + m - 1)
             return logits
         if m not in self.graphs:
@@ -135,6 +138,11 @@ class RowGraphs:
         graph.replay()
         self.kv.mark_written(start + m - 1)
         return logits.clone()  # the pool is shared: the next size's replay may reuse this memory
+
+
+def _rows_step(tokens: torch.Tensor, positions: torch.Tensor) -> Step:
+    """The verification Step of `tokens` at `positions` = p..p+m-1 (device tensors)."""
+    return Step(VERIFY, tokens, positions, positions[:1], positions.int() + 1, logits=ALL)
 
 
 def prefill_graphs_enabled() -> bool:
@@ -178,8 +186,8 @@ class PrefillGraphs:
         tokens, start, last = inputs[:size], inputs[size : size + 1], inputs[size + 1 :]
 
         def run():
-            positions = arange + start
-            return self.model.forward_chunk(tokens, positions, start, last, self.kv)
+            # Rows after `last` are padding: their K/V land in positions rewritten before anything reads them.
+            return self.model.run(Step(PREFILL, tokens, arange + start, start, logits=last), self.kv)
 
         return capture(run, self.device, self.pool)  # warmed up with the real inputs
 

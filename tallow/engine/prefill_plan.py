@@ -9,7 +9,7 @@ is safe (measured; docs/performance.md, "determinism"):
   GEMM each give row i the same bits however many rows share the call — but a chunk of fewer
   than dequant_matmul.MIN_ROWS rows goes through the low-bit kernel and a longer one through
   the dequantized tile, which round apart. Prefill attention is made row-invariant too
-  (DecoderModel.attend pads its keys to whole layers.KEY_BLOCK blocks at absolute positions, as
+  (models/step.EagerAttention pads its keys to whole layers.KEY_BLOCK blocks at absolute positions, as
   SDPA's CPU flash kernel splits them). Dense fp32 F.linear is not (its 1- and 9-row calls
   round apart), nor is anything on the GPU (cuBLAS and the prefill graphs choose their kernel
   by the chunk's length bucket).

@@ -35,13 +35,14 @@ Exactness on the CPU. The multi-token forward (the prefill path) computes attent
 queries in one masked SDPA call, which rounds differently from the one-query call decode makes
 (measured: logits differ by up to 0.56, enough to flip near-ties). The linear layers are
 row-independent below the dequantized-prefill threshold (64 rows): bit-identical for 1 or k+1
-rows. So verification runs the model with attention done query by query as the model's own
-one-token `attend` does it (the key window converted to float32 once per layer and pass, each
-query's keys a slice of it), and its logits are bit-identical to k+1 decode steps (tests check it):
+rows. So verification runs the model as a VERIFY step (models/step.py: EagerRowsAttention), attention
+done query by query as the one-token step does it (the key window converted to float32 once per
+layer and pass, each query's keys a slice of it), and its logits are bit-identical to k+1 decode
+steps (tests check it):
 greedy text with speculation is the text without it.
 
 Exactness on the GPU. Decode replays a CUDA graph of one token; verification replays a graph
-per pass size m = k+1 (engine.decode_rows, graphs.RowGraphs) of model.forward_rows: the Triton
+per pass size m = k+1 (engine.decode_rows, graphs.RowGraphs) of a VERIFY step: the Triton
 GEMV dequantizes each weight tile once for all m rows but keeps an accumulator per row, updated
 by the same code whatever m is, and the fused Q/K norm + RoPE + K/V write and the decode
 attention take a row axis (row i at position + i, computed as a one-token launch computes it).
@@ -72,7 +73,6 @@ and free-text tool calls 24.0 -> 25.9; docs/performance.md.)
 
 from __future__ import annotations
 
-import copy
 import time
 import weakref
 from collections import deque
@@ -80,8 +80,6 @@ from collections import deque
 import torch
 
 from .. import switches
-from ..layers import attend_keys, fast_paths_enabled
-from ..models.base import DecoderModel
 
 K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)
 NGRAM_MAX, NGRAM_MIN = 3, 1
@@ -172,36 +170,6 @@ class PromptLookup:
                         best_length, best_at = length, at
                 return best_length, context[best_at : best_at + k]
         return 0, []
-
-
-def exact_verifier(model):
-    """A shallow copy of `model` (weights shared) whose attention runs one query at a time as the
-    model's own one-token `attend` computes it, so each row is computed as a decode step computes it."""
-    spec = model.spec
-    own_attend = type(model).attend is DecoderModel.attend
-
-    def attend(index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
-        n = q.shape[0]
-        if n == 1:
-            return model.attend(index, q, kv, start)
-        # The K/V of all the rows are stored already; query i at start+i sees keys 0..start+i.
-        window = spec.layers[index].sliding_window
-        begins = [max(0, start + i + 1 - window) if window else 0 for i in range(n)]
-        lo, end = begins[0], start + n
-        if not (own_attend and q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]):
-            return torch.cat([model.attend(index, q[i : i + 1], kv, start + i) for i in range(n)])
-        # DecoderModel.attend's one-query fast path reads keys begin..end-1 of the pool as float32
-        # (decode_attention or kv.view: a float copy, dequantized for int8/fp8) and calls
-        # attend_keys. Converting once for all n queries and slicing gives the same elements, and
-        # SDPA over a slice gives the same bits as over a contiguous copy (tests check it): this
-        # saves n - 1 copies of the window per layer.
-        keys, values = kv.view(index, lo, end)  # (n_kv_heads, end - lo, head_dim) float32
-        return torch.cat([attend_keys(q[i : i + 1], keys[:, b - lo : start + i + 1 - lo], values[:, b - lo : start + i + 1 - lo],
-                                      spec.attn_scale, spec.attn_logit_softcap) for i, b in enumerate(begins)])
-
-    verifier = copy.copy(model)
-    verifier.attend = attend
-    return verifier
 
 
 class Speculation:

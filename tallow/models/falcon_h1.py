@@ -32,10 +32,10 @@ class FalconH1Model(MambaModel):
         t["ffn_down"] = self.linear(tn("ffn_down"))
         return w
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta, positions, kv, start):
+    def block(self, w: LayerWeights, x: torch.Tensor, delta, step, kv):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
-        mixed = w.attn_output(self.attend(w.index, q, kv, start)) + self.mixer(w, h, kv)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
+        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv)
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))

@@ -7,6 +7,7 @@ import torch
 
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
+from .step import Step
 
 
 class Gemma3Model(DecoderModel):
@@ -28,11 +29,11 @@ class Gemma3Model(DecoderModel):
         t["ffn_down"] = self.linear(tn("ffn_down"))
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
-              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,
+              kv: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
-        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
+        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
         return x, ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)

@@ -25,6 +25,7 @@ from ..families.tensors import PER_LAYER_TOKEN_EMBD
 from ..layers import rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
+from .step import Step
 
 
 _GELU_TABLE: dict = {}  # device -> the table
@@ -127,48 +128,42 @@ class Gemma4Model(DecoderModel):
         proj = rms_norm(proj, pl["proj_norm"], spec.norm_eps)
         return (proj + rows) * (1.0 / math.sqrt(2.0))
 
-    def _blocks(self, step, ids: torch.Tensor, positions: torch.Tensor, kv, start: int):
-        x = self.embedding(ids) * self.spec.embed_scale  # (n, dim)
-        inputs = self.per_layer_inputs(ids, x) if self.per_layer is not None else None
+    def _blocks(self, step: Step, kv: KVPool):
+        x = self.embedding(step.ids) * self.spec.embed_scale  # (n, dim)
+        inputs = self.per_layer_inputs(step.ids, x) if self.per_layer is not None else None
         delta = None
         for w in self.layers:
-            per_layer = None if inputs is None else inputs[:, w.index]
-            x, delta = step.gemma4_block(w, x, delta, kv, start, per_layer)
+            x, delta = self.block(w, x, delta, step, kv, None if inputs is None else inputs[:, w.index])
         return x, delta
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
-              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.per_layer is not None:
-            raise ValueError("Gemma 4 with per-layer embeddings runs its blocks through _blocks (they need the token ids).")
-        return self.gemma4_block(w, x, delta, kv, start, None)
-
-    def attention_inputs(self, w: LayerWeights, proj: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
-        """Q (n, nh, hd) of this block from its projection `proj`, normed and rotated at positions
-        start..: for a layer that owns its cache proj is Q, K (and V) side by side, and K (normed,
-        rotated) and V (weightless-normed) are written to the pool; for a shared-KV layer proj is
-        Q alone. (The hook models/step.py and engine/speculate.py rebind, as in DecoderModel.)"""
+    def attention_heads(self, w: LayerWeights, proj: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        """Q (n, nh, hd) of this block from its projection `proj`, normed and rotated at the step's
+        positions: for a layer that owns its cache proj is Q, K (and V) side by side, and K
+        (normed, rotated) and V (weightless-normed) are written to the pool; for a shared-KV
+        layer proj is Q alone. (DecoderModel.attention_heads, which the backends call.)"""
         spec, layer = self.spec, self.spec.layers[w.index]
         n, eps = proj.shape[0], spec.norm_eps
         nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
         rope = self.rope[layer.rope_key]
         if not layer.owns_kv:
-            return rope.apply_at(rms_norm(proj.view(n, nh, hd), w.attn_q_norm, eps), start)
+            return step.rotate(rope, rms_norm(proj.view(n, nh, hd), w.attn_q_norm, eps))
         qk = proj[:, : (nh + nkv) * hd].view(n, nh + nkv, hd)  # Q heads then K heads
         v = qk[:, nh:] if w.index in self.v_is_k else proj[:, (nh + nkv) * hd :].view(n, nkv, hd)
         v = rms_norm(v, self.v_norm_ones[layer.v_head_dim], eps)
-        qk = rope.apply_at(rms_norm(qk, w.attn_qk_norm, eps), start)
-        kv.store(w.index, start, qk[:, nh:], v)
+        qk = step.rotate(rope, rms_norm(qk, w.attn_qk_norm, eps))
+        step.store(kv, w.index, qk[:, nh:], v)
         return qk[:, :nh]
 
-    def gemma4_block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, kv: KVPool, start: int,
-                     per_layer: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block over x + delta; per_layer (n, d): this block's per-layer input, or None.
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step, kv: KVPool,
+              per_layer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over x + delta; per_layer (n, d): this block's per-layer input (from _blocks,
+        which computes them from the token ids; None without per-layer embeddings).
         Returns the stream and a pending delta, like DecoderModel.block."""
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         proj = w.attn_qkv(h) if self.spec.layers[w.index].owns_kv else w.attn_q(h)
-        q = self.attention_inputs(w, proj, kv, start)
-        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, start)), w.post_attention_norm, eps)
+        q = self.attention_inputs(w, proj, kv, step)
+        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
         mlp = w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu"))
         if w.get("ffn_experts") is not None:

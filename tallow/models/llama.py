@@ -9,6 +9,7 @@ import torch
 
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
+from .step import Step
 
 
 class LlamaModel(DecoderModel):
@@ -35,10 +36,10 @@ class LlamaModel(DecoderModel):
             t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
-              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,
+              kv: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
-        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, start)), w.ffn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
+        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))  # gate/up side by side: (n, 2 * ffn)

@@ -83,17 +83,17 @@ class MambaModel(DecoderModel):
         return LayerWeights(i, t)
 
     # -- forward ---------------------------------------------------------------------------
-    def _blocks(self, step, ids, positions, kv, start):
-        kv.begin(start)
+    def _blocks(self, step, kv):
+        kv.begin(step.start)  # a host int: recurrent models run eagerly on the CPU
         try:
-            out = super()._blocks(step, ids, positions, kv, start)
+            out = super()._blocks(step, kv)
         except BaseException:
             kv.truncate(0)  # some layers' states moved on and others did not: none can be trusted
             raise
-        kv.advance(ids.shape[0])
+        kv.advance(step.ids.shape[0])
         return out
 
-    def block(self, w: LayerWeights, x, delta, positions, kv, start):
+    def block(self, w: LayerWeights, x, delta, step, kv):
         x, h = self.ops.add_norm(x, delta, w.attn_norm, self.spec.norm_eps)
         return x, self.mixer(w, h, kv)
 

@@ -18,6 +18,7 @@ from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
+from .step import Step
 
 # The roles of one layer's routed-expert tensors (their GGUF names: families/tensors.py).
 ROUTER = "ffn_gate_inp"
@@ -164,10 +165,10 @@ class Qwen3MoeModel(Qwen3Model):
                                  f"not {[self.spec.dim, self.spec.n_experts]}.")
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
-              kv: KVPool, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,
+              kv: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, start)
-        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, start)), w.ffn_norm, eps)
+        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
+        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.ffn_norm, eps)
         return x, moe_ffn(w, h, w.ffn_gate_inp(h), self.spec.n_experts_used, lambda gu: ops.glu(gu, "swiglu"))

@@ -1,97 +1,224 @@
-"""A model's decode step bound to a position held on the device, for CUDA graphs.
+"""The one forward pass's description (`Step`) and the attention backends that run it.
 
-Family files write one `block` in terms of hooks — `attention_inputs(w, qkv, kv, start)`
-(itself `rope[base].apply_at(x, start)` and `kv.store(layer, start, k, v)`) and
-`attend(layer, q, kv, start)` — and eager forward passes give them a Python `start`. A
-captured graph cannot depend on a Python int, so here the same hooks are bound to device
-tensors (position, seq_len) and `start` is ignored: RoPE gathers its table rows at the
-position, K/V are written with index_copy_, and attention is the Triton split-K decode kernel
-reading seq_len on the device (torch on the CPU, where the tables and lengths are only
-exercised by tests). With the model's Triton ops (`ops.fused_step`), Q/K norm + RoPE + the
-K and V writes are one launch per layer instead of about ten (kernels/triton/rope.py).
+`DecoderModel.run(step, kv)` is the only forward pass: eager prefill and decode, ring-sized
+chunks, the hidden states of embeddings, the CUDA-graph decode step, the graph-captured prefill
+chunk and speculative verification all build a Step and call it. A Step says which tokens run
+where: their ids and positions (tensors on the model's device); `start`, the first position, as
+a host int (eager: RoPE tables and the pool are sliced there) or a device tensor (a captured
+graph replays at any position); `seq_lens` (positions + 1, int32 on the device) for graph
+decode and verification; the phase; and which rows' logits come back.
+
+A family's block reaches attention through three hooks, all answered by `step.backend`:
+`model.attention_inputs(w, qkv, kv, step)` (Q/K norm, RoPE and the K/V write: the family's
+`attention_heads`, which calls `step.rotate` and `step.store`, or one fused launch) and
+`model.attend(index, q, kv, step)`. The backend is chosen once per regime — (phase, whether
+start is on the host) — from objects built with the model (`backends_for`):
+
+- EagerAttention (prefill and decode, host start): RoPE and the pool sliced at start; the CPU
+  torch paths (TALLOW_NUMERICS=ggml, the one-query fast path, rings and quantized pools, the
+  block-aligned prefill), or the pool-reading flash kernel (ops.pool_attention) on the GPU.
+- EagerRowsAttention (verify, host start: the CPU): the same, attention query by query as a
+  decode step computes it, so each row is bit for bit a decode step.
+- GraphChunkAttention (prefill, device start): RoPE gathered at the positions, K/V written
+  with index_copy_, the flash kernel reading start on the device.
+- GraphDecodeAttention (decode, device): the same RoPE and K/V writes, or Q/K norm + RoPE + the
+  K/V write in one Triton launch (ops.fused_step); attention is the Triton split-K decode
+  kernel reading seq_len on the device, its scratch shared by the layers of one shape.
+- RowsAttention (verify, device): GraphDecodeAttention's kernels launched once for all rows
+  (row i at position + i), or row by row through it where they do not apply, so the m rows
+  are bit for bit what m decode steps compute.
 """
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass, field
 
 import torch
 
-from ..layers import RotaryTables, attend_keys, decode_attention
+from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
+                      block_aligned_keys_enabled, decode_attention, fast_paths_enabled)
 from ..memory.kv_pool import KVPool
+from ..numerics import ggml_attention, ggml_enabled
+
+PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
+ALL, LAST = "all", "last"  # Step.logits: every row's, the last row's (a tensor: those rows; None: hidden states)
+_FLOAT_KV = (torch.float16, torch.bfloat16, torch.float32)
 
 
-class _BoundRotary:
-    def __init__(self, table: RotaryTables, position: torch.Tensor):
-        self.table = table
-        self.position = position
+@dataclass(eq=False)
+class Step:
+    """One forward pass: `ids` (n,) at `positions` (n,) = start.., on the model's device.
 
-    def apply_at(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        cos = self.table.cos_full.index_select(0, self.position)  # (n, 1, rope_dim)
-        sin = self.table.sin_signed.index_select(0, self.position)
-        return self.table.rotate(x, cos, sin)
+    start: the first position, a host int (eager) or a (1,) device tensor (graph-safe).
+    seq_lens: (n,) int32 = positions + 1 on the device (decode and verify with device start).
+    logits: ALL, LAST, a device tensor of row indices, or None for the final-norm hidden states.
+    on_host: whether start is a host int. backend: filled in by DecoderModel.run from
+    (phase, on_host); scratch: per-run values (a ring's slots, a verify pass's row steps)."""
+
+    phase: str
+    ids: torch.Tensor
+    positions: torch.Tensor
+    start: int | torch.Tensor
+    seq_lens: torch.Tensor | None = None
+    logits: str | torch.Tensor | None = LAST
+    backend: "Backend | None" = field(default=None, repr=False)
+    scratch: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def host(cls, tokens: list[int], start: int, device, phase: str | None = None, logits=LAST) -> "Step":
+        """An eager step of `tokens` at positions start.. (phase: DECODE for one token, else PREFILL)."""
+        n = len(tokens)
+        return cls(phase or (DECODE if n == 1 else PREFILL), torch.tensor(tokens, dtype=torch.long, device=device),
+                   torch.arange(start, start + n, device=device), start, logits=logits)
+
+    def __post_init__(self):
+        self.on_host = isinstance(self.start, int)
+
+    def rotate(self, table: RotaryTables, x: torch.Tensor) -> torch.Tensor:
+        """x (n, heads, head_dim) rotated at this step's positions: the tables sliced at a host
+        start, else gathered on the device by the backend."""
+        if self.on_host:
+            return table.apply_at(x, self.start)
+        return self.backend.rotate(table, x, self)
+
+    def store(self, kv: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v (n, n_kv_heads, dim) at this step's positions of `layer`: sliced at a host
+        start, else written by the backend at the device positions."""
+        if self.on_host:
+            kv.store(layer, self.start, k, v)
+        else:
+            self.backend.store(kv, layer, k, v, self)
 
 
-class _BoundKV:
-    """The KV pool with `store` writing at the bound device position."""
+class Backend:
+    """Attention for one regime (and, with device positions, RoPE and the K/V write)."""
 
-    def __init__(self, kv: KVPool, position: torch.Tensor):
-        self.kv = kv
-        self.position = position
-        self.k, self.v = kv.k, kv.v
-        self.k_scale, self.v_scale = kv.k_scale, kv.v_scale
-        self.caps, self.dtype, self.scaled = kv.caps, kv.dtype, kv.scaled
-        self.view = kv.view
-        self._slots: dict[int, torch.Tensor] = {}  # ring size -> position % ring, once per step
-
-    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.kv.store_at(layer, self.position, k, v)
-
-    def cache_rows(self, layer: int):
-        """(k_cache, v_cache, slot) for a kernel that writes this step's K/V itself, or None when
-        the layer stores codes with scales (int8/fp8: `store` quantizes). A ring's slot is
-        position % ring, computed on the device once per step for each ring size."""
-        k, v = self.kv.k[layer], self.kv.v[layer]
-        if k.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.stride(-1) != 1 or v.stride(-1) != 1:
-            return None
-        cap = k.shape[1]
-        if cap >= self.kv.n_ctx:
-            return k, v, self.position
-        if cap not in self._slots:
-            self._slots[cap] = torch.remainder(self.position, cap)
-        return k, v, self._slots[cap]
-
-
-class _FusedAttentionInputs:
-    """`attention_inputs` for decode tokens (one, or the consecutive rows of a verification pass)
-    in one Triton launch per layer: per-head Q/K RMSNorm, RoPE at the device positions, K and V
-    written into the cache rows; `fallback` (the model's own method with bound hooks, torch)
-    where the launch does not apply."""
-
-    def __init__(self, model, fallback, position: torch.Tensor):
+    def __init__(self, model):
         self.model = model
-        self.position = position
-        self.fallback = fallback
 
-    def __call__(self, w, qkv: torch.Tensor, kv: _BoundKV, start: int) -> torch.Tensor:
-        spec, layer = self.model.spec, self.model.spec.layers[w.index]
-        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
-        rows = kv.cache_rows(w.index)
-        if rows is None or layer.v_head_dim != hd or qkv.stride(-1) != 1:
-            return self.fallback(w, qkv, kv, start)
-        from ..kernels.triton.rope import rope
+    def inputs(self, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        return self.model.attention_heads(w, qkv, kv, step)
 
-        k_cache, v_cache, slot = rows
-        table = self.model.rope[layer.rope_key]
-        n = qkv.shape[0]
-        q = qkv[:, : nh * hd].view(n, nh, hd)
-        k = qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
-        v = qkv[:, (nh + nkv) * hd :].view(n, nkv, hd)
-        norms = w.get("attn_qk_norm")
-        q_out, _ = rope(q, k, table.cos, table.sin, self.position, table.style, rot_dim=table.rope_dim,
-                        k_cache=k_cache, v=v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
-                        q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[nh])
-        return q_out  # (n, nh, hd)
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class EagerAttention(Backend):
+    def __init__(self, model):
+        super().__init__(model)
+        self.ggml = ggml_enabled() and not model.place.on_gpu  # TALLOW_NUMERICS=ggml (read at load)
+
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step | None, start: int | None = None) -> torch.Tensor:
+        """Attention of q (n, n_heads, head_dim) at positions start.. (default: step.start) over
+        layer `index`'s cached keys 0..start+n-1 (this step's K/V already stored). Returns
+        (n, n_heads * v_head_dim)."""
+        if start is None:
+            start = step.start
+        model = self.model
+        spec, layer = model.spec, model.spec.layers[index]
+        n = q.shape[0]
+        end = start + n
+        if self.ggml:  # llama.cpp's f16 attention
+            return self.ggml_attend(index, q, kv, start)
+        if n == 1 and fast_paths_enabled():
+            if kv.dtype in _FLOAT_KV and kv.caps[index] == kv.n_ctx:  # not a ring (kv.is_ring, inlined)
+                return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
+                                        layer.sliding_window, spec.attn_logit_softcap)
+            # A ring or a quantized pool: the window's keys, in position order, as float32.
+            begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
+            keys, values = kv.view(index, begin, end)
+            return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
+        lo = kv.window_start(index, start)  # 0, or a ring's window edge for the first query
+        fused = model.ops.pool_attention(q, kv, index, start, lo, layer.sliding_window, spec.attn_scale,
+                                         spec.attn_logit_softcap)
+        if fused is not None:  # one kernel reading the pool (GPU)
+            return fused
+        positions = torch.arange(start, end, device=q.device)
+        keys, values = kv.view(index, lo, end)
+        if n > 1 and spec.attn_logit_softcap is None and block_aligned_keys_enabled():
+            # Row-invariant prefill attention (engine/prefill_plan.py): SDPA's CPU kernel walks
+            # keys in blocks of KEY_BLOCK and queries in blocks of 32 or 64, and a block cut short
+            # rounds differently, so a row's output would depend on where its chunk starts and
+            # ends. Keys are padded with zeros to whole blocks at absolute positions, queries to
+            # a multiple of QUERY_BLOCK rows (copies of the last one, dropped after); the padded keys are masked.
+            a, b = lo - lo % KEY_BLOCK, -(-end // KEY_BLOCK) * KEY_BLOCK
+            keys = torch.nn.functional.pad(keys, (0, 0, lo - a, b - end))
+            values = torch.nn.functional.pad(values, (0, 0, lo - a, b - end))
+            extra = -n % QUERY_BLOCK
+            qp = torch.cat([q, q[-1:].expand(extra, -1, -1)]) if extra else q
+            rows = torch.cat([positions, positions[-1:].expand(extra)]) if extra else positions
+            mask = attention_mask(rows, b - a, layer.sliding_window, a)
+            return attention(qp.transpose(0, 1), keys, values, mask, spec.attn_scale)[:n]
+        mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
+        return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
+
+    def ggml_attend(self, index: int, q: torch.Tensor, kv: KVPool, start: int) -> torch.Tensor:
+        """`attend` with llama.cpp's arithmetic with flash attention off (numerics.ggml_attention)."""
+        model = self.model
+        spec, layer = model.spec, model.spec.layers[index]
+        n = q.shape[0]
+        end = start + n
+        lo = kv.window_start(index, start)
+        keys, values = kv.view(index, lo, end)  # (n_kv_heads, n_keys, dim), position order
+        mask = attention_mask(torch.arange(start, end), end - lo, layer.sliding_window, lo)
+        scale = spec.attn_scale
+        if model.ggml_prescaled_q:
+            q, scale = q * scale, 1.0
+        return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)
+
+
+class EagerRowsAttention(EagerAttention):
+    """Verification on the CPU: each query attends as the one-token `EagerAttention.attend` computes
+    it, so row i is bit for bit the decode step after rows 0..i-1 (engine/speculate.py)."""
+
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        start, n = step.start, q.shape[0]
+        if n == 1:
+            return super().attend(index, q, kv, step)
+        spec = self.model.spec
+        # The K/V of all the rows are stored already; query i at start+i sees keys 0..start+i.
+        window = spec.layers[index].sliding_window
+        begins = [max(0, start + i + 1 - window) if window else 0 for i in range(n)]
+        lo, end = begins[0], start + n
+        if not (q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]):
+            return torch.cat([super(EagerRowsAttention, self).attend(index, q[i : i + 1], kv, None, start + i) for i in range(n)])
+        # The one-query fast path reads keys begin..end-1 of the pool as float32 (decode_attention
+        # or kv.view: a float copy, dequantized for int8/fp8) and calls attend_keys. Converting
+        # once for all n queries and slicing gives the same elements, and SDPA over a slice gives
+        # the same bits as over a contiguous copy (tests check it): this saves n - 1 copies of the
+        # window per layer.
+        keys, values = kv.view(index, lo, end)  # (n_kv_heads, end - lo, head_dim) float32
+        return torch.cat([attend_keys(q[i : i + 1], keys[:, b - lo : start + i + 1 - lo], values[:, b - lo : start + i + 1 - lo],
+                                      spec.attn_scale, spec.attn_logit_softcap) for i, b in enumerate(begins)])
+
+
+class DeviceBackend(Backend):
+    """Positions on the device: RoPE gathers its table rows there, K/V are written with index_copy_."""
+
+    def rotate(self, table: RotaryTables, x: torch.Tensor, step: Step) -> torch.Tensor:
+        cos = table.cos_full.index_select(0, step.positions)  # (n, 1, rope_dim)
+        sin = table.sin_signed.index_select(0, step.positions)
+        return table.rotate(x, cos, sin)
+
+    def store(self, kv: KVPool, layer: int, k: torch.Tensor, v: torch.Tensor, step: Step) -> None:
+        kv.store_at(layer, step.positions, k, v)
+
+
+class GraphChunkAttention(DeviceBackend):
+    """A prefill chunk whose start (1,) is on the device: the Triton flash kernel reads it there;
+    the torch path (CPU tests) reads it back and attends eagerly."""
+
+    def __init__(self, model, eager: EagerAttention):
+        super().__init__(model)
+        self.eager = eager
+
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        spec, layer = self.model.spec, self.model.spec.layers[index]
+        out = self.model.ops.pool_attention(q, kv, index, step.start, 0, layer.sliding_window, spec.attn_scale,
+                                            spec.attn_logit_softcap)
+        if out is not None:
+            return out
+        return self.eager.attend(index, q, kv, None, int(step.start.item()))
 
 
 def _kernel_attention(q: torch.Tensor) -> bool:
@@ -100,121 +227,149 @@ def _kernel_attention(q: torch.Tensor) -> bool:
     return q.is_cuda
 
 
-class _BoundAttention:
-    """Attention of the decode queries (one, or the consecutive rows of a verification pass:
-    row i over seq_len + i keys) with static scratch; `fallback` runs several rows one by one
-    where the Triton kernel does not apply.
+def _cache_rows(kv: KVPool, layer: int, step: Step):
+    """(k_cache, v_cache, slot) for a kernel that writes this step's K/V itself, or None when
+    the layer stores codes with scales (int8/fp8: `store` quantizes). A ring's slot is
+    position % ring, computed on the device once per step for each ring size."""
+    k, v = kv.k[layer], kv.v[layer]
+    if k.dtype not in _FLOAT_KV or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    cap = k.shape[1]
+    if cap >= kv.n_ctx:
+        return k, v, step.positions
+    slot = step.scratch.get(cap)
+    if slot is None:
+        slot = step.scratch[cap] = torch.remainder(step.positions, cap)
+    return k, v, slot
 
-    The scratch (partial outputs, the output) is shared by all layers of one shape: on one
-    stream a layer's merge and output projection finish before the next layer's attention
+
+def _fused_inputs(model, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor | None:
+    """`attention_inputs` for decode tokens (one, or the consecutive rows of a verification pass)
+    in one Triton launch per layer: per-head Q/K RMSNorm, RoPE at the device positions, K and V
+    written into the cache rows (kernels/triton/rope.py); None where the launch does not apply."""
+    spec, layer = model.spec, model.spec.layers[w.index]
+    nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
+    rows = _cache_rows(kv, w.index, step)
+    if rows is None or layer.v_head_dim != hd or qkv.stride(-1) != 1:
+        return None
+    from ..kernels.triton.rope import rope
+
+    k_cache, v_cache, slot = rows
+    table = model.rope[layer.rope_key]
+    n = qkv.shape[0]
+    q = qkv[:, : nh * hd].view(n, nh, hd)
+    k = qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
+    v = qkv[:, (nh + nkv) * hd :].view(n, nkv, hd)
+    norms = w.get("attn_qk_norm")
+    q_out, _ = rope(q, k, table.cos, table.sin, step.positions, table.style, rot_dim=table.rope_dim,
+                    k_cache=k_cache, v=v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
+                    q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[nh])
+    return q_out  # (n, nh, hd)
+
+
+class GraphDecodeAttention(DeviceBackend):
+    """One decode token at a device position with seq_len = position + 1 on the device.
+
+    The kernel's scratch (partial outputs, the output) is shared by all layers of one shape: on
+    one stream a layer's merge and output projection finish before the next layer's attention
     writes them again. Per layer it would cost layers x row counts x (heads x splits x head_dim)
     floats: 1.3 GB for a qwen3-4b-sized model at a 4096-token context with passes of 1..8 rows."""
 
-    def __init__(self, model, seq_len: torch.Tensor, fallback=None):
-        self.model = model
-        self.seq_len = seq_len
-        self.fallback = fallback
-        if not hasattr(model, "_step_scratch"):
-            model._step_scratch = {}
+    def __init__(self, model):
+        super().__init__(model)
+        self.scratch: dict[tuple, tuple] = {}
 
-    def __call__(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
+    def inputs(self, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        model = self.model
+        if model.fused_attention_inputs and model.ops.fused_step:
+            q = _fused_inputs(model, w, qkv, kv, step)
+            if q is not None:
+                return q
+        return model.attention_heads(w, qkv, kv, step)
+
+    def kernel(self, index: int, q: torch.Tensor, kv: KVPool, seq_len: torch.Tensor) -> torch.Tensor | None:
+        """The Triton split-K kernel for q's rows (row i over seq_len + i keys), or None where it
+        does not apply (the CPU, soft-capped attention)."""
         spec, layer = self.model.spec, self.model.spec.layers[index]
-        k_cache, v_cache = kv.k[index], kv.v[index]
-        n = q.shape[0]
-        if _kernel_attention(q) and spec.attn_logit_softcap is None:
-            from ..kernels.triton.decode_attention import decode_attention as triton_decode_attention
-            from ..kernels.triton.decode_attention import default_splits, make_scratch
+        if not (_kernel_attention(q) and spec.attn_logit_softcap is None):
+            return None
+        from ..kernels.triton.decode_attention import decode_attention as triton_decode_attention
+        from ..kernels.triton.decode_attention import default_splits, make_scratch
 
-            n_heads = q.shape[1]
-            splits = default_splits(k_cache.shape[0], k_cache.shape[1])
-            key = (n, n_heads, splits, layer.head_dim, layer.v_head_dim)  # gemma4: a head size per layer type
-            scratch = self.model._step_scratch.get(key)
-            if scratch is None:
-                out = torch.empty((n, n_heads, layer.v_head_dim), dtype=torch.float32, device=q.device)
-                scratch = self.model._step_scratch[key] = (out, make_scratch(n * n_heads, splits, layer.head_dim, q.device))
-            out, buffers = scratch
-            # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
-            # are read with their per-position scales.
-            triton_decode_attention(q.contiguous(), k_cache, v_cache, self.seq_len, spec.attn_scale,
-                                    layer.sliding_window or 0, n_splits=splits, out=out, scratch=buffers,
-                                    k_scale=kv.k_scale[index] if kv.scaled else None,
-                                    v_scale=kv.v_scale[index] if kv.scaled else None)
-            return out.reshape(n, -1)
-        if n > 1:
-            return self.fallback(index, q, kv, start)
+        k_cache, v_cache = kv.k[index], kv.v[index]
+        n, n_heads = q.shape[0], q.shape[1]
+        splits = default_splits(k_cache.shape[0], k_cache.shape[1])
+        key = (n, n_heads, splits, layer.head_dim, layer.v_head_dim)  # gemma4: a head size per layer type
+        scratch = self.scratch.get(key)
+        if scratch is None:
+            out = torch.empty((n, n_heads, layer.v_head_dim), dtype=torch.float32, device=q.device)
+            scratch = self.scratch[key] = (out, make_scratch(n * n_heads, splits, layer.head_dim, q.device))
+        out, buffers = scratch
+        # A ring layer is read at slot = position % ring inside the kernel; int8/fp8 codes
+        # are read with their per-position scales.
+        triton_decode_attention(q.contiguous(), k_cache, v_cache, seq_len, spec.attn_scale,
+                                layer.sliding_window or 0, n_splits=splits, out=out, scratch=buffers,
+                                k_scale=kv.k_scale[index] if kv.scaled else None,
+                                v_scale=kv.v_scale[index] if kv.scaled else None)
+        return out.reshape(n, -1)
+
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        out = self.kernel(index, q, kv, step.seq_lens)
+        if out is not None:
+            return out
         # CPU (tests) or soft-capped attention: the torch kernel, at a host-known length.
-        end = int(self.seq_len.item())
-        if kv.dtype in (torch.float16, torch.bfloat16, torch.float32) and kv.caps[index] == kv.kv.n_ctx:
-            return decode_attention(q, k_cache, v_cache, end, spec.attn_scale, layer.sliding_window, spec.attn_logit_softcap)
+        spec, layer = self.model.spec, self.model.spec.layers[index]
+        end = int(step.seq_lens.item())
+        if kv.dtype in _FLOAT_KV and kv.caps[index] == kv.n_ctx:
+            return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale, layer.sliding_window,
+                                    spec.attn_logit_softcap)
         begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
         keys, values = kv.view(index, begin, end)
         return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
 
 
-class _BoundChunkAttention:
-    """Attention of a prefill chunk whose first position `start` (1,) is on the device: the
-    Triton flash kernel reads it there; the torch path (CPU tests) reads it back."""
+class RowsAttention(DeviceBackend):
+    """m consecutive decode tokens at device positions (verification): everything in a block but
+    attention (GEMVs, norms, GLU) computes each row on its own already; the fused inputs and the
+    decode kernel take a row axis (row i at position + i, computed as a one-token launch computes
+    it); where they do not apply (CPU, torch ops, quantized K/V writes) each row goes through its
+    own one-token decode step. So the m rows are bit for bit what m decode steps compute."""
 
-    def __init__(self, model, start: torch.Tensor):
-        self.model = model
-        self.start = start
+    def __init__(self, model, decode: GraphDecodeAttention):
+        super().__init__(model)
+        self.decode = decode  # its kernels and their shared scratch
 
-    def __call__(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
-        spec, layer = self.model.spec, self.model.spec.layers[index]
-        out = self.model.ops.pool_attention(q, kv.kv, index, self.start, 0, layer.sliding_window, spec.attn_scale,
-                                            spec.attn_logit_softcap)
+    def rows(self, step: Step) -> list[Step]:
+        """The one-token decode steps of step's rows (made once per run)."""
+        rows = step.scratch.get("rows")
+        if rows is None:
+            rows = step.scratch["rows"] = [
+                Step(DECODE, step.ids[i : i + 1], step.positions[i : i + 1], step.positions[i : i + 1],
+                     step.seq_lens[i : i + 1], backend=self.decode) for i in range(step.positions.shape[0])]
+        return rows
+
+    def inputs(self, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        model = self.model
+        if model.fused_attention_inputs and model.ops.fused_step:
+            q = _fused_inputs(model, w, qkv, kv, step)
+            if q is not None:
+                return q
+        return torch.cat([self.decode.inputs(w, qkv[i : i + 1], kv, row) for i, row in enumerate(self.rows(step))])
+
+    def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
+        out = self.decode.kernel(index, q, kv, step.seq_lens[:1])
         if out is not None:
             return out
-        return type(self.model).attend(self.model, index, q, kv.kv, int(self.start.item()))
-
-
-def bind_chunk(model, positions: torch.Tensor, start: torch.Tensor, kv: KVPool):
-    """`bind_step` for a prefill chunk of len(positions) tokens at positions start.. (device
-    tensors): RoPE gathers its rows at `positions`, K/V are written there, and attention is the
-    flash kernel with `start` read on the device."""
-    step = copy.copy(model)
-    step.rope = {base: _BoundRotary(table, positions) for base, table in model.rope.items()}
-    step.attend = _BoundChunkAttention(model, start)
-    return step, _BoundKV(kv, positions)
-
-
-def bind_step(model, position: torch.Tensor, seq_len: torch.Tensor, kv: KVPool):
-    """A shallow copy of `model` (weights shared) whose hooks use the device position."""
-    step = copy.copy(model)
-    step.rope = {base: _BoundRotary(table, position) for base, table in model.rope.items()}
-    step.attend = _BoundAttention(model, seq_len)
-    if model.ops.fused_step and model.fused_attention_inputs:
-        step.attention_inputs = _FusedAttentionInputs(model, type(model).attention_inputs.__get__(step), position)
-    return step, _BoundKV(kv, position)
-
-
-class _RowByRow:
-    """`attention_inputs` and `attend` of m consecutive tokens, each row through the hooks of its
-    own one-token step (bind_step at position + i): the exact fallback of a verification pass
-    where the multi-row kernels do not apply (CPU, torch ops, quantized KV writes)."""
-
-    def __init__(self, model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
-        self.rows = [bind_step(model, positions[i : i + 1], seq_lens[i : i + 1], kv) for i in range(positions.shape[0])]
-
-    def attention_inputs(self, w, qkv: torch.Tensor, kv, start: int) -> torch.Tensor:
-        return torch.cat([step.attention_inputs(w, qkv[i : i + 1], row_kv, 0)
-                          for i, (step, row_kv) in enumerate(self.rows)])
-
-    def attend(self, index: int, q: torch.Tensor, kv, start: int) -> torch.Tensor:
         # .clone(): a row's output may live in the layer's static scratch, reused by the next row
-        return torch.cat([step.attend(index, q[i : i + 1], row_kv, 0).clone() for i, (step, row_kv) in enumerate(self.rows)])
+        return torch.cat([self.decode.attend(index, q[i : i + 1], kv, row).clone() for i, row in enumerate(self.rows(step))])
 
 
-def bind_rows(model, positions: torch.Tensor, seq_lens: torch.Tensor, kv: KVPool):
-    """`bind_step` for m consecutive decode tokens at `positions` (m,) with `seq_lens` (m,) =
-    positions + 1, on the device. Everything in a block but attention (GEMVs, norms, GLU)
-    computes each row on its own already; attention runs through the same kernels as the
-    one-token step, launched once for all rows (row i at position + i), or row by row where
-    they do not apply. So the m rows are bit for bit what m decode steps compute."""
-    rows = _RowByRow(model, positions, seq_lens, kv)
-    step = copy.copy(model)
-    step.attend = _BoundAttention(model, seq_lens[:1], fallback=rows.attend)
-    step.attention_inputs = rows.attention_inputs
-    if model.ops.fused_step and model.fused_attention_inputs:
-        step.attention_inputs = _FusedAttentionInputs(model, rows.attention_inputs, positions)
-    return step, _BoundKV(kv, positions)
+def backends_for(model) -> dict[tuple[str, bool], Backend]:
+    """The backend of each regime, (phase, start on the host) -> backend, built once per model."""
+    eager = EagerAttention(model)
+    decode = GraphDecodeAttention(model)
+    return {
+        (PREFILL, True): eager, (DECODE, True): eager, (VERIFY, True): EagerRowsAttention(model),
+        (PREFILL, False): GraphChunkAttention(model, eager), (DECODE, False): decode,
+        (VERIFY, False): RowsAttention(model, decode),
+    }
