@@ -79,6 +79,11 @@ for step in "$@"; do
           llama_json /root/twins/gemma4-$m.gguf -p 33,512 -n 128 -r 4 | tee -a $OUT/gemma4.log
           llama_json /root/twins/gemma4-$m.gguf -p 0 -n 128 -d 4096,32768 -r 2 | tee -a $OUT/gemma4.log
         done ;;
+    gemma4_tallow) gemma4_twins; for m in e2b e4b; do
+          echo "== gemma4-$m" | tee -a $OUT/gemma4_tallow.log; state
+          python3 -m tallow.cli bench -m /root/twins/gemma4-$m.gguf --device cuda -p 33,512 -n 128 -r 3 2>&1 | grep "^  \|rror" | tee -a $OUT/gemma4_tallow.log
+          python3 -m tallow.cli bench -m /root/twins/gemma4-$m.gguf --device cuda -p 0 -n 128 -d 4096,32768 -r 2 2>&1 | grep "^  \|rror" | tee -a $OUT/gemma4_tallow.log
+        done ;;
     depth2) echo "== qwen3-4b depth" | tee -a $OUT/depth2.log
         python3 -m tallow.cli bench -m /root/twins/qwen3-4b.gguf --device cuda -p 0 -n 128 -d 0,32768 -r 2 2>&1 | grep "^  \|rror" | tee -a $OUT/depth2.log
         llama_json /root/twins/qwen3-4b.gguf -p 0 -n 128 -d 0,32768 -r 2 | tee -a $OUT/depth2.log ;;

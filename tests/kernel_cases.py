@@ -157,7 +157,8 @@ def _decode_attention_inputs(shape, dtype, g):
 
 register(op="decode_attention", impl="tallow.kernels.triton.decode_attention:decode_attention", needs="triton",
          inputs=_decode_attention_inputs, dtypes=(torch.float16,), tol=2e-3,  # the kernel rounds q to fp16
-         shapes=((4, 2, 64, 96, 70, 0), (8, 1, 64, 32, 75, 24)),  # GQA 2:1 plain cache; MQA over a ring of 32 slots
+         # GQA 2:1 plain cache; MQA over a ring of 32 slots; gemma4 global heads of 512 (16 keys per step)
+         shapes=((4, 2, 64, 96, 70, 0), (8, 1, 64, 32, 75, 24), (2, 1, 512, 48, 40, 0)),
          run=lambda a: _triton("decode_attention", "decode_attention")(
              a["q"], a["k"], a["v"], torch.tensor([a["seq_len"]], dtype=torch.int32), a["scale"], a["window"], n_splits=2),
          reference=lambda a: _triton("decode_attention", "decode_attention_reference")(

@@ -138,7 +138,7 @@ def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor,
                      scale: float, window: int = 0, n_splits: int | None = None, out: torch.Tensor | None = None,
-                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None, block_t: int = 64,
+                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None, block_t: int | None = None,
                      num_warps: int = 4, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query token over the first `seq_len` positions of the cache, or of R
@@ -167,11 +167,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                    or v_scale.stride() != k_scale.stride() or k_scale.dtype != torch.float32):
         raise ValueError("decode_attention: k_scale and v_scale must be float32 (n_kv_heads, n_slots), contiguous rows.")
     group = n_heads // n_kv
+    block_d = triton.next_power_of_2(d)
+    if block_t is None:
+        # The K and V tiles (BLOCK_T x BLOCK_D, staged through shared memory) of gemma4's 512-wide
+        # global heads at 64 keys need 280 KB, more than the H200's 227 KB: fewer keys per step.
+        block_t = 64 if block_d <= 128 else (32 if block_d <= 256 else 16)
     if n_splits is None:
         n_splits = default_splits(n_kv, n_ctx, block_t=block_t)
     if n_splits & (n_splits - 1):
         raise ValueError(f"n_splits must be a power of two, got {n_splits}.")
-    block_d = triton.next_power_of_2(d)
     if scratch is None:
         scratch = make_scratch(n_rows * n_heads, n_splits, d, q.device)
     part, ml = scratch
