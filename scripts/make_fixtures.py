@@ -158,6 +158,23 @@ def long_context_fixture(path: Path) -> dict:
 TINY_N_GEN = 16  # gemma4's greedy continuation: 24 prompt + 16 tokens, far past the window of 8
 
 
+def _llama_run(llm, arch: str, qtype: str, ids: list[int], greedy: bool = True) -> dict:
+    """llama.cpp's logits over `ids` (evaluated here), then, if greedy, its greedy continuation
+    with the top-2 gap of every step."""
+    llm.eval(ids)
+    data = {"arch": arch, "qtype": qtype, "ids": ids,
+            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
+    if greedy:
+        out, gaps = [], []
+        for _ in range(TINY_N_GEN):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            out.append(int(row.argmax()))
+            gaps.append(round(top2_gap(row), 5))
+            llm.eval([out[-1]])
+        data["greedy"] = {"ids": out, "gaps": gaps}
+    return data
+
+
 def tiny_fixture(arch: str, folder: Path, qtype=None) -> dict:
     """llama.cpp's logits over the tiny prompt (F32 KV); for gemma4 also its greedy continuation
     with the top-2 gap of every step. qtype: the matrices' type (default F32)."""
@@ -167,18 +184,7 @@ def tiny_fixture(arch: str, folder: Path, qtype=None) -> dict:
     path = write_tiny_model(arch, folder / f"tiny-{arch}-{qtype.name}.gguf", qtype=qtype)
     ids = tiny_prompt()
     llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
-    llm.eval(ids)
-    data = {"arch": arch, "qtype": qtype.name, "ids": ids,
-            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
-    if arch.startswith("gemma4"):
-        out, gaps = [], []
-        for _ in range(TINY_N_GEN):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            out.append(int(row.argmax()))
-            gaps.append(round(top2_gap(row), 5))
-            llm.eval([out[-1]])
-        data["greedy"] = {"ids": out, "gaps": gaps}
-    return data
+    return _llama_run(llm, arch, qtype.name, ids, greedy=arch.startswith("gemma4"))
 
 
 SSM_N_PROMPT = 40  # ten times the conv kernel of 4
@@ -191,17 +197,7 @@ def tiny_ssm_fixture(arch: str, folder: Path) -> dict:
     path = write_tiny_ssm(arch, folder / f"tiny-{arch}.gguf")
     ids = tiny_prompt(SSM_N_PROMPT)
     llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
-    llm.eval(ids)
-    data = {"arch": arch, "qtype": "F32", "ids": ids,
-            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
-    out, gaps = [], []
-    for _ in range(TINY_N_GEN):
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        out.append(int(row.argmax()))
-        gaps.append(round(top2_gap(row), 5))
-        llm.eval([out[-1]])
-    data["greedy"] = {"ids": out, "gaps": gaps}
-    return data
+    return _llama_run(llm, arch, "F32", ids)
 
 
 def tiny_greedy_llama_server(path: Path, ids: list[int], n: int) -> dict:
@@ -326,17 +322,7 @@ def tiny_moe_fixture(arch: str, folder: Path) -> dict:
         llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False, type_k=0, type_v=0)
     finally:
         llama_cpp.llama_cpp.llama_context_default_params = defaults
-    ids = tiny_prompt()
-    llm.eval(ids)
-    data = {"arch": arch, "qtype": "F32", "ids": ids,
-            "logits": np.array(llm.scores[: len(ids)], dtype=np.float32).round(6).tolist()}
-    out, gaps = [], []
-    for _ in range(TINY_N_GEN):
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        out.append(int(row.argmax()))
-        gaps.append(round(top2_gap(row), 5))
-        llm.eval([out[-1]])
-    data["greedy"] = {"ids": out, "gaps": gaps}
+    data = _llama_run(llm, arch, "F32", tiny_prompt())
     n_layers = GGUFFile(path).arch_get("block_count")
     data["routing"] = [{"experts": store[f"ffn_moe_topk-{il}"], "router_logits": store[f"ffn_moe_logits-{il}"]}
                        for il in range(n_layers)]

@@ -42,4 +42,8 @@ class LlamaModel(DecoderModel):
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
         x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.ffn_norm, eps)
-        return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))  # gate/up side by side: (n, 2 * ffn)
+        return x, self.mlp(w, h)
+
+    def mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        """The block's feed-forward part over the normed rows h (qwen3moe: routed experts)."""
+        return w.ffn_down(self.ops.glu(w.ffn_gate_up(h), "swiglu"))  # gate/up side by side: (n, 2 * ffn)

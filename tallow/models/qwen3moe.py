@@ -15,10 +15,8 @@ import torch
 
 from ..errors import ModelFileError, UsageError
 from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
-from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
-from .step import Step
 
 # The roles of one layer's routed-expert tensors (their GGUF names: families/tensors.py).
 ROUTER = "ffn_gate_inp"
@@ -165,10 +163,6 @@ class Qwen3MoeModel(Qwen3Model):
                                  f"not {[self.spec.dim, self.spec.n_experts]}.")
         return LayerWeights(i, t)
 
-    def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,
-              kv: KVPool) -> tuple[torch.Tensor, torch.Tensor]:
-        eps, ops = self.spec.norm_eps, self.ops
-        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.ffn_norm, eps)
-        return x, moe_ffn(w, h, w.ffn_gate_inp(h), self.spec.n_experts_used, lambda gu: ops.glu(gu, "swiglu"))
+    def mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        """Routed experts in place of the MLP (the attention half is qwen3's block)."""
+        return moe_ffn(w, h, w.ffn_gate_inp(h), self.spec.n_experts_used, lambda gu: self.ops.glu(gu, "swiglu"))
