@@ -70,14 +70,14 @@ def test_missing_file_and_directory(tmp_path):
 
 def test_unknown_architecture(tmp_path):
     p = tmp_path / "arch.gguf"
-    w = GGUFWriter(str(p), "mamba")
+    w = GGUFWriter(str(p), "rwkv6")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelFileError, match="architecture 'mamba' is not supported"):
+    with pytest.raises(ModelFileError, match="architecture 'rwkv6' is not supported"):
         spec_from_gguf(GGUFFile(p))
 
 
