@@ -94,6 +94,15 @@ def _random_tensors(w: GGUFWriter, rng: np.random.RandomState, qtype: GGMLQuanti
     return matrix, vector
 
 
+def _finish(w: GGUFWriter, path: str | Path) -> Path:
+    """Write the header, the metadata and the tensors, in that order, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
 def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
                      n_layers: int | None = None) -> Path:
     """Write a tiny `arch` model to path. Matrices use qtype; norms and biases stay F32.
@@ -157,11 +166,7 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuan
         matrix(tn("ffn_up"), ffn, dim, dim**-0.5)
         matrix(tn("ffn_down"), dim, ffn, ffn**-0.5)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return _finish(w, path)
 
 
 # Tiny Gemma 4: 8 layers, sliding (s) and global (g) as below; the last 3 share KV in the E2B
@@ -259,11 +264,7 @@ def _write_gemma4(path: str | Path, seed: int, qtype: GGMLQuantizationType, e2b_
             vector(tn("per_layer_post_norm"), dim, 1.0, 0.1)
             vector(tn("layer_out_scale"), 1, 0.8, 0.1)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return _finish(w, path)
 
 
 
@@ -327,11 +328,7 @@ def write_tiny_gemma4_vocab(vocab: str | Path, out: str | Path) -> Path:
                                  ("attn_out", dim, heads * hd), ("ffn_gate", ffn, dim), ("ffn_up", ffn, dim),
                                  ("ffn_down", dim, ffn)):
             matrix(tn(role), rows, cols)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(out)
+    return _finish(w, out)
 
 
 # Tiny routed-expert shape: 16 experts of width 32, 4 chosen per token.
@@ -401,11 +398,7 @@ def write_tiny_moe(arch: str, path: str | Path, seed: int = 0,
         experts(p + "ffn_up_exps.weight", width, dim, dim**-0.5)
         experts(p + "ffn_down_exps.weight", dim, width, width**-0.5)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return _finish(w, path)
 
 
 GEMMA4_MOE_LAYER_TYPES = "sgsg"
@@ -475,11 +468,7 @@ def _write_gemma4_moe(path: str | Path, seed: int, qtype: GGMLQuantizationType) 
         vector(p + "post_ffw_norm_2.weight", dim, 1.0, 0.1)
         vector(p + "post_ffw_norm.weight", dim, 1.0, 0.1)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return _finish(w, path)
 
 
 def tiny_prompt(n: int = 24, seed: int = 1) -> list[int]:
@@ -585,8 +574,4 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
             matrix(p + "ffn_up.weight", ffn, dim, dim**-0.5)
             matrix(p + "ffn_down.weight", dim, ffn, ffn**-0.5)
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return _finish(w, path)
