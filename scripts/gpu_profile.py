@@ -1,6 +1,10 @@
 """Top CUDA kernels of one prefill or decode call (torch.profiler), on a GPU.
 
-    python scripts/gpu_profile.py MODEL [--prefill 512] [--decode 16]
+    python scripts/gpu_profile.py MODEL [--prefill 512] [--decode 16] [--sequence]
+
+--sequence also prints the last decode step's kernels in launch order with their times (the
+kernels of one CUDA-graph replay share the launch's correlation id), which says which GEMV is
+which matrix.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=0)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--sequence", action="store_true")
     args = ap.parse_args()
     import tallow
 
@@ -39,6 +44,29 @@ def main() -> None:
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows))
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12))
+    if args.sequence:
+        print_last_replay(prof)
+
+
+def print_last_replay(prof) -> None:
+    import json
+    import tempfile
+    from collections import defaultdict
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    replays = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "kernel":
+            replays[e.get("args", {}).get("correlation")].append(e)
+    last = max(replays.values(), key=lambda ks: (len(ks) > 50, ks[0]["ts"]))
+    last.sort(key=lambda e: e["ts"])
+    span = last[-1]["ts"] + last[-1]["dur"] - last[0]["ts"]
+    busy = sum(e["dur"] for e in last)
+    print(f"last replay: {len(last)} kernels, {span:.1f} us from first start to last end, {busy:.1f} us busy")
+    for i, e in enumerate(last):
+        print(f"{i:5d} {e['dur']:8.2f} {e['name'][:90]}")
 
 
 if __name__ == "__main__":

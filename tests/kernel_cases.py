@@ -77,6 +77,24 @@ register(op="rmsnorm", impl="tallow.kernels.triton.rmsnorm:rmsnorm", needs="trit
          reference=lambda a: _triton("rmsnorm", "rmsnorm_reference")(a["x"], a["w"], 1e-6, a["r"])[0])
 
 
+def _rmsnorm_add_inputs(shape, dtype, g):
+    m, d, scaled, norm2 = shape
+    return {"x": torch.randn(m, d, generator=g, dtype=dtype), "w": torch.randn(d, generator=g, dtype=dtype),
+            "r": torch.randn(m, d, generator=g, dtype=dtype), "s": torch.rand(1, generator=g, dtype=dtype) if scaled else None,
+            "w2": torch.randn(d, generator=g, dtype=dtype) if norm2 else None}
+
+
+def _cat(y):
+    return torch.cat(y, -1) if isinstance(y, tuple) else y
+
+
+register(op="rmsnorm_add", impl="tallow.kernels.triton.rmsnorm:rmsnorm_add", needs="triton",
+         inputs=_rmsnorm_add_inputs, shapes=((1, 1536, True, False), (2, 640, False, False), (2, 1536, False, True)),
+         tol=1e-6,
+         run=lambda a: _cat(_triton("rmsnorm", "rmsnorm_add")(a["x"], a["w"], 1e-6, a["r"], a["s"], next_weight=a["w2"])),
+         reference=lambda a: _cat(_triton("rmsnorm", "rmsnorm_add_reference")(a["x"], a["w"], 1e-6, a["r"], a["s"], a["w2"])))
+
+
 def _glu_inputs(shape, dtype, g):
     m, f = shape
     gate_up = torch.randn(m, 2 * f, generator=g, dtype=dtype) * 3
@@ -411,7 +429,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
-    "tallow.kernels.triton.rmsnorm:rmsnorm_reference",
+    "tallow.kernels.triton.rmsnorm:rmsnorm_reference", "tallow.kernels.triton.rmsnorm:rmsnorm_add_reference",
     "tallow.kernels.triton.rope:rope_reference",
     "tallow.kernels.triton.decode_attention:decode_attention_reference",
     "tallow.kernels.triton.decode_attention:default_splits", "tallow.kernels.triton.decode_attention:make_scratch",

@@ -41,6 +41,23 @@ class TorchOps:
         f = gate_up.shape[-1] // 2
         return (swiglu if kind == "swiglu" else geglu)(gate_up[..., :f], gate_up[..., f:])
 
+    def gated(self, gate: torch.Tensor, up: torch.Tensor, kind: str) -> torch.Tensor:
+        """act(gate) * up for gate and up as two tensors of one shape."""
+        return (swiglu if kind == "swiglu" else geglu)(gate, up)
+
+    def norm_add(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
+        """(x + rmsnorm(branch) * weight) * scale: a normed branch joining the stream."""
+        y = x + rms_norm(branch, weight, eps)
+        return y if scale is None else y * scale
+
+    def norm_add_norm(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                      eps: float, scale: torch.Tensor | None = None):
+        """`norm_add`'s stream and that stream's RMSNorm times next_weight (gemma's post-attention
+        norm, then its pre-MLP norm)."""
+        x = self.norm_add(x, branch, weight, eps, scale)
+        return x, rms_norm(x, next_weight, eps)
+
     def pool_attention(self, q, kv, layer: int, start: int, lo: int, window, scale: float, softcap):
         """Attention of a chunk q (n, n_heads, head_dim) at positions start.. over the pool's keys
         lo..start+n-1 in one kernel, or None: the caller's torch path (mask + SDPA) runs."""
@@ -132,6 +149,27 @@ class TritonOps(TorchOps):
 
             return LazyInput(gate_up, Prologue(kind), lambda _: glu(gate_up[:, :f], gate_up[:, f:], kind))
         return glu(gate_up[:, :f], gate_up[:, f:], kind)
+
+    def gated(self, gate, up, kind):
+        if not (self._rows(gate) and self._rows(up)) or gate.shape != up.shape:
+            return super().gated(gate, up, kind)
+        from .triton.glu import glu
+
+        return glu(gate, up, kind)
+
+    def norm_add(self, x, branch, weight, eps, scale=None):
+        if weight.dim() != 1 or not (self._rows(x) and self._rows(branch)):
+            return super().norm_add(x, branch, weight, eps, scale)
+        from .triton.rmsnorm import rmsnorm_add
+
+        return rmsnorm_add(branch, weight, eps, x, scale)
+
+    def norm_add_norm(self, x, branch, weight, next_weight, eps, scale=None):
+        if weight.dim() != 1 or next_weight.dim() != 1 or not (self._rows(x) and self._rows(branch)):
+            return super().norm_add_norm(x, branch, weight, next_weight, eps, scale)
+        from .triton.rmsnorm import rmsnorm_add
+
+        return rmsnorm_add(branch, weight, eps, x, scale, next_weight=next_weight)
 
     def pool_attention(self, q, kv, layer, start, lo, window, scale, softcap):
         from .triton.prefill_attention import prefill_attention, prefill_attention_enabled

@@ -128,6 +128,19 @@ class DecoderModel:
         step.store(kv, w.index, qk[:, nh:], v)
         return qk[:, :nh]
 
+    def fused_heads(self, w: LayerWeights, qkv: torch.Tensor):
+        """This block's heads for the fused decode launch (models/step.py FusedHeads), or None
+        where that launch cannot compute them."""
+        from .step import FusedHeads
+
+        layer = self.spec.layers[w.index]
+        nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
+        n = qkv.shape[0]
+        norms = w.get("attn_qk_norm")
+        return FusedHeads(qkv[:, : nh * hd].view(n, nh, hd), qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd),
+                          qkv[:, (nh + nkv) * hd :].view(n, nkv, hd), None if norms is None else norms[0],
+                          None if norms is None else norms[nh])
+
     def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
         """Attention of q (n, n_heads, head_dim) at the step's positions over layer `index`'s
         cached keys (this step's K/V already stored), by the step's backend (models/step.py).
@@ -181,9 +194,9 @@ class DecoderModel:
         x, delta = self._blocks(step, kv)
         rows = step.logits
         if isinstance(rows, torch.Tensor):
-            x, delta = x.index_select(0, rows), delta.index_select(0, rows)
+            x, delta = x.index_select(0, rows), None if delta is None else delta.index_select(0, rows)
         elif rows == LAST:
-            x, delta = x[-1:], delta[-1:]
+            x, delta = x[-1:], None if delta is None else delta[-1:]
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
         if rows is None:
             return h

@@ -48,9 +48,6 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
 
 
 class Gemma4Model(DecoderModel):
-    # The Triton one-launch Q/K norm + RoPE + K/V store has no V norm and no Q-only layers.
-    fused_attention_inputs = False
-
     def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
         self.v_is_k: set[int] = set()  # layers whose V is their K projection (no attn_v)
         super().__init__(gf, spec, linear_mode, device, weight_cache)
@@ -131,9 +128,13 @@ class Gemma4Model(DecoderModel):
     def _blocks(self, step: Step, kv: KVPool):
         x = self.embedding(step.ids) * self.spec.embed_scale  # (n, dim)
         inputs = self.per_layer_inputs(step.ids, x) if self.per_layer is not None else None
-        delta = None
+        delta = h = None
+        last = len(self.layers) - 1
         for w in self.layers:
-            x, delta = self.block(w, x, delta, step, kv, None if inputs is None else inputs[:, w.index])
+            # A block that ends in a norm of the joined stream also computes the next block's
+            # first norm in that launch (`h`); the last one leaves the output norm to run().
+            next_norm = self.layers[w.index + 1].attn_norm if w.index < last else None
+            x, delta, h = self.block(w, x, delta, step, kv, None if inputs is None else inputs[:, w.index], h, next_norm)
         return x, delta
 
     def attention_heads(self, w: LayerWeights, proj: torch.Tensor, kv: KVPool, step: Step) -> torch.Tensor:
@@ -154,29 +155,50 @@ class Gemma4Model(DecoderModel):
         step.store(kv, w.index, qk[:, nh:], v)
         return qk[:, :nh]
 
+    def fused_heads(self, w: LayerWeights, proj: torch.Tensor):
+        """attention_heads' views for the fused decode launch (models/step.py): Q only for a
+        shared-KV layer; V weightless-normed, and K itself where the layer has no attn_v."""
+        from .step import FusedHeads
+
+        layer = self.spec.layers[w.index]
+        n, nh, nkv, hd = proj.shape[0], layer.n_heads, layer.n_kv_heads, layer.head_dim
+        if not layer.owns_kv:
+            return FusedHeads(proj.view(n, nh, hd), None, None, w.attn_q_norm, None)
+        k = proj[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
+        v = k if w.index in self.v_is_k else proj[:, (nh + nkv) * hd :].view(n, nkv, hd)
+        return FusedHeads(proj[:, : nh * hd].view(n, nh, hd), k, v, w.attn_qk_norm[0], w.attn_qk_norm[nh], True)
+
     def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step, kv: KVPool,
-              per_layer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              per_layer: torch.Tensor | None = None, h: torch.Tensor | None = None,
+              next_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One block over x + delta; per_layer (n, d): this block's per-layer input (from _blocks,
-        which computes them from the token ids; None without per-layer embeddings).
-        Returns the stream and a pending delta, like DecoderModel.block."""
+        which computes them from the token ids; None without per-layer embeddings); h: this
+        block's attention norm of x when the previous block computed it; next_norm: the next
+        block's attention-norm weight. Returns the stream, a pending delta (as
+        DecoderModel.block) and the next block's h where this block computed it."""
         eps, ops = self.spec.norm_eps, self.ops
-        x, h = ops.add_norm(x, delta, w.attn_norm, eps)
+        if h is None:
+            x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         proj = w.attn_qkv(h) if self.spec.layers[w.index].owns_kv else w.attn_q(h)
         q = self.attention_inputs(w, proj, kv, step)
-        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm, eps)
-        x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
+        x, h = ops.norm_add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm,
+                                 w.ffn_norm, eps)
         mlp = w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu"))
         if w.get("ffn_experts") is not None:
             from .qwen3moe import gemma4_moe_ffn
 
             mlp = gemma4_moe_ffn(w, x, mlp, ops, eps, self.spec)
-        delta = ops.norm(mlp, w.post_ffw_norm, eps)
-        if per_layer is None and w.get("out_scale") is None:
-            return x, delta
-        x = x + delta
-        if per_layer is not None:
-            gate = gelu_ggml(w.ple_gate(x)) * per_layer  # (n, d)
-            x = x + ops.norm(w.ple_proj(gate), w.ple_post_norm, eps)
-        if w.get("out_scale") is not None:
-            x = x * w.out_scale
-        return x, torch.zeros_like(x)  # nothing pending: the scale applies to the whole stream
+        if per_layer is None:
+            if w.get("out_scale") is None:
+                return x, ops.norm(mlp, w.post_ffw_norm, eps), None  # pending for the next block's norm
+            # The scale applies to the whole stream: nothing pending.
+            return ops.norm_add(x, mlp, w.post_ffw_norm, eps, w.out_scale), None, None
+        x = ops.norm_add(x, mlp, w.post_ffw_norm, eps)
+        gate = w.ple_gate(x)
+        # With the Triton ops one launch (kernels/triton/glu.py's GeGLU); the CPU keeps ggml's table.
+        gate = ops.gated(gate, per_layer, "geglu") if ops.fused_step else gelu_ggml(gate) * per_layer
+        branch, scale = w.ple_proj(gate), w.get("out_scale")
+        if next_norm is None:
+            return ops.norm_add(x, branch, w.ple_post_norm, eps, scale), None, None
+        x, h = ops.norm_add_norm(x, branch, w.ple_post_norm, next_norm, eps, scale)
+        return x, None, h

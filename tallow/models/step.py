@@ -32,6 +32,7 @@ start is on the host) — from objects built with the model (`backends_for`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -248,23 +249,37 @@ def _fused_inputs(model, w, qkv: torch.Tensor, kv: KVPool, step: Step) -> torch.
     in one Triton launch per layer: per-head Q/K RMSNorm, RoPE at the device positions, K and V
     written into the cache rows (kernels/triton/rope.py); None where the launch does not apply."""
     spec, layer = model.spec, model.spec.layers[w.index]
-    nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
-    rows = _cache_rows(kv, w.index, step)
-    if rows is None or layer.v_head_dim != hd or qkv.stride(-1) != 1:
+    heads = model.fused_heads(w, qkv)
+    if heads is None or layer.v_head_dim != layer.head_dim or qkv.stride(-1) != 1:
         return None
     from ..kernels.triton.rope import rope
 
-    k_cache, v_cache, slot = rows
     table = model.rope[layer.rope_key]
-    n = qkv.shape[0]
-    q = qkv[:, : nh * hd].view(n, nh, hd)
-    k = qkv[:, nh * hd : (nh + nkv) * hd].view(n, nkv, hd)
-    v = qkv[:, (nh + nkv) * hd :].view(n, nkv, hd)
-    norms = w.get("attn_qk_norm")
-    q_out, _ = rope(q, k, table.cos, table.sin, step.positions, table.style, rot_dim=table.rope_dim,
-                    k_cache=k_cache, v=v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
-                    q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[nh])
+    if heads.k is None:  # Q only: the layer reads an earlier layer's cache
+        q_out, _ = rope(heads.q, None, table.cos, table.sin, step.positions, table.style, rot_dim=table.rope_dim,
+                        eps=spec.norm_eps, q_norm=heads.q_norm)
+        return q_out
+    rows = _cache_rows(kv, w.index, step)
+    if rows is None:
+        return None
+    k_cache, v_cache, slot = rows
+    q_out, _ = rope(heads.q, heads.k, table.cos, table.sin, step.positions, table.style, rot_dim=table.rope_dim,
+                    k_cache=k_cache, v=heads.v, v_cache=v_cache, eps=spec.norm_eps, slot=slot,
+                    q_norm=heads.q_norm, k_norm=heads.k_norm, v_norm=heads.v_norm)
     return q_out  # (n, nh, hd)
+
+
+class FusedHeads(NamedTuple):
+    """A block's Q/K/V heads as views of its projection, for the fused launch: k None for a layer
+    that only queries; q_norm / k_norm one weight row for all heads (None: no norm); v_norm a
+    weightless RMSNorm of V."""
+
+    q: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    v_norm: bool = False
 
 
 class GraphDecodeAttention(DeviceBackend):

@@ -3,6 +3,10 @@
     s = x (+ residual)          -> written to `sum_out` when given (the new residual stream)
     y = s * rsqrt(mean(s^2) + eps) * w     (ggml's order: the normed value times the weight)
 
+`rmsnorm_add` is the other order, a norm after a branch joining the stream (gemma4's per-layer
+input, its post-norms): out = (residual + rmsnorm(x) * w) * scale, scale a (1,) device tensor
+or none, and optionally the next norm of out in the same launch.
+
 One program per row (D up to a few thousand: two passes over the row, the second from L1/L2).
 Graph-safe: no allocation when `out` (and `sum_out`) are given.
 """
@@ -13,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["rmsnorm", "rmsnorm_reference"]
+__all__ = ["rmsnorm", "rmsnorm_reference", "rmsnorm_add", "rmsnorm_add_reference"]
 
 
 @triton.jit
@@ -67,6 +71,59 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
                           s2.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
                           BLOCK=block, num_warps=4)
     return out
+
+
+@triton.jit
+def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, D, eps, sxm, srm, sym, shm,
+                        HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    rstd = row_rstd(x_ptr + row * sxm, x_ptr, x_ptr, D, eps, False, False, False, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for off in range(0, D, BLOCK):
+        e = off + tl.arange(0, BLOCK)
+        msk = e < D
+        v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
+        y = (v * rstd) * tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
+        y += tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
+        if HAS_SCALE:
+            y = y * tl.load(scale_ptr).to(tl.float32)
+        tl.store(y_ptr + row * sym + e, y, mask=msk)
+        acc += y * y
+    if NORM2:  # the next norm over the new stream, read back from where this program wrote it
+        tl.debug_barrier()
+        rstd2 = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+        for off in range(0, D, BLOCK):
+            e = off + tl.arange(0, BLOCK)
+            msk = e < D
+            y = tl.load(y_ptr + row * sym + e, mask=msk, other=0.0)
+            h = (y * rstd2) * tl.load(w2_ptr + e, mask=msk, other=0.0).to(tl.float32)
+            tl.store(h_ptr + row * shm + e, h, mask=msk)
+
+
+def rmsnorm_add(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor,
+                scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                next_weight: torch.Tensor | None = None):
+    """(residual + rmsnorm(x) * weight) * scale, float32 (M, D); scale (1,) or None. `out` may
+    be `residual` itself (each element is read before it is written, by the same program).
+    With `next_weight`, also that stream's own RMSNorm times next_weight: returns (out, normed)."""
+    m, d = x.shape
+    if out is None:
+        out = torch.empty((m, d), dtype=torch.float32, device=x.device)
+    h = torch.empty((m, d), dtype=torch.float32, device=x.device) if next_weight is not None else out
+    block = min(1024, triton.next_power_of_2(max(d, 16)))
+    _rmsnorm_add_kernel[(m,)](x, residual, weight, scale if scale is not None else weight, out,
+                              next_weight if next_weight is not None else weight, h, d, float(eps),
+                              x.stride(0), residual.stride(0), out.stride(0), h.stride(0),
+                              HAS_SCALE=scale is not None, NORM2=next_weight is not None, BLOCK=block, num_warps=4)
+    return out if next_weight is None else (out, h)
+
+
+def rmsnorm_add_reference(x, weight, eps, residual, scale=None, next_weight=None):
+    y = residual.float() + x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    y = y if scale is None else y * scale.float()
+    if next_weight is None:
+        return y
+    return y, y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * next_weight.float()
 
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):

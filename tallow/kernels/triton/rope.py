@@ -9,7 +9,9 @@ them, so both sides rotate by the same numbers.
 
 Outputs: q_out (n_heads, D) fp32; k goes to `k_out` (n_kv, D) or, with `k_cache`
 (n_kv, n_ctx, D), straight into the cache row at the position (converted to the cache dtype);
-`v` (n_kv, D) is copied into `v_cache` at the same row when given. One program per head.
+`v` (n_kv, D) is copied into `v_cache` at the same row when given, RMS-normed without a weight
+first with `v_norm` (gemma4). With k None only q is computed (gemma4's shared-KV layers, which
+read an earlier layer's cache). One program per head.
 Graph-safe: the position is read in the kernel; nothing is allocated when outputs are given.
 """
 
@@ -55,7 +57,7 @@ def _rope_row(src, nw, dst, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
 def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr, qo_ptr, ko_ptr, vo_ptr,
                  NQ, D, ROT_HALF, eps, sq, sk, sv, sqo, sko_h, sko_t, svo_h, svo_t, stab, sqr, skr, svr, sqor,
                  NEOX: tl.constexpr, QNORM: tl.constexpr, KNORM: tl.constexpr, COPY_V: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
+                 VNORM: tl.constexpr, BLOCK_D: tl.constexpr):
     h = tl.program_id(0)
     r = tl.program_id(1)  # token row (several consecutive tokens: speculative verification)
     q_ptr += r * sqr
@@ -75,6 +77,9 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_pt
             d = tl.arange(0, BLOCK_D)
             dm = d < D
             vv = tl.load(v_ptr + kh * sv + d, mask=dm, other=0.0)
+            if VNORM:
+                vv = vv.to(tl.float32)
+                vv = vv * (1.0 / tl.sqrt(tl.sum(vv * vv, axis=0) / D + eps))
             tl.store(vo_ptr + kh * svo_h + slot * svo_t + d, vv.to(vo_ptr.dtype.element_ty), mask=dm)
 
 
@@ -82,15 +87,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          style: str = "neox", rot_dim: int | None = None, q_out: torch.Tensor | None = None,
          k_out: torch.Tensor | None = None, k_cache: torch.Tensor | None = None, v: torch.Tensor | None = None,
          v_cache: torch.Tensor | None = None, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-         eps: float = 1e-6, slot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         eps: float = 1e-6, slot: torch.Tensor | None = None, v_norm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q (n_heads, D), k (n_kv, D) (last dims contiguous); pos int32 (1,) on the device; `slot`
     (1,) the cache row to write (default: pos). Returns (q_out, k_out or k_cache).
     R consecutive tokens in one launch: q (R, n_heads, D), k and v (R, n_kv, D), pos and slot
-    (R,); each row is computed as a one-token call computes it (k_out is not taken then)."""
+    (R,); each row is computed as a one-token call computes it (k_out is not taken then).
+    k None: q alone (returns (q_out, None))."""
     rows = q.shape[0] if q.dim() == 3 else 1
-    q3, k3 = q.reshape(rows, *q.shape[-2:]), k.reshape(rows, *k.shape[-2:])
+    q3 = q.reshape(rows, *q.shape[-2:])
     nq, d = q3.shape[1:]
-    nk = k3.shape[1]
+    q_only = k is None
+    k3 = q3 if q_only else k.reshape(rows, *k.shape[-2:])
+    nk = 0 if q_only else k3.shape[1]
     rot = d if rot_dim is None else rot_dim
     if rot % 2 or rot > d or cos.shape[1] * 2 != rot:
         raise ValueError(f"rope: rot_dim {rot}, head_dim {d}, tables {tuple(cos.shape)} do not fit.")
@@ -98,7 +106,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         q_out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     qo3 = q_out.reshape(rows, nq, d)
     to_cache = k_cache is not None
-    if to_cache:
+    if q_only:
+        ko, sko_h, sko_t = q_out, 0, 0
+    elif to_cache:
         ko, sko_h, sko_t = k_cache, k_cache.stride(0), k_cache.stride(1)
     else:
         if rows > 1:
@@ -114,9 +124,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         qo3, ko, vo, nq, d, rot // 2, float(eps), q3.stride(1), k3.stride(1), v3.stride(1) if copy_v else 0,
         qo3.stride(1), sko_h, sko_t, vo.stride(0) if copy_v else 0, vo.stride(1) if copy_v else 0, cos.stride(0),
         q3.stride(0), k3.stride(0), v3.stride(0), qo3.stride(0),
-        NEOX=style == "neox", QNORM=q_norm is not None, KNORM=k_norm is not None, COPY_V=copy_v,
+        NEOX=style == "neox", QNORM=q_norm is not None, KNORM=k_norm is not None, COPY_V=copy_v, VNORM=v_norm,
         BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2)
-    return q_out, ko
+    return q_out, None if q_only else ko
 
 
 def rope_reference(x: torch.Tensor, cos_row: torch.Tensor, sin_row: torch.Tensor, style: str = "neox",
