@@ -431,6 +431,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference", "tallow.kernels.triton.rmsnorm:rmsnorm_add_reference",
     "tallow.kernels.triton.rope:rope_reference",
+    # programmatic dependent launch: the launch options and the in-kernel wait every decode kernel calls
+    "tallow.kernels.triton.pdl:enabled", "tallow.kernels.triton.pdl:launch",
     "tallow.kernels.triton.decode_attention:decode_attention_reference",
     "tallow.kernels.triton.decode_attention:default_splits", "tallow.kernels.triton.decode_attention:make_scratch",
     "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",

@@ -127,3 +127,29 @@ def test_argmax_two_stage_ties_and_rows() -> None:
     assert out.tolist() == [7, 151935] == argmax_reference(x).tolist()
     y = torch.randn(1000, generator=g)
     assert argmax(y, parts=8).item() == int(argmax_reference(y)[0])
+
+
+def test_programmatic_dependent_launch_only_where_it_applies(monkeypatch):
+    """PDL options are given to compiled launches on a capable CUDA device with the switch on, and
+    nowhere else (the interpreter and the CPU take no launch_pdl; the kernels then skip the wait)."""
+    from tallow import switches
+    from tallow.kernels.triton import pdl
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setitem(pdl._CAPABLE, 0, True)
+    monkeypatch.setattr(pdl, "INTERPRETED", False)
+    monkeypatch.setenv("TALLOW_PDL", "1")
+    switches.refresh()
+    assert pdl.launch(cuda) == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setitem(pdl._CAPABLE, 0, False)  # an Ampere card
+    assert pdl.launch(cuda) == {"PDL": False}
+    monkeypatch.setitem(pdl._CAPABLE, 0, True)
+    monkeypatch.setattr(pdl, "INTERPRETED", True)
+    assert pdl.launch(cuda) == {"PDL": False}
+    monkeypatch.setattr(pdl, "INTERPRETED", False)
+    monkeypatch.setenv("TALLOW_PDL", "0")
+    switches.refresh()
+    assert pdl.launch(cuda) == {"PDL": False}
+    monkeypatch.delenv("TALLOW_PDL")
+    switches.refresh()

@@ -28,7 +28,9 @@ Each op module exposes a plain function (`quant_gemv`, `dequantize_to`,
 
 import os as _os
 
-if _os.environ.get("TRITON_INTERPRET") == "1":
+INTERPRETED = _os.environ.get("TRITON_INTERPRET") == "1"  # kernels run by Triton's CPU interpreter
+
+if INTERPRETED:
     from . import interpreter_compat as _compat
 
     _compat.apply()

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 from ...memory.kv_format import storage_is_scaled
 
 __all__ = ["decode_attention", "decode_attention_reference", "default_splits"]
@@ -52,7 +54,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
                   stride_qr, stride_qh, n_heads, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
                   qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr):
+                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     kvh = tl.program_id(0)
     s = tl.program_id(1)
     r = tl.program_id(2)  # query row: consecutive tokens, row r sees one more key than row r - 1
@@ -109,7 +112,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
 
 @triton.jit
 def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
-                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     r = tl.program_id(1).to(tl.int64)
     out_ptr += r * stride_or
     hh = tl.program_id(0).to(tl.int64)
@@ -189,9 +193,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_scale.stride(0) if scaled else 0,
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
-        SCALED=scaled, num_warps=num_warps)
+        SCALED=scaled, num_warps=num_warps, **pdl.launch(q.device))
     _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
-                                     BLOCK_D=block_d, num_warps=4)
+                                     BLOCK_D=block_d, num_warps=4, **pdl.launch(q.device))
     return out
 
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 __all__ = ["glu", "swiglu", "geglu", "glu_reference"]
 
 
@@ -28,7 +30,8 @@ def _act(g, u, KIND: tl.constexpr):
 
 
 @triton.jit
-def _glu_kernel(g_ptr, u_ptr, y_ptr, F, sgm, sum_, sym, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _glu_kernel(g_ptr, u_ptr, y_ptr, F, sgm, sum_, sym, KIND: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     off = tl.program_id(1) * BLOCK
     e = off + tl.arange(0, BLOCK)
@@ -54,7 +57,8 @@ def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu",
     block = 1024
     grid = (m, triton.cdiv(f, block))
     _glu_kernel[grid](g2, u2, o2, f, g2.stride(0), u2.stride(0), o2.stride(0),
-                      KIND={"swiglu": 0, "geglu": 1}[kind], BLOCK=block, num_warps=4)
+                      KIND={"swiglu": 0, "geglu": 1}[kind], BLOCK=block, num_warps=4,
+                      **pdl.launch(gate.device))
     return out
 
 

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from ... import switches
+from . import pdl
 from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 from .rmsnorm import row_rstd
@@ -277,7 +278,8 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
                  PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
-                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr):
+                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     # QT 0: Q4_K, 1: Q6_K, 2: Q8_0, 3/4/5: Q4_0/Q4_1/Q5_0. BLOCK_K: elements per GGUF block.
     # Axis 1 splits K (SPLIT > 1): program (pid, ks) covers GGUF blocks [ks*split_blocks,
     # (ks+1)*split_blocks) and the last of a row tile's SPLIT programs to finish sums their
@@ -480,7 +482,7 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
         float(prologue.eps) if prologue is not None else 0.0, part, tickets, split_blocks,
         PRO=pro, WRITE_SUM=sum_out is not None,
         QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
-        G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, num_warps=warps)
+        G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, num_warps=warps, **pdl.launch(x2.device))
     return out.reshape(w.n) if squeeze else out
 
 

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 __all__ = ["rmsnorm", "rmsnorm_reference", "rmsnorm_add", "rmsnorm_add_reference"]
 
 
@@ -40,7 +42,8 @@ def row_rstd(x_row, res_row, sum_row, D, eps, write, HAS_RES: tl.constexpr, WRIT
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym, ssm,
-                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     rstd = row_rstd(x_ptr + row * sxm, res_ptr + row * srm, sum_ptr + row * ssm, D, eps, True,
                     HAS_RES, WRITE_SUM, BLOCK)
@@ -69,13 +72,14 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
     block = min(1024, triton.next_power_of_2(max(d, 16)))
     _rmsnorm_kernel[(m,)](x2, r2, weight, o2, s2, d, float(eps), x2.stride(0), r2.stride(0), o2.stride(0),
                           s2.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
-                          BLOCK=block, num_warps=4)
+                          BLOCK=block, num_warps=4, **pdl.launch(x.device))
     return out
 
 
 @triton.jit
 def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, D, eps, sxm, srm, sym, shm,
-                        HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0)
     rstd = row_rstd(x_ptr + row * sxm, x_ptr, x_ptr, D, eps, False, False, False, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -114,7 +118,8 @@ def rmsnorm_add(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: tor
     _rmsnorm_add_kernel[(m,)](x, residual, weight, scale if scale is not None else weight, out,
                               next_weight if next_weight is not None else weight, h, d, float(eps),
                               x.stride(0), residual.stride(0), out.stride(0), h.stride(0),
-                              HAS_SCALE=scale is not None, NORM2=next_weight is not None, BLOCK=block, num_warps=4)
+                              HAS_SCALE=scale is not None, NORM2=next_weight is not None, BLOCK=block, num_warps=4,
+                              **pdl.launch(x.device))
     return out if next_weight is None else (out, h)
 
 

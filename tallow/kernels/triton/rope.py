@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 __all__ = ["rope", "rope_reference"]
 
 
@@ -57,7 +59,8 @@ def _rope_row(src, nw, dst, cos_ptr, sin_ptr, pos, D, ROT_HALF, eps, stab,
 def _rope_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qn_ptr, kn_ptr, qo_ptr, ko_ptr, vo_ptr,
                  NQ, D, ROT_HALF, eps, sq, sk, sv, sqo, sko_h, sko_t, svo_h, svo_t, stab, sqr, skr, svr, sqor,
                  NEOX: tl.constexpr, QNORM: tl.constexpr, KNORM: tl.constexpr, COPY_V: tl.constexpr,
-                 VNORM: tl.constexpr, BLOCK_D: tl.constexpr):
+                 VNORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     h = tl.program_id(0)
     r = tl.program_id(1)  # token row (several consecutive tokens: speculative verification)
     q_ptr += r * sqr
@@ -125,7 +128,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         qo3.stride(1), sko_h, sko_t, vo.stride(0) if copy_v else 0, vo.stride(1) if copy_v else 0, cos.stride(0),
         q3.stride(0), k3.stride(0), v3.stride(0), qo3.stride(0),
         NEOX=style == "neox", QNORM=q_norm is not None, KNORM=k_norm is not None, COPY_V=copy_v, VNORM=v_norm,
-        BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2)
+        BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 128 else 2, **pdl.launch(q.device))
     return q_out, None if q_only else ko
 
 
