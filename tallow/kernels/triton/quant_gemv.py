@@ -273,13 +273,24 @@ def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, R
 
 
 @triton.jit
+def _tiles(p0, p1, p2, p3, rows, kb, nb, kend, QT: tl.constexpr, G: tl.constexpr):
+    if QT == 0:
+        return _q4_k_tiles(p0, p1, p2, rows, kb, nb, kend, G)
+    elif QT == 1:
+        return _q6_k_tiles(p0, p1, p2, p3, rows, kb, nb, kend, G)
+    elif QT == 2:
+        return _q8_0_tiles(p0, p1, rows, kb, nb, kend, G)
+    else:
+        return _q4_x_tiles(p0, p1, p2, rows, kb, nb, kend, G, QT - 3)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
                  a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, part_ptr, ticket_ptr, split_blocks,
                  PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
-                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
+                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     # QT 0: Q4_K, 1: Q6_K, 2: Q8_0, 3/4/5: Q4_0/Q4_1/Q5_0. BLOCK_K: elements per GGUF block.
     # Axis 1 splits K (SPLIT > 1): program (pid, ks) covers GGUF blocks [ks*split_blocks,
     # (ks+1)*split_blocks) and the last of a row tile's SPLIT programs to finish sums their
@@ -292,6 +303,12 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
     nb = K // BLOCK_K
     kstart = ks * split_blocks
     kend = tl.minimum(nb, kstart + split_blocks)
+    if PREFETCH:
+        # Each step's weights are loaded one step ahead, the first before the wait for the
+        # previous kernel (pdl.py): no kernel writes weights, so with PDL their fetch overlaps
+        # that kernel's tail. (Past kend the tiles are masked: no bytes are read.)
+        n0, n1, n2, n3, noff, nm = _tiles(p0, p1, p2, p3, rows, kstart, nb, kend, QT, G)
+    pdl.wait(PDL)
     first = (pid == 0) & (ks == 0)  # the program that writes the prologue's residual sum
     r0 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 0, ROWS, PRO, WRITE_SUM)
     r1 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 1, ROWS, PRO, WRITE_SUM)
@@ -310,14 +327,11 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
     acc6 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     acc7 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     for kb in tl.range(kstart, kend, BLOCKS, num_stages=STAGES):
-        if QT == 0:
-            w0, w1, w2, w3, xoff, xm = _q4_k_tiles(p0, p1, p2, rows, kb, nb, kend, G)
-        elif QT == 1:
-            w0, w1, w2, w3, xoff, xm = _q6_k_tiles(p0, p1, p2, p3, rows, kb, nb, kend, G)
-        elif QT == 2:
-            w0, w1, w2, w3, xoff, xm = _q8_0_tiles(p0, p1, rows, kb, nb, kend, G)
+        if PREFETCH:
+            w0, w1, w2, w3, xoff, xm = n0, n1, n2, n3, noff, nm
+            n0, n1, n2, n3, noff, nm = _tiles(p0, p1, p2, p3, rows, kb + BLOCKS, nb, kend, QT, G)
         else:
-            w0, w1, w2, w3, xoff, xm = _q4_x_tiles(p0, p1, p2, rows, kb, nb, kend, G, QT - 3)
+            w0, w1, w2, w3, xoff, xm = _tiles(p0, p1, p2, p3, rows, kb, nb, kend, QT, G)
         acc0 = _row_fma(acc0, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r0, K, 0, ROWS, PRO, T, S)
         acc1 = _row_fma(acc1, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r1, K, 1, ROWS, PRO, T, S)
         acc2 = _row_fma(acc2, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r2, K, 2, ROWS, PRO, T, S)
@@ -482,7 +496,8 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
         float(prologue.eps) if prologue is not None else 0.0, part, tickets, split_blocks,
         PRO=pro, WRITE_SUM=sum_out is not None,
         QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
-        G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, num_warps=warps, **pdl.launch(x2.device))
+        G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, PREFETCH=switches.enabled("TALLOW_GEMV_PREFETCH"),
+        num_warps=warps, **pdl.launch(x2.device))
     return out.reshape(w.n) if squeeze else out
 
 
