@@ -36,6 +36,6 @@ class FalconH1Model(MambaModel):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv)
+        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))

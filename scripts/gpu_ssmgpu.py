@@ -1,0 +1,223 @@
+"""mamba, mamba2 and falcon-h1 on the GPU (issue 17): correctness against the CPU and llama.cpp,
+then speed. Run on the GPU machine by scripts/gpu_ssmgpu.sh; one JSON line per result.
+
+    python scripts/gpu_ssmgpu.py check [--work DIR]     correctness (PASS/FAIL lines, exit 1 on a FAIL)
+    python scripts/gpu_ssmgpu.py bench [--work DIR]     tallow bench on mid-size models (and twins)
+
+check, for each tiny model of tests/tiny_models.py (F32, as the fixtures; and Q8_0, the Triton
+GEMV path):
+  fixture_logits  the eager GPU forward of the fixture's 40-token prompt against llama.cpp's
+                  logits (tests/fixtures/tiny_<arch>.json; F32 only)
+  greedy          tallow.load(..., device="cuda").generate: prefill through the padded chunk
+                  graphs, decode through the decode graph: the fixture's 16 greedy tokens (F32),
+                  or the CPU's (Q8_0)
+  graph_decode    teacher-forced: prefill 20 tokens (a graph bucket of 32, padded), then 20 decode
+                  graph replays, logits against the CPU's one-pass logits (max |Δ|, top-1 agreement)
+  switches        the same greedy tokens with TALLOW_SSM_TRITON=0 (torch ops on the GPU, in the
+                  graphs) and with TALLOW_CUDA_GRAPHS=0 (eager)
+  prefix_reuse    a second prompt sharing 24 tokens reuses a state checkpoint and decodes as cold
+bench: `tallow bench --device cuda -p 512 -n 64 -d 0,4096` on mid-size random Q8_0 models
+(shapes below) with the Triton mixer and with TALLOW_SSM_TRITON=0; and on the study's twins
+(scripts/make_ssm_twin.py, where the branch has it: mamba-1.4b, falcon-h1-0.5b, Q4_K_M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+
+ARCHS = ("mamba", "mamba2", "falcon-h1")
+# Mid-size shapes for timing (24 layers each; random weights, byte vocabulary): Mamba-1 of
+# dim 1024; Mamba-2 with 32 heads of 64 and d_state 128; Falcon-H1 0.5B-like mixer and attention.
+MID = {
+    "mamba": dict(dim=1024, d_inner=2048, d_state=16, dt_rank=64),
+    "mamba2": dict(dim=1024, d_inner=2048, d_state=128, n_head=32),
+    "falcon-h1": dict(dim=1024, d_inner=1536, d_state=128, n_head=24, n_heads=8, n_kv=2, head_dim=64, ffn=2048),
+}
+FAILED = []
+# max |Δlogit| GPU vs the CPU's fp32 reference: F32 weights run fp32 products on both sides;
+# Q8_0 prefill rounds activations to bf16 for cuBLAS (~1e-2 on these logits of std ~1).
+BOUND = {"f32": 1e-3, "q8_0": 0.15}
+DEVICE = os.environ.get("SSMGPU_DEVICE", "cuda")  # cpu: a dry run of the script's logic without a GPU
+
+
+def report(name: str, ok: bool | None, **fields) -> None:
+    status = "INFO" if ok is None else ("PASS" if ok else "FAIL")
+    if ok is False:
+        FAILED.append(name)
+    print(json.dumps({"check": name, "status": status, **fields}), flush=True)
+
+
+def _env(**values):
+    """Set TALLOW_* variables for the next load (tallow.load re-reads them)."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _teacher_forced(llm, ids: list[int]) -> torch.Tensor:
+    """Logits after ids[:20] prefilled through the engine (on the GPU: a padded chunk graph),
+    then after each of ids[20:39] through engine.decode_step (the decode graph): (20, vocab)."""
+    from tallow.engine.engine import GenerationStats
+
+    llm.engine.reset()
+    rows = [llm.engine.prefill(ids[:20], GenerationStats()).float().cpu()]
+    rows += [llm.engine.decode_step(t).float().cpu() for t in ids[20:39]]
+    assert llm.engine.kv.state.position == 39
+    return torch.stack(rows)
+
+
+def _greedy(engine, prompt: list[int], n: int = 8) -> tuple[list[int], int]:
+    """(greedy tokens, prompt tokens reused) through engine.generate."""
+    from tallow.engine.engine import GenerationStats
+    from tallow.sampling import Sampler, SamplingParams
+
+    stats = GenerationStats()
+    sampler = Sampler(SamplingParams(temperature=0.0), engine.model.spec.vocab_size)
+    return list(engine.generate(prompt, n, sampler, set(), stats)), stats.reused_tokens
+
+
+def check(work: Path) -> None:
+    import tallow
+    from gguf import GGMLQuantizationType as QT
+
+    from tallow.engine.engine import Engine, GenerationStats
+    from tallow.memory.recurrent import make_memory
+    from tiny_models import tiny_prompt, write_tiny_ssm
+
+    for arch in ARCHS:
+        fixture = json.loads((ROOT / "tests" / "fixtures" / f"tiny_{arch}.json").read_text())
+        ids = fixture["ids"]
+        for qname, qtype in (("f32", QT.F32), ("q8_0", QT.Q8_0)):
+            tag = f"{arch}/{qname}"
+            path = write_tiny_ssm(arch, work / f"tiny-{arch}-{qname}.gguf", qtype=qtype)
+            try:
+                # The CPU reference: every weight dequantized to fp32 (the GPU's Q8_0 prefill runs
+                # bf16 GEMMs, its decode fp32 GEMVs: BOUND says how far each may drift).
+                cpu = tallow.load(str(path), ctx=128, device="cpu", linear_mode="reference")
+                want = cpu.model.forward(ids, 0, make_memory(cpu.spec, 64, "f32"), all_logits=True).float()
+                cpu_greedy = cpu.generate(ids, max_tokens=16).tokens
+                cpu_rows = _teacher_forced(cpu, ids)
+                bound = BOUND[qname]
+                gpu = tallow.load(str(path), ctx=128, device=DEVICE)
+                got = gpu.model.forward(ids, 0, make_memory(gpu.spec, 64, "f32", device=gpu.model.device),
+                                        all_logits=True).float().cpu()  # F32 K/V, as the fixture
+                report(f"{tag} eager_vs_cpu", (got - want).abs().max().item() < bound,
+                       max_abs=(got - want).abs().max().item(), top1=(got.argmax(-1) == want.argmax(-1)).float().mean().item())
+                if qname == "f32":
+                    ref = torch.tensor(fixture["logits"])
+                    report(f"{tag} fixture_logits", (got - ref).abs().max().item() < 1e-3, max_abs=(got - ref).abs().max().item())
+                expected = fixture["greedy"]["ids"] if qname == "f32" else cpu_greedy
+                t0 = time.perf_counter()
+                out = gpu.generate(ids, max_tokens=16)
+                report(f"{tag} greedy", out.tokens == expected, tokens=out.tokens, expected=expected,
+                              cpu_equal=cpu_greedy == expected, s=round(time.perf_counter() - t0, 3))
+                # teacher-forced: a graph prefill, then decode graph replays, against the CPU engine
+                got_rows, want_rows = _teacher_forced(gpu, ids), cpu_rows
+                report(f"{tag} graph_decode", (got_rows - want_rows).abs().max().item() < bound,
+                       max_abs=(got_rows - want_rows).abs().max().item(),
+                       top1=(got_rows.argmax(-1) == want_rows.argmax(-1)).float().mean().item())
+                for switch in ("TALLOW_SSM_TRITON", "TALLOW_CUDA_GRAPHS"):
+                    _env(**{switch: "0"})
+                    try:
+                        alt = tallow.load(str(path), ctx=128, device=DEVICE)
+                        tokens = alt.generate(ids, max_tokens=16).tokens
+                        report(f"{tag} {switch}=0 greedy", tokens == expected, tokens=tokens)
+                        del alt
+                    finally:
+                        _env(**{switch: None})
+                # prefix reuse: an engine with chunks of 32 (prefill graphs of bucket 32) keeps state
+                # checkpoints at 32, 64, 96, 100; a second prompt leaving the first after 90 tokens
+                # restores the one at 64 and must answer bit for bit as a cold engine
+                prompt = tiny_prompt(100, seed=3)
+                second = prompt[:90] + tiny_prompt(20, seed=4)
+                warm = Engine(gpu.model, 256, prefill_chunk=32)
+                _greedy(warm, prompt)
+                tokens, reused = _greedy(warm, second)
+                cold_tokens, _ = _greedy(Engine(gpu.model, 256, prefill_chunk=32), second)
+                a, b = Engine(gpu.model, 256, prefill_chunk=32), Engine(gpu.model, 256, prefill_chunk=32)
+                a.prefill(prompt, GenerationStats())
+                same = torch.equal(a.prefill(second, GenerationStats()).cpu(), b.prefill(second, GenerationStats()).cpu())
+                report(f"{tag} prefix_reuse", reused == 64 and tokens == cold_tokens and same,
+                       reused=reused, warm=tokens, cold=cold_tokens, logits_equal=same)
+                del gpu, warm, a, b
+            except Exception as e:  # one model's failure must not hide the others'
+                import traceback
+
+                traceback.print_exc()
+                report(f"{tag} error", False, error=f"{type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+
+
+def bench(work: Path) -> None:
+    from gguf import GGMLQuantizationType as QT
+
+    from tiny_models import write_tiny_ssm
+
+    models = []
+    for arch, shape in MID.items():
+        path = work / f"mid-{arch}-q8_0.gguf"
+        if not path.exists():
+            t0 = time.perf_counter()
+            write_tiny_ssm(arch, path, qtype=QT.Q8_0, n_layers=24, shape=shape)
+            report(f"write {path.name}", None, s=round(time.perf_counter() - t0, 1), mib=round(path.stat().st_size / 2**20, 1))
+        models.append(path)
+    twin_script = ROOT / "scripts" / "make_ssm_twin.py"
+    if twin_script.exists():
+        for name in ("mamba-1.4b", "falcon-h1-0.5b"):
+            path = work / f"{name}.gguf"
+            if not path.exists():
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, str(twin_script), name, str(path)], check=True)
+                report(f"write {path.name}", None, s=round(time.perf_counter() - t0, 1))
+            models.append(path)
+    else:
+        report("twins", None, note="scripts/make_ssm_twin.py not on this branch: mid-size models only")
+    for path in models:
+        for switch in (None, "0"):
+            env = dict(os.environ)
+            if switch:
+                env["TALLOW_SSM_TRITON"] = switch
+            cmd = [sys.executable, "-m", "tallow.cli", "bench", "-m", str(path), "--device", DEVICE,
+                   "-p", os.environ.get("SSMGPU_PP", "512"), "-n", os.environ.get("SSMGPU_TG", "64"),
+                   "-d", os.environ.get("SSMGPU_DEPTHS", "0,4096"), "-r", "3", "--json"]
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+            if r.returncode != 0:
+                report(f"bench {path.name} ssm_triton={switch or 1}", False, stderr=r.stderr[-2000:])
+                continue
+            for row in json.loads(r.stdout):
+                report(f"bench {path.name} ssm_triton={switch or 1}", None, test=row["test"],
+                       tok_s=round(row["tok_s_mean"], 1), std=round(row["tok_s_std"], 1))
+            report(f"bench {path.name} ssm_triton={switch or 1} wall", None, s=round(time.perf_counter() - t0, 1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=("check", "bench"))
+    p.add_argument("--work", type=Path, default=Path("/tmp/ssmgpu"))
+    a = p.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    print(json.dumps({"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
+                      "torch": torch.__version__}), flush=True)
+    (check if a.what == "check" else bench)(a.work)
+    if FAILED:
+        print(f"FAILED: {', '.join(FAILED)}", flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
