@@ -33,6 +33,15 @@ def softplus_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 20.0, x, torch.log1p(torch.exp(torch.clamp(x, max=20.0))))
 
 
+def _per_head(t: torch.Tensor, per_group: int) -> torch.Tensor:
+    """(n, n_group, d_state) -> (n, n_head, d_state), each group's row once per head of it (an
+    expand and a copy: no host-side size computation, so a CUDA graph can capture it)."""
+    if per_group == 1:
+        return t
+    n, groups, d_state = t.shape
+    return t.unsqueeze(2).expand(n, groups, per_group, d_state).reshape(n, groups * per_group, d_state)
+
+
 def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 n_valid: int | None = None) -> torch.Tensor:
     """x (n, C) new inputs, state (d_conv - 1, C) the inputs before them (updated in place to the
@@ -61,8 +70,8 @@ def selective_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     n_valid = n if n_valid is None else n_valid
     per_group = n_head // B.shape[1]
     dts = softplus_ggml(dt)  # (n, n_head)
-    Bh = B.repeat_interleave(per_group, dim=1) if per_group > 1 else B  # (n, n_head, d_state)
-    Ch = C.repeat_interleave(per_group, dim=1) if per_group > 1 else C
+    Bh = _per_head(B, per_group)  # (n, n_head, d_state)
+    Ch = _per_head(C, per_group)
     x_dt = x * dts.unsqueeze(-1)  # (n, n_head, head_dim)
     y = torch.empty_like(x)
     s = state.clone()
@@ -91,8 +100,8 @@ def blocked_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
     n_valid = n if n_valid is None else n_valid
     per_group = n_head // B.shape[1]
     dts = softplus_ggml(dt)
-    Bh = B.repeat_interleave(per_group, dim=1) if per_group > 1 else B  # (n, n_head, d_state)
-    Ch = C.repeat_interleave(per_group, dim=1) if per_group > 1 else C
+    Bh = _per_head(B, per_group)  # (n, n_head, d_state)
+    Ch = _per_head(C, per_group)
     if A.dim() == 2:
         decay = torch.exp(dts.unsqueeze(-1) * A).unsqueeze(2)  # (n, n_head, 1, d_state)
     else:
