@@ -2,6 +2,7 @@
 then speed. Run on the GPU machine by scripts/gpu_ssmgpu.sh; one JSON line per result.
 
     python scripts/gpu_ssmgpu.py check [--work DIR]     correctness (PASS/FAIL lines, exit 1 on a FAIL)
+    python scripts/gpu_ssmgpu.py kernels                the conv and scan alone: Triton vs torch, µs
     python scripts/gpu_ssmgpu.py bench [--work DIR]     tallow bench on mid-size models (and twins)
 
 check, for each tiny model of tests/tiny_models.py (F32, as the fixtures; and Q8_0, the Triton
@@ -205,15 +206,72 @@ def bench(work: Path) -> None:
             report(f"bench {path.name} ssm_triton={switch or 1} wall", None, s=round(time.perf_counter() - t0, 1))
 
 
+# (heads, head_dim, groups, d_state, version) of one mixer layer; the rows of a call
+KERNEL_SHAPES = {"mamba-1.4b": (4096, 1, 1, 16, 1), "falcon-h1-0.5b": (24, 64, 1, 128, 2)}
+KERNEL_ROWS = (1, 512)
+
+
+def kernels(work: Path) -> None:
+    """The mixer's ops alone on the study's shapes (Mamba-1.4B's layer: 4096 channels, d_state 16;
+    Falcon-H1-0.5B's: 24 heads of 64, d_state 128, one group), a decode step and a 512-token
+    chunk: Triton (the scan at several rows per program) against the torch references, µs per
+    call from CUDA events over 20 calls after 3 warm-ups."""
+    from tallow.kernels.ssm_ops import TorchMixerOps
+    from tallow.kernels.triton.ssm import ssm_conv, ssm_scan
+
+    dev = torch.device(DEVICE)
+
+    def timed(fn, reps: int = 20) -> float:
+        for _ in range(3):
+            fn()
+        if dev.type != "cuda":
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t0) / reps * 1e6
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b) / reps * 1e3
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    for name, (heads, head_dim, groups, d_state, version) in KERNEL_SHAPES.items():
+        rows, conv_ch = heads * head_dim, heads * head_dim + (2 * groups * d_state if version == 2 else 0)
+        for n in KERNEL_ROWS:
+            r = lambda *shape: torch.randn(*shape, generator=g, device=dev)
+            x, dt, bc, z = r(n, rows), r(n, heads), r(n, 2 * groups * d_state), r(n, rows)
+            A = -r(heads, d_state).abs() if version == 1 else -r(heads).abs()
+            state, D, dtb = r(heads, head_dim, d_state), r(heads), r(heads) if version == 2 else None
+            B, C = bc[:, : groups * d_state], bc[:, groups * d_state :]
+            cx, cstate, cw, cb = r(n, conv_ch), r(3, conv_ch), r(conv_ch, 4), r(conv_ch)
+            torch_ops = TorchMixerOps()
+            fields = {"conv_triton_us": timed(lambda: ssm_conv(cx, cstate, cw, cb)),
+                      "conv_torch_us": timed(lambda: torch_ops.conv(cx, cstate, cw, cb)),
+                      "scan_torch_us": timed(lambda: torch_ops.scan(state, x, dt, A, B, C, None, dtb, D, z), 3 if n > 1 else 20)}
+            for block_r in (1, 2, 4, 8, 16, 32):
+                if block_r * triton_pow2(d_state) <= 4096:
+                    fields[f"scan_triton_r{block_r}_us"] = timed(lambda: ssm_scan(state, x, dt, A, B, C, None, dtb, D, z, block_r=block_r))
+            fields["scan_triton_default_us"] = timed(lambda: ssm_scan(state, x, dt, A, B, C, None, dtb, D, z))
+            report(f"kernels {name} n={n}", None, **{k: round(v, 1) for k, v in fields.items()})
+
+
+def triton_pow2(v: int) -> int:
+    return 1 << (v - 1).bit_length()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("check", "bench"))
+    p.add_argument("what", choices=("check", "kernels", "bench"))
     p.add_argument("--work", type=Path, default=Path("/tmp/ssmgpu"))
     a = p.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     print(json.dumps({"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
                       "torch": torch.__version__}), flush=True)
-    (check if a.what == "check" else bench)(a.work)
+    {"check": check, "kernels": kernels, "bench": bench}[a.what](a.work)
     if FAILED:
         print(f"FAILED: {', '.join(FAILED)}", flush=True)
     return 1 if FAILED else 0

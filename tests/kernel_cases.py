@@ -410,7 +410,8 @@ def _conv_run(a, kind):
 
 
 register(op="ssm_conv", impl="tallow.kernels.triton.ssm:ssm_conv", needs="triton", tol=1e-5, inputs=_triton_conv_inputs,
-         shapes=((1, 40, 4, None), (7, 48, 4, None), (9, 33, 4, 5), (2, 16, 4, 1), (3, 16, 2, None)),
+         # decode; one tile of rows; 3 row tiles (the state written by its own launch), padded
+         shapes=((1, 40, 4, None), (7, 48, 4, None), (9, 33, 4, 5), (2, 16, 4, 1), (3, 16, 2, None), (40, 300, 4, 37)),
          run=lambda a: _conv_run(a, "triton"), reference=lambda a: _conv_run(a, "torch"))
 
 

@@ -2,8 +2,8 @@
 token and for a prefill chunk alike; the torch references are kernels/cpu/ssm.py.
 
 `ssm_conv`: the causal depthwise conv1d of kernels/cpu/ssm.causal_conv (taps summed in ggml's
-order, bias after), SiLU fused, the conv state updated in place. A program owns a block of
-channels for every row, so it reads the old state before anything overwrites it.
+order, bias after), SiLU fused, the conv state updated in place: tiles of rows and channels,
+the state written by a program that has read all of its old rows first.
 
 `ssm_scan`: the selective scan of kernels/cpu/ssm.selective_scan — dt (+ Mamba-2's bias) through
 ggml's softplus, s = s * exp(dt * A) + B * (x * dt), y = sum(s * C) — with the D skip and the
@@ -26,10 +26,13 @@ import triton.language as tl
 
 __all__ = ["ssm_conv", "ssm_scan"]
 
+ELEMENTS = 128  # state elements per scan program (see ssm_scan)
+
 
 @triton.jit
-def _window_row(x_ptr, state_ptr, r, ch, mask, C, sx, DC1: tl.constexpr):
-    """Row r of the window [state; x] (r < DC1: the state's row r, else x's row r - DC1)."""
+def _window_rows(x_ptr, state_ptr, r, ch, mask, C, sx, DC1: tl.constexpr):
+    """Rows r (a column of row indices) of the window [state; x]: the state's row r for r < DC1,
+    else x's row r - DC1; ch a row of channels."""
     old = tl.load(state_ptr + r * C + ch, mask=mask & (r < DC1), other=0.0)
     new = tl.load(x_ptr + (r - DC1) * sx + ch, mask=mask & (r >= DC1), other=0.0)
     return tl.where(r < DC1, old, new)
@@ -37,32 +40,36 @@ def _window_row(x_ptr, state_ptr, r, ch, mask, C, sx, DC1: tl.constexpr):
 
 @triton.jit
 def _conv_kernel(x_ptr, state_ptr, w_ptr, b_ptr, y_ptr, nvalid_ptr, n, n_valid, C, sx, sy,
-                 D_CONV: tl.constexpr, SILU: tl.constexpr, NVALID_PTR: tl.constexpr,
-                 BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+                 D_CONV: tl.constexpr, SILU: tl.constexpr, NVALID_PTR: tl.constexpr, CONV: tl.constexpr,
+                 UPDATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+    """CONV: the outputs of a (BLOCK_T rows, BLOCK_C channels) tile. UPDATE: the new conv state
+    of the program's channels, read whole before it is stored — only where one program per
+    channel block runs (one row block, or a launch of its own after the outputs')."""
     ch = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = ch < C
-    bias = tl.load(b_ptr + ch, mask=cm, other=0.0)
-    for t in range(n):
-        acc = _window_row(x_ptr, state_ptr, t, ch, cm, C, sx, D_CONV - 1) * tl.load(w_ptr + ch * D_CONV, mask=cm, other=0.0)
+    if CONV:
+        t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
+        m2 = (t < n) & cm[None, :]
+        # Tap by tap in ggml's order (kernels/cpu/ssm.causal_conv), the bias after.
+        acc = _window_rows(x_ptr, state_ptr, t, ch[None, :], m2, C, sx, D_CONV - 1) * tl.load(w_ptr + ch * D_CONV, mask=cm, other=0.0)[None, :]
         for k in tl.static_range(1, D_CONV):
-            acc += _window_row(x_ptr, state_ptr, t + k, ch, cm, C, sx, D_CONV - 1) * tl.load(w_ptr + ch * D_CONV + k, mask=cm, other=0.0)
-        acc += bias
+            w = tl.load(w_ptr + ch * D_CONV + k, mask=cm, other=0.0)[None, :]
+            acc += _window_rows(x_ptr, state_ptr, t + k, ch[None, :], m2, C, sx, D_CONV - 1) * w
+        acc += tl.load(b_ptr + ch, mask=cm, other=0.0)[None, :]
         if SILU:
             acc = acc / (1.0 + tl.exp(-acc))
-        tl.store(y_ptr + t * sy + ch, acc, mask=cm)
-    if D_CONV > 1:
+        tl.store(y_ptr + t * sy + ch[None, :], acc, mask=m2)
+    if UPDATE:
         if NVALID_PTR:
             nv = tl.load(nvalid_ptr).to(tl.int32)
         else:
             nv = n_valid
-        # The new state: window rows n_valid .. n_valid + D_CONV - 2, read whole before any store.
+        # The new state: window rows n_valid .. n_valid + D_CONV - 2.
         j = tl.arange(0, BLOCK_J)
-        r = (nv + j)[:, None]
-        m2 = (j < D_CONV - 1)[:, None] & cm[None, :]
-        old = tl.load(state_ptr + r * C + ch[None, :], mask=m2 & (r < D_CONV - 1), other=0.0)
-        new = tl.load(x_ptr + (r - (D_CONV - 1)) * sx + ch[None, :], mask=m2 & (r >= D_CONV - 1), other=0.0)
+        jm = (j < D_CONV - 1)[:, None] & cm[None, :]
+        v = _window_rows(x_ptr, state_ptr, (nv + j)[:, None], ch[None, :], jm, C, sx, D_CONV - 1)
         tl.debug_barrier()
-        tl.store(state_ptr + j[:, None] * C + ch[None, :], tl.where(r < D_CONV - 1, old, new), mask=m2)
+        tl.store(state_ptr + j[:, None] * C + ch[None, :], v, mask=jm)
 
 
 def _n_valid_args(n_valid, n: int):
@@ -72,11 +79,16 @@ def _n_valid_args(n_valid, n: int):
     return None, n if n_valid is None else int(n_valid), False
 
 
+CONV_ROWS, CONV_CHANNELS = 16, 128  # a conv program's tile
+
+
 def ssm_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, n_valid=None,
              silu: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (n, C) (any row stride, channels contiguous), state (d_conv - 1, C) contiguous float32,
     updated in place; weight (C, d_conv), bias (C,). Returns (n, C) float32: the conv plus bias,
-    through SiLU when `silu`."""
+    through SiLU when `silu`. One launch for up to CONV_ROWS rows (a decode step), else two:
+    the outputs' tiles over rows and channels, then the state (no tile may overwrite it while
+    another still reads it)."""
     n, channels = x.shape
     d_conv = weight.shape[1]
     if x.stride(1) != 1 or not (state.is_contiguous() and weight.is_contiguous() and bias.is_contiguous()):
@@ -84,11 +96,15 @@ def ssm_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: t
     if out is None:
         out = torch.empty((n, channels), dtype=torch.float32, device=x.device)
     ptr, count, from_ptr = _n_valid_args(n_valid, n)
-    block = min(256, triton.next_power_of_2(channels))
-    _conv_kernel[(triton.cdiv(channels, block),)](
-        x, state, weight, bias, out, ptr if from_ptr else state, n, count, channels, x.stride(0), out.stride(0),
-        D_CONV=d_conv, SILU=silu, NVALID_PTR=from_ptr, BLOCK_C=block,
-        BLOCK_J=max(1, triton.next_power_of_2(max(d_conv - 1, 1))), num_warps=4)
+    block_c = min(CONV_CHANNELS, triton.next_power_of_2(channels))
+    row_blocks = triton.cdiv(n, CONV_ROWS)
+    args = (x, state, weight, bias, out, ptr if from_ptr else state, n, count, channels, x.stride(0), out.stride(0))
+    meta = dict(D_CONV=d_conv, SILU=silu, NVALID_PTR=from_ptr, BLOCK_T=CONV_ROWS, BLOCK_C=block_c,
+                BLOCK_J=max(1, triton.next_power_of_2(max(d_conv - 1, 1))), num_warps=4)
+    together = row_blocks == 1
+    _conv_kernel[(triton.cdiv(channels, block_c), row_blocks)](*args, CONV=True, UPDATE=together and d_conv > 1, **meta)
+    if not together and d_conv > 1:
+        _conv_kernel[(triton.cdiv(channels, block_c), 1)](*args, CONV=False, UPDATE=True, **meta)
     return out
 
 
@@ -149,7 +165,7 @@ def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, 
 
 def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              n_valid=None, dt_bias: torch.Tensor | None = None, D: torch.Tensor | None = None,
-             z: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+             z: torch.Tensor | None = None, out: torch.Tensor | None = None, block_r: int | None = None) -> torch.Tensor:
     """state (n_head, head_dim, d_state) contiguous float32, updated in place; x (n, n_head *
     head_dim); dt (n, n_head) before its softplus (dt_bias (n_head,) added first); A (n_head,
     d_state) (Mamba-1) or (n_head,) (Mamba-2); B, C (n, n_group * d_state); D (n_head,) the skip;
@@ -167,11 +183,15 @@ def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
         out = torch.empty((n, rows), dtype=torch.float32, device=x.device)
     ptr, count, from_ptr = _n_valid_args(n_valid, n)
     block_s = triton.next_power_of_2(d_state)
-    block_r = max(1, min(triton.next_power_of_2(rows), 512 // block_s))  # ~512 state elements a program: many programs
+    # A program's tokens run one after another, each waiting on its loads: many small programs
+    # (~128 state elements, one warp) let an SM hide one's latency behind the others'.
+    # (block_r: an override for scripts/gpu_ssmgpu.py's sweep.)
+    block_r = block_r or max(1, min(triton.next_power_of_2(rows), ELEMENTS // block_s))
+    warps = max(1, min(4, block_r * block_s // 128))
     _scan_kernel[(triton.cdiv(rows, block_r),)](
         state, x, dt, dt_bias if dt_bias is not None else A, A, B, C, D if D is not None else A,
         z if z is not None else x, out, ptr if from_ptr else A, n, count, rows, head_dim, n_head // n_group, d_state,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0, out.stride(0),
         A_PER_STATE=A.dim() == 2, HAS_DTB=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, num_warps=4)
+        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, num_warps=warps)
     return out
