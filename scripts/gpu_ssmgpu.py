@@ -18,7 +18,7 @@ GEMV path):
                   graphs) and with TALLOW_CUDA_GRAPHS=0 (eager)
   prefix_reuse    a second prompt sharing 24 tokens reuses a state checkpoint and decodes as cold
 bench: `tallow bench --device cuda -p 512 -n 64 -d 0,4096` on mid-size random Q8_0 models
-(shapes below) with the Triton mixer and with TALLOW_SSM_TRITON=0; and on the study's twins
+(shapes below) with the Triton mixer, and at depth 0 with TALLOW_SSM_TRITON=0; and on the study's twins
 (scripts/make_ssm_twin.py, where the branch has it: mamba-1.4b, falcon-h1-0.5b, Q4_K_M).
 """
 
@@ -194,7 +194,7 @@ def bench(work: Path) -> None:
                 env["TALLOW_SSM_TRITON"] = switch
             cmd = [sys.executable, "-m", "tallow.cli", "bench", "-m", str(path), "--device", DEVICE,
                    "-p", os.environ.get("SSMGPU_PP", "512"), "-n", os.environ.get("SSMGPU_TG", "64"),
-                   "-d", os.environ.get("SSMGPU_DEPTHS", "0,4096"), "-r", "3", "--json"]
+                   "-d", "0" if switch else os.environ.get("SSMGPU_DEPTHS", "0,4096"), "-r", "3", "--json"]
             t0 = time.perf_counter()
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
             if r.returncode != 0:
