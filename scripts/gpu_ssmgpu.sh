@@ -4,20 +4,20 @@
 #   bash scripts/gpu_ssmgpu.sh [check] [kernels] [bench]        (default: all three)
 #
 # Carried into the repo root: .whl/ (the gguf wheel; installed into /tmp/site). No network.
-# check (scripts/gpu_ssmgpu.py check, ~2 min): for the tiny mamba, mamba2 and falcon-h1 of
-#   tests/tiny_models.py, F32 and Q8_0: the eager GPU forward against the CPU and against
-#   llama.cpp's logits (tests/fixtures/tiny_<arch>.json); greedy tokens through the prefill and
-#   decode CUDA graphs (the fixture's 16 for F32, the CPU's for Q8_0); teacher-forced decode-graph
-#   logits against the CPU; the same greedy tokens with TALLOW_SSM_TRITON=0 and TALLOW_CUDA_GRAPHS=0;
-#   prefix reuse from a state checkpoint answering as a cold run. A FAIL line per failed check;
-#   the step fails (but bench still runs) if any did.
-# kernels (~30 s): the conv and scan alone on Mamba-1.4B's and Falcon-H1-0.5B's layer shapes, decode
-#   and a 512-token chunk, µs per call: Triton (scan at 1..32 rows per program) vs the torch ops.
-# bench (scripts/gpu_ssmgpu.py bench, ~5 min): tallow bench pp512 and tg64 at depths 0 and 4096,
-#   -r 3, on 24-layer random Q8_0 models (shapes in gpu_ssmgpu.py MID), Triton mixer vs
-#   TALLOW_SSM_TRITON=0; plus the study's mamba-1.4b / falcon-h1-0.5b twins where
-#   scripts/make_ssm_twin.py is on the branch. nvidia-smi's state before and after.
-# Everything is tee'd to $OUT/gpu_ssmgpu.log. Overrides: OUT, WORK, SSMGPU_PP, SSMGPU_TG, SSMGPU_DEPTHS.
+# check (scripts/gpu_ssmgpu.py check, 25 s on the H200 at 21:12): for the tiny mamba, mamba2 and
+#   falcon-h1 of tests/tiny_models.py, F32 and Q8_0: the eager GPU forward against the CPU's fp32
+#   reference and against llama.cpp's logits (tests/fixtures/tiny_<arch>.json); greedy tokens
+#   through the prefill and decode CUDA graphs (the fixture's 16 for F32, the CPU's for Q8_0);
+#   teacher-forced decode-graph logits against the CPU; the same greedy tokens with
+#   TALLOW_SSM_TRITON=0 and TALLOW_CUDA_GRAPHS=0; prefix reuse from a state checkpoint answering
+#   bit for bit as a cold engine. A FAIL line per failed check; exit 1 if any (later steps still run).
+# kernels (~15 s): the conv and scan alone on Mamba-1.4B's and Falcon-H1-0.5B's layer shapes, a
+#   decode step and a 512-token chunk, µs per call: Triton (scan at 1..32 rows per program) vs torch.
+# bench (~90 s, one process): writes three 24-layer random Q8_0 models (gpu_ssmgpu.py MID, ~10 s
+#   each), then pp512 (median of 3 after a warm-up), tg64, and tg64 after 4096 tokens with the
+#   Triton mixer; pp512 and tg16 once with TALLOW_SSM_TRITON=0 (prefill graphs off there).
+#   SSMGPU_TWINS=1 adds the study's twins where scripts/make_ssm_twin.py exists (slow to write).
+# Everything is tee'd to $OUT/gpu_ssmgpu.log. Overrides: OUT, WORK, SSMGPU_PP, SSMGPU_TG, SSMGPU_DEPTH, SSMGPU_TWINS.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -491,8 +491,8 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
     D, norms and biases stay F32 (as llama.cpp's quantizer leaves them). A and the dt bias are
     drawn the way Mamba initializes them (A = -exp(log 1..d_state), dt in [1e-3, 1e-1]), so the
     states neither vanish nor explode over a few dozen tokens. `shape` overrides the sizes below
-    by name (dim, d_inner, d_state, n_head, n_heads, n_kv, head_dim, ffn: scripts/gpu_ssmgpu.py's
-    mid-size models)."""
+    by name (dim, d_inner, d_state, n_head, n_heads, n_kv, head_dim, ffn, dt_rank, context:
+    scripts/gpu_ssmgpu.py's mid-size models)."""
     if arch not in SSM_ARCHITECTURES:
         raise ValueError(arch)
     rng = np.random.RandomState(seed)
@@ -510,7 +510,7 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
 
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layers)
-    w.add_context_length(256)
+    w.add_context_length((shape or {}).get("context", 256))
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn if hybrid else 0)
     w.add_head_count(n_heads if hybrid else 0)
