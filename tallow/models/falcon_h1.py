@@ -19,6 +19,10 @@ from .mamba import MambaModel
 
 
 class FalconH1Model(MambaModel):
+    # Its attention inputs are llama's (Q/K/V split, NEOX RoPE, no Q/K norm): the GPU decode step
+    # may run them as the one fused Triton launch (models/step.py); MambaModel has no attention.
+    fused_attention_inputs = True
+
     def load_layer(self, i: int) -> LayerWeights:
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors
         tn = self.tensor_names.block(i)  # families/falcon_h1.py
