@@ -41,6 +41,9 @@ class TorchMixerOps:
 
 
 class TritonMixerOps:
+    def __init__(self, scan_rows: int | None = None):
+        self.scan_rows = scan_rows  # rows of the state per scan program (None: ssm_scan's choice; tests: fewer programs)
+
     def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
         from .triton.ssm import ssm_conv
 
@@ -49,7 +52,7 @@ class TritonMixerOps:
     def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
         from .triton.ssm import ssm_scan
 
-        return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z)
+        return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows)
 
 
 def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:

@@ -133,7 +133,9 @@ class MambaModel(DecoderModel):
         xBC = ops.conv(proj[:, d : d + ch], state.conv[i], w.conv_w, w.conv_b, n_valid)  # SiLU applied
         y = ops.scan(state.scan[i], xBC[:, :d], proj[:, d + ch :], w.A, xBC[:, d : d + ng * ds], xBC[:, d + ng * ds :],
                      n_valid, dt_bias=w.dt_b, D=w.D, z=proj[:, :d])
-        if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
+        if w.get("ssm_norm") is not None and ng == 1:  # one group (falcon-h1): a row's RMSNorm, one launch on the GPU
+            y = self.ops.norm(y, w.ssm_norm.view(d), self.spec.norm_eps)
+        elif w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
             y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
         return y
 
