@@ -38,7 +38,7 @@ def _window_rows(x_ptr, state_ptr, r, ch, mask, C, sx, DC1: tl.constexpr):
     return tl.where(r < DC1, old, new)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_valid"])
 def _conv_kernel(x_ptr, state_ptr, w_ptr, b_ptr, y_ptr, nvalid_ptr, n, n_valid, C, sx, sy,
                  D_CONV: tl.constexpr, SILU: tl.constexpr, NVALID_PTR: tl.constexpr, CONV: tl.constexpr,
                  UPDATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
@@ -119,6 +119,22 @@ def _softplus(x):
 
 
 @triton.jit
+def _scan_inputs(dt_ptr, x_ptr, b_ptr, c_ptr, z_ptr, t, n, head, rows, bc, rm, m2, sdt, sx, sb, sc, sz,
+                 HAS_Z: tl.constexpr):
+    """Token t's dt, x, B, C and z (zeros past the last token; z is x's stand-in without a gate)."""
+    live = t < n
+    dt = tl.load(dt_ptr + t * sdt + head, mask=rm & live, other=0.0)
+    x = tl.load(x_ptr + t * sx + rows, mask=rm & live, other=0.0)
+    B = tl.load(b_ptr + t * sb + bc, mask=m2 & live, other=0.0)
+    C = tl.load(c_ptr + t * sc + bc, mask=m2 & live, other=0.0)
+    if HAS_Z:
+        z = tl.load(z_ptr + t * sz + rows, mask=rm & live, other=0.0)
+    else:
+        z = x
+    return dt, x, B, C, z
+
+
+@triton.jit(do_not_specialize=["n", "n_valid"])  # one compile for a decode step and a chunk (n = 1 is no constant)
 def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, y_ptr, nvalid_ptr,
                  n, n_valid, R, head_dim, per_group, d_state, sx, sdt, sb, sc, sz, sy,
                  A_PER_STATE: tl.constexpr, HAS_DTB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
@@ -143,20 +159,22 @@ def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, 
     else:
         nv = n_valid
     bc = group[:, None] * d_state + st[None, :]
+    # Token t + 1's inputs are loaded while token t computes: the recurrence waits on nothing
+    # but itself (the loads do not depend on the state).
+    dt_n, x_n, B_n, C_n, z_n = _scan_inputs(dt_ptr, x_ptr, b_ptr, c_ptr, z_ptr, 0, n, head, rows, bc, rm, m2,
+                                            sdt, sx, sb, sc, sz, HAS_Z)
     for t in range(n):
-        dt = tl.load(dt_ptr + t * sdt + head, mask=rm, other=0.0)
+        dt, x, B, Cm, z = dt_n, x_n, B_n, C_n, z_n
+        dt_n, x_n, B_n, C_n, z_n = _scan_inputs(dt_ptr, x_ptr, b_ptr, c_ptr, z_ptr, t + 1, n, head, rows, bc, rm, m2,
+                                                sdt, sx, sb, sc, sz, HAS_Z)
         if HAS_DTB:
             dt = dt + dtb
         dt = _softplus(dt)
-        x = tl.load(x_ptr + t * sx + rows, mask=rm, other=0.0)
-        B = tl.load(b_ptr + t * sb + bc, mask=m2, other=0.0)
-        Cm = tl.load(c_ptr + t * sc + bc, mask=m2, other=0.0)
         s_new = s * tl.exp(dt[:, None] * A) + B * (x * dt)[:, None]
         y = tl.sum(s_new * Cm, axis=1)
         if HAS_D:
             y = y + x * D
         if HAS_Z:
-            z = tl.load(z_ptr + t * sz + rows, mask=rm, other=0.0)
             y = (z / (1.0 + tl.exp(-z))) * y
         tl.store(y_ptr + t * sy + rows, y, mask=rm)
         s = tl.where(t < nv, s_new, s)  # padding rows leave the state where the last real row put it
