@@ -115,3 +115,12 @@ def test_graph_shaped_steps_continue_one_state(arch, ops, tiny):
     want = torch.cat([whole[last_of_chunks], whole[n_prefill:]])
     assert (got - want).abs().max().item() < 1e-4
     assert kv.state.position == len(ids)
+
+
+def test_speculation_steps_aside_off_the_cpu(tiny):
+    """The GPU's verification graphs keep no per-row states to roll back to, so a recurrent memory
+    on another device (here `meta`: no allocation) says it cannot roll back; the engine then never
+    speculates (engine.py: speculation needs kv.can_rollback)."""
+    spec = spec_from_gguf(GGUFFile(tiny["falcon-h1"]))
+    assert make_memory(spec, 64, "f16").can_rollback
+    assert not make_memory(spec, 64, "f16", device="meta").can_rollback
