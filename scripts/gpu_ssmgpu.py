@@ -1,6 +1,7 @@
 """mamba, mamba2 and falcon-h1 on the GPU (issue 17): correctness against the CPU and llama.cpp,
 then speed. Run on the GPU machine by scripts/gpu_ssmgpu.sh; one JSON line per result.
 
+    python scripts/gpu_ssmgpu.py final [--work DIR]     the lead's 60-second call: a short check, then speed beside llama.cpp
     python scripts/gpu_ssmgpu.py check [--work DIR]     correctness (PASS/FAIL lines, exit 1 on a FAIL)
     python scripts/gpu_ssmgpu.py kernels                the conv and scan alone: Triton vs torch, µs
     python scripts/gpu_ssmgpu.py bench [--work DIR]     tallow bench on mid-size models (and twins)
@@ -228,6 +229,102 @@ def bench(work: Path) -> None:
                 torch.cuda.empty_cache()
 
 
+def final(work: Path) -> None:
+    """The lead's last call gives this 60 s: the most valuable results first, each step only if
+    the time left (SSMGPU_BUDGET_S, default 48 s from the start of this process: the shell and the imports take the rest) fits it.
+    1. correctness of this HEAD on the GPU, short: for each tiny model (F32), greedy through the
+       graphs against llama.cpp's 16 tokens, no drafts, and teacher-forced decode-graph logits
+       against the CPU; the Q8_0 falcon-h1 greedy (Triton GEMVs, fused attention inputs).
+    2. speed beside llama.cpp on the same file: the 24-layer Q8_0 mid models (MID; mamba first,
+       then falcon-h1, then mamba2): tallow pp512 and tg64 (median of 2 after a warm-up), then
+       `$LLAMA_BENCH -p 512 -n 64 -r 2 -ngl 99 -fa 1` on it when LLAMA_BENCH is given."""
+    import tallow
+    from gguf import GGMLQuantizationType as QT
+
+    from tallow.bench import bench_decode, bench_prefill
+    from tiny_models import write_tiny_ssm
+
+    t_start = time.perf_counter()
+    budget = float(os.environ.get("SSMGPU_BUDGET_S", "48"))
+    # The mid models are written by processes of their own (numpy, other cores) while the check runs.
+    writers = {}
+    for arch in ("mamba", "falcon-h1", "mamba2"):
+        path = work / f"mid-{arch}-q8_0.gguf"
+        if not path.exists():
+            code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+                    "from gguf import GGMLQuantizationType as QT\nfrom tiny_models import write_tiny_ssm\n"
+                    f"write_tiny_ssm({arch!r}, {str(path) + '.part'!r}, qtype=QT.Q8_0, n_layers=24, "
+                    f"shape={ {**MID[arch], 'context': 8192}!r})\n"
+                    f"import os; os.replace({str(path) + '.part'!r}, {str(path)!r})")
+            writers[arch] = subprocess.Popen([sys.executable, "-c", code])
+
+    def fits(seconds: float, what: str) -> bool:
+        left = budget - (time.perf_counter() - t_start)
+        if left < seconds:
+            report(f"skipped {what}", None, left_s=round(left, 1), needs_s=seconds)
+            return False
+        return True
+
+    for arch, qname in (("mamba", "f32"), ("mamba2", "f32"), ("falcon-h1", "f32"), ("falcon-h1", "q8_0")):
+        if not fits(4, f"{arch}/{qname} check"):
+            break
+        tag = f"{arch}/{qname}"
+        try:
+            fixture = json.loads((ROOT / "tests" / "fixtures" / f"tiny_{arch}.json").read_text())
+            ids = fixture["ids"]
+            path = write_tiny_ssm(arch, work / f"tiny-{arch}-{qname}.gguf", qtype=QT.F32 if qname == "f32" else QT.Q8_0)
+            cpu = tallow.load(str(path), ctx=128, device="cpu", linear_mode="reference")
+            expected = fixture["greedy"]["ids"] if qname == "f32" else cpu.generate(ids, max_tokens=16).tokens
+            gpu = tallow.load(str(path), ctx=128, device=DEVICE)
+            out = gpu.generate(ids, max_tokens=16)
+            no_drafts = out.stats.draft_tokens == 0 or DEVICE == "cpu"
+            report(f"{tag} greedy", out.tokens == expected and no_drafts, tokens=out.tokens, expected=expected,
+                   drafts=out.stats.draft_tokens)
+            got, want = _teacher_forced(gpu, ids), _teacher_forced(cpu, ids)
+            bound = HYBRID_F32_BOUND if arch == "falcon-h1" and qname == "f32" else BOUND[qname]
+            report(f"{tag} graph_decode", (got - want).abs().max().item() < bound, max_abs=(got - want).abs().max().item(),
+                   top1=(got.argmax(-1) == want.argmax(-1)).float().mean().item())
+            del cpu, gpu
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            report(f"{tag} error", False, error=f"{type(e).__name__}: {e}")
+    llama_bench = os.environ.get("LLAMA_BENCH")
+    for arch in ("mamba", "falcon-h1", "mamba2"):
+        if not fits(14 if llama_bench else 9, f"{arch} speed"):
+            break
+        path = work / f"mid-{arch}-q8_0.gguf"
+        try:
+            if arch in writers:
+                t0 = time.perf_counter()
+                writers[arch].wait(timeout=max(1.0, budget - (time.perf_counter() - t_start)))
+                report(f"write {path.name}", path.exists() or None, waited_s=round(time.perf_counter() - t0, 1),
+                       done_at_s=round(time.perf_counter() - t_start, 1))
+            t0 = time.perf_counter()
+            llm = tallow.load(str(path), ctx=1024, device=DEVICE)
+            g = torch.Generator().manual_seed(0)
+            pps = [bench_prefill(llm, 512, 0, g) for _ in range(3)][1:]
+            tgs = [bench_decode(llm, 64, 0, g) for _ in range(3)][1:]
+            report(f"speed {path.name} tallow", None, pp512=[round(v, 1) for v in pps], tg64=[round(v, 1) for v in tgs],
+                   weights_mib=round(llm.model.nbytes / 2**20, 1), wall_s=round(time.perf_counter() - t0, 1))
+            del llm
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            if llama_bench and fits(6, f"{arch} llama-bench"):
+                t0 = time.perf_counter()
+                r = subprocess.run([llama_bench, "-m", str(path), "-p", "512", "-n", "64", "-r", "2", "-ngl", "99", "-fa", "1"],
+                                   capture_output=True, text=True, timeout=max(5.0, budget - (time.perf_counter() - t_start)))
+                rows = [line for line in r.stdout.splitlines() if line.startswith("|") and ("pp512" in line or "tg64" in line)]
+                report(f"speed {path.name} llama.cpp", None if r.returncode == 0 else False, rows=rows,
+                       stderr=r.stderr[-600:] if r.returncode else "", wall_s=round(time.perf_counter() - t0, 1))
+        except Exception as e:
+            report(f"speed {path.name}", False, error=f"{type(e).__name__}: {e}")
+    for w in writers.values():  # a skipped model's writer: not left running
+        if w.poll() is None:
+            w.kill()
+
+
 # (heads, head_dim, groups, d_state, version) of one mixer layer; the rows of a call
 KERNEL_SHAPES = {"mamba-1.4b": (4096, 1, 1, 16, 1), "falcon-h1-0.5b": (24, 64, 1, 128, 2)}
 KERNEL_ROWS = (1, 512)
@@ -298,13 +395,13 @@ def triton_pow2(v: int) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("check", "kernels", "bench"))
+    p.add_argument("what", choices=("final", "check", "kernels", "bench"))
     p.add_argument("--work", type=Path, default=Path("/tmp/ssmgpu"))
     a = p.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     print(json.dumps({"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
                       "torch": torch.__version__}), flush=True)
-    {"check": check, "kernels": kernels, "bench": bench}[a.what](a.work)
+    {"final": final, "check": check, "kernels": kernels, "bench": bench}[a.what](a.work)
     if FAILED:
         print(f"FAILED: {', '.join(FAILED)}", flush=True)
     return 1 if FAILED else 0

@@ -1,7 +1,14 @@
 #!/bin/bash
 # mamba / mamba2 / falcon-h1 on the H200 (issue 17, branch s7-ssmgpu): correctness first, then speed.
 #
-#   bash scripts/gpu_ssmgpu.sh [check] [kernels] [bench]        (default: all three)
+#   bash scripts/gpu_ssmgpu.sh [final] [check] [kernels] [bench]        (default: check kernels bench)
+#   LLAMA_BENCH=/root/llama/bin/llama-bench bash scripts/gpu_ssmgpu.sh final     the lead's last 60-second call
+#
+# final (<= 60 s, deadline-aware: each step runs only if the time left fits it): a short check of
+#   this HEAD (tiny mamba/mamba2/falcon-h1 F32 greedy through the graphs = llama.cpp's 16 tokens, no
+#   drafts, decode-graph logits vs the CPU; falcon-h1 Q8_0 greedy), then speed beside llama.cpp on
+#   the same files: 24-layer Q8_0 mid models (mamba, falcon-h1, mamba2), tallow pp512/tg64 and
+#   llama-bench -p 512 -n 64 -r 2 -ngl 99 -fa 1.
 #
 # Carried into the repo root: .whl/ (the gguf wheel; installed into /tmp/site). No network.
 # check (scripts/gpu_ssmgpu.py check, 25 s on the H200 at 21:12): for the tiny mamba, mamba2 and
