@@ -291,6 +291,7 @@ def final(work: Path) -> None:
             traceback.print_exc()
             report(f"{tag} error", False, error=f"{type(e).__name__}: {e}")
     llama_bench = os.environ.get("LLAMA_BENCH")
+    pp, tg = int(os.environ.get("SSMGPU_PP", "512")), int(os.environ.get("SSMGPU_TG", "64"))
     for arch in ("mamba", "falcon-h1", "mamba2"):
         if not fits(14 if llama_bench else 9, f"{arch} speed"):
             break
@@ -304,18 +305,18 @@ def final(work: Path) -> None:
             t0 = time.perf_counter()
             llm = tallow.load(str(path), ctx=1024, device=DEVICE)
             g = torch.Generator().manual_seed(0)
-            pps = [bench_prefill(llm, 512, 0, g) for _ in range(3)][1:]
-            tgs = [bench_decode(llm, 64, 0, g) for _ in range(3)][1:]
-            report(f"speed {path.name} tallow", None, pp512=[round(v, 1) for v in pps], tg64=[round(v, 1) for v in tgs],
+            pps = [bench_prefill(llm, pp, 0, g) for _ in range(3)][1:]
+            tgs = [bench_decode(llm, tg, 0, g) for _ in range(3)][1:]
+            report(f"speed {path.name} tallow", None, **{f"pp{pp}": [round(v, 1) for v in pps], f"tg{tg}": [round(v, 1) for v in tgs]},
                    weights_mib=round(llm.model.nbytes / 2**20, 1), wall_s=round(time.perf_counter() - t0, 1))
             del llm
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
             if llama_bench and fits(6, f"{arch} llama-bench"):
                 t0 = time.perf_counter()
-                r = subprocess.run([llama_bench, "-m", str(path), "-p", "512", "-n", "64", "-r", "2", "-ngl", "99", "-fa", "1"],
+                r = subprocess.run([llama_bench, "-m", str(path), "-p", str(pp), "-n", str(tg), "-r", "2", "-ngl", "99", "-fa", "1"],
                                    capture_output=True, text=True, timeout=max(5.0, budget - (time.perf_counter() - t_start)))
-                rows = [line for line in r.stdout.splitlines() if line.startswith("|") and ("pp512" in line or "tg64" in line)]
+                rows = [line for line in r.stdout.splitlines() if line.startswith("|") and (f"pp{pp}" in line or f"tg{tg}" in line)]
                 report(f"speed {path.name} llama.cpp", None if r.returncode == 0 else False, rows=rows,
                        stderr=r.stderr[-600:] if r.returncode else "", wall_s=round(time.perf_counter() - t0, 1))
         except Exception as e:
