@@ -120,11 +120,6 @@ class LLM:
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
         self.device = resolve_device(device)
-        if self.spec.ssm is not None and self.device != "cpu":  # no GPU scan yet (models/mamba.py)
-            if device is None and not switches.value("TALLOW_DEVICE"):
-                self.device = "cpu"  # chosen automatically: the CPU, where the model runs
-            else:
-                raise UsageError(f"{self.spec.architecture} models run on the CPU only in this version; use --device cpu.")
         self.memory = plan_memory(self.gguf, ctx if isinstance(ctx, int) and ctx >= 16 else None,  # type: ignore[arg-type]
                                   default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX,
                                   kv_dtype=kv_dtype, device=self.device)

@@ -400,6 +400,66 @@ register(op="ssm_scan", impl="tallow.kernels.cpu.ssm:blocked_scan", tol=1e-5, in
          reference=_scan_reference)
 
 
+# ---------------------------------------------------------------- Triton: the Mamba ops (kernels/triton/ssm.py)
+
+# Against the torch references the CPU runs (kernels/ssm_ops.TorchMixerOps: cpu/ssm.py's conv and
+# scan, then SiLU, the D skip and the gate), the updated state checked with the output (a case
+# returns both, flattened). Float32 in both, the sums in another order: 1e-5 norm-wise. n_valid
+# shorter than n (a graph's padding, read from a device tensor): the state must stop at row
+# n_valid - 1, so only the valid rows' outputs are compared.
+
+def _mixer_ops(kind: str):
+    from tallow.kernels import ssm_ops
+
+    return ssm_ops.TritonMixerOps() if kind == "triton" else ssm_ops.TorchMixerOps()
+
+
+def _triton_conv_inputs(shape, dtype, g):
+    n, ch, d_conv, n_valid = shape
+    x = torch.randn(n, 2 * ch, generator=g)[:, :ch]  # a strided view, as the in-projection's output is
+    return {"x": x, "state": torch.randn(d_conv - 1, ch, generator=g), "w": torch.randn(ch, d_conv, generator=g),
+            "b": torch.randn(ch, generator=g), "n_valid": n_valid}
+
+
+def _conv_run(a, kind):
+    state, nv = a["state"].clone(), a["n_valid"]
+    y = _mixer_ops(kind).conv(a["x"], state, a["w"], a["b"], torch.tensor([nv]) if nv and kind == "triton" else nv)
+    return torch.cat([y[: nv or len(y)].reshape(-1), state.reshape(-1)])
+
+
+register(op="ssm_conv", impl="tallow.kernels.triton.ssm:ssm_conv", needs="triton", tol=1e-5, inputs=_triton_conv_inputs,
+         # decode; one tile of rows; 3 row tiles (the state written by its own launch), padded
+         shapes=((1, 40, 4, None), (7, 48, 4, None), (9, 33, 4, 5), (2, 16, 4, 1), (3, 16, 2, None), (40, 300, 4, 37)),
+         run=lambda a: _conv_run(a, "triton"), reference=lambda a: _conv_run(a, "torch"))
+
+
+def _triton_scan_inputs(shape, dtype, g):
+    n, heads, head_dim, groups, d_state, version, n_valid = shape
+    A = -torch.rand(heads, d_state, generator=g) * 4 if version == 1 else -torch.rand(heads, generator=g) * 4
+    dt = torch.randn(n, heads, generator=g) * 3
+    dt[0, 0], dt[-1, -1] = 25.0, -30.0  # softplus's two far ends: x itself, and log1p of a tiny exp
+    bc = torch.randn(n, 3 * groups * d_state, generator=g)  # B and C as views of one row, as xBC holds them
+    return {"state": torch.randn(heads, head_dim, d_state, generator=g), "x": torch.randn(n, heads * head_dim, generator=g),
+            "dt": dt, "A": A, "B": bc[:, : groups * d_state], "C": bc[:, groups * d_state : 2 * groups * d_state],
+            "D": torch.randn(heads, generator=g), "z": torch.randn(n, heads * head_dim, generator=g),
+            "dt_bias": torch.randn(heads, generator=g) if version == 2 else None, "n_valid": n_valid}
+
+
+def _scan_run(a, kind):
+    state, nv = a["state"].clone(), a["n_valid"]
+    y = _mixer_ops(kind).scan(state, a["x"], a["dt"], a["A"], a["B"], a["C"],
+                              torch.tensor([nv]) if nv and kind == "triton" else nv, a["dt_bias"], a["D"], a["z"])
+    return torch.cat([y[: nv or len(y)].reshape(-1), state.reshape(-1)])
+
+
+# Mamba-1 (head_dim 1, a decay per state), Mamba-2 (heads of head_dim, groups, a decay per head,
+# dt bias); decode (n 1) and chunks, with padding rows after n_valid; d_state not a power of two.
+register(op="ssm_scan", impl="tallow.kernels.triton.ssm:ssm_scan", needs="triton", tol=1e-5, inputs=_triton_scan_inputs,
+         shapes=((1, 16, 1, 1, 8, 1, None), (9, 48, 1, 1, 16, 1, 6), (1, 4, 8, 2, 16, 2, None), (9, 8, 4, 2, 16, 2, 6),
+                 (5, 6, 4, 3, 12, 2, None)),
+         run=lambda a: _scan_run(a, "triton"), reference=lambda a: _scan_run(a, "torch"))
+
+
 # ---------------------------------------------------------------- not here (yet), and not kernels
 
 # Implementations whose checks need more than a reference on random inputs (rings, CUDA graphs,
@@ -427,6 +487,9 @@ NOT_KERNELS: frozenset[str] = frozenset({
     # llama.cpp's chosen experts in tests/test_moe.py), a switch
     "tallow.kernels.cpu.moe:expert_slice", "tallow.kernels.cpu.moe:route_softmax", "tallow.kernels.cpu.moe:grouped_enabled",
     "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
+    # the mixer's ops by device: the torch references (cpu/ssm.py) or the Triton kernels, both in the ssm cases
+    "tallow.kernels.ssm_ops:TorchMixerOps", "tallow.kernels.ssm_ops:TritonMixerOps", "tallow.kernels.ssm_ops:mixer_ops",
+    "tallow.kernels.ssm_ops:ssm_triton_enabled",
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference", "tallow.kernels.triton.rmsnorm:rmsnorm_add_reference",

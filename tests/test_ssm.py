@@ -250,12 +250,6 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     assert any("recurrent layers" in line for line in layer_kind_lines(spec))
 
 
-def test_gpu_is_refused_in_one_sentence(tiny):
-    gf = GGUFFile(tiny["mamba"])
-    with pytest.raises(ModelFileError, match="run on the CPU only"):
-        build_model(gf, spec_from_gguf(gf), device="cuda")
-
-
 @pytest.mark.parametrize("arch, key, value, message", [
     ("mamba", "add_ssm_inner_size", 96, "not twice the embedding size"),
     ("mamba2", "add_ssm_inner_size", 96, "ssm_in.weight has shape"),

@@ -486,11 +486,13 @@ SSM_ARCHITECTURES = ("mamba", "mamba2", "falcon-h1")
 
 
 def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
-                   n_layers: int = 2) -> Path:
+                   n_layers: int = 2, shape: dict | None = None) -> Path:
     """A tiny random-weight `mamba`, `mamba2` or `falcon-h1` model. Matrices use qtype; the conv kernel, A,
     D, norms and biases stay F32 (as llama.cpp's quantizer leaves them). A and the dt bias are
     drawn the way Mamba initializes them (A = -exp(log 1..d_state), dt in [1e-3, 1e-1]), so the
-    states neither vanish nor explode over a few dozen tokens."""
+    states neither vanish nor explode over a few dozen tokens. `shape` overrides the sizes below
+    by name (dim, d_inner, d_state, n_head, n_heads, n_kv, head_dim, ffn, dt_rank, context:
+    scripts/gpu_ssmgpu.py's mid-size models)."""
     if arch not in SSM_ARCHITECTURES:
         raise ValueError(arch)
     rng = np.random.RandomState(seed)
@@ -498,13 +500,17 @@ def write_tiny_ssm(arch: str, path: str | Path, seed: int = 0, qtype: GGMLQuanti
     n_head, n_group = 8, (1 if arch == "falcon-h1" else 2)  # mamba2, falcon-h1
     hybrid = arch == "falcon-h1"
     n_heads, n_kv, head_dim, ffn = 4, 2, 16, 128  # falcon-h1's attention and MLP
-    dt_rank = 4 if arch == "mamba" else n_head
+    if shape:
+        dim, d_inner, d_state = shape.get("dim", dim), shape.get("d_inner", d_inner), shape.get("d_state", d_state)
+        n_head, n_heads, n_kv = shape.get("n_head", n_head), shape.get("n_heads", n_heads), shape.get("n_kv", n_kv)
+        head_dim, ffn = shape.get("head_dim", head_dim), shape.get("ffn", ffn)
+    dt_rank = (shape or {}).get("dt_rank", 4) if arch == "mamba" else n_head
     tokens, types, merges = _tokens()
     n_vocab = len(tokens)
 
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layers)
-    w.add_context_length(256)
+    w.add_context_length((shape or {}).get("context", 256))
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn if hybrid else 0)
     w.add_head_count(n_heads if hybrid else 0)

@@ -25,15 +25,21 @@ def graphs_enabled() -> bool:
     return switches.enabled("TALLOW_CUDA_GRAPHS")
 
 
-def capture(run, device: torch.device, pool=None):
+def capture(run, device: torch.device, pool=None, kv=None):
     """(graph, run's outputs): `run` warmed up twice on a side stream (Triton compiles, cuBLAS
-    picks algorithms; its K/V writes are the ones a replay makes anyway), then captured."""
+    picks algorithms; its K/V writes are the ones a replay makes anyway), then captured. The
+    warm-ups fold their rows into a recurrent state (memory/recurrent.py, kv.state) for real:
+    it is put back as it was before the capture."""
+    state = getattr(kv, "state", None)
+    saved = state.snapshot() if state is not None else None
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(2):
             run()
     torch.cuda.current_stream(device).wait_stream(stream)
+    if saved is not None:
+        state.restore(saved, state.position)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         out = run()
@@ -68,17 +74,18 @@ class GraphDecoder:
         # (Capturing itself runs nothing.)
         self.position.fill_(min(len(self.kv.tokens), self.kv.n_ctx - 1))
         self.seq_len.fill_(1)
-        self.graph, (self.logits, self.next_token) = capture(self._run, self.device)
+        self.graph, (self.logits, self.next_token) = capture(self._run, self.device, kv=self.kv)
 
     def step(self, token: int, position: int) -> torch.Tensor:
         """Run `token` at `position` (writing its K/V); return the logits (vocab,) on the device."""
         self.token.fill_(token)
         self.position.fill_(position)
         self.seq_len.fill_(position + 1)
-        if self.graph is None:
-            self.logits, self.next_token = self._run()
-        else:
-            self.graph.replay()
+        with self.kv.folding(position, 1):  # a recurrent state's position (a no-op for K/V)
+            if self.graph is None:
+                self.logits, self.next_token = self._run()
+            else:
+                self.graph.replay()
         return self.logits[0]
 
     def greedy(self) -> int:
@@ -115,7 +122,7 @@ class RowGraphs:
         def run():
             return self.model.run(_rows_step(tokens, positions), self.kv)
 
-        return capture(run, self.device, self.pool)  # warmed up with the real inputs
+        return capture(run, self.device, self.pool, self.kv)  # warmed up with the real inputs
 
     def run(self, tokens: list[int], start: int) -> torch.Tensor:
         """Logits (m, vocab) of `tokens` at positions start.., writing their K/V there. The
@@ -189,7 +196,7 @@ class PrefillGraphs:
             # Rows after `last` are padding: their K/V land in positions rewritten before anything reads them.
             return self.model.run(Step(PREFILL, tokens, arange + start, start, logits=last), self.kv)
 
-        return capture(run, self.device, self.pool)  # warmed up with the real inputs
+        return capture(run, self.device, self.pool, self.kv)  # warmed up with the real inputs
 
     def run(self, chunk: list[int], start: int) -> torch.Tensor | None:
         """Logits (vocab,) of the chunk's last token after writing its K/V at start.., or None
@@ -210,6 +217,7 @@ class PrefillGraphs:
             self.graphs[size] = (inputs, arange, *self._capture(size, inputs, arange))
         inputs, _, graph, logits = self.graphs[size]
         inputs.copy_(host, non_blocking=True)
-        graph.replay()
+        with self.kv.folding(start, len(chunk)):  # a recurrent state folds the real rows only (n_valid on the device)
+            graph.replay()
         self.kv.mark_written(start + size - 1)  # the padding wrote K/V up to there
         return logits[0].clone()  # the pool is shared: a later bucket's replay may reuse this memory

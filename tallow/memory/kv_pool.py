@@ -248,6 +248,11 @@ class KVPool:
         alone; a recurrent memory keeps the state after each row (memory/recurrent.py)."""
         return contextlib.nullcontext()
 
+    def folding(self, start: int, n: int):
+        """A context for one forward pass of positions start..start+n-1: nothing to do for
+        positional K/V; a recurrent memory moves its state's position (memory/recurrent.py)."""
+        return contextlib.nullcontext()
+
     def checkpoint(self, position: int) -> None:
         """A prefill chunk ended at `position`. Positional K/V need no copy to be truncated back
         there; a recurrent memory keeps its state (memory/recurrent.py)."""

@@ -23,9 +23,13 @@ What that changes for the features built on truncatable positional K/V — each 
 - Persistence: a conversation's file (memory/kv_store.py) holds, beside the
   tokens (and any attention K/V), the live state and the checkpoints: a restored conversation
   reuses what a resident one would.
-- CUDA graphs and padded rows: the mixer's ops take `n_valid`, so padding never advances a
-  state, but recurrent models run on the CPU only (the GPU scan is not built): the API refuses
-  a CUDA device for them in one sentence, so no graph ever captures one.
+- CUDA graphs and padded rows: the mixer's ops take `n_valid` (a device tensor in a padded
+  prefill graph), so padding never advances a state. The states are device tensors updated in
+  place, so a replayed graph reads and writes the live state; a replay's caller brackets it
+  with `folding` (the host position), and capturing saves and restores the state around the
+  warm-up runs, which execute (engine/graphs.py).
+- Speculation on the GPU: not yet (`can_rollback` is False there): a verification graph would
+  have to keep each row's state on the device.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class RecurrentMemory(KVPool):
     def __init__(self, spec: ModelSpec, n_ctx: int, dtype="f16", device="cpu", ring=None, max_chunk: int = 512):
         super().__init__(spec, n_ctx, dtype, device, ring, max_chunk)
         self.state = RecurrentState(spec, device)
+        self.can_rollback = torch.device(device).type == "cpu"  # the GPU's verification graphs keep no row states
         self.checkpoints: OrderedDict[int, list[torch.Tensor]] = OrderedDict()  # position -> state copies
         self.keep = max_checkpoints()
         self.keeping_rows = False  # inside rows_kept(): the mixer keeps the state after each row
@@ -109,6 +114,19 @@ class RecurrentMemory(KVPool):
         for p in [p for p in self.checkpoints if p > start]:
             del self.checkpoints[p]
         self.row_states = {}
+
+    @contextmanager
+    def folding(self, start: int, n: int):
+        """Within: one forward pass folds positions start..start+n-1 into the state (`begin`
+        first; `advance` after). If it fails, some layers' states moved on and others did not:
+        none can be trusted, so the memory empties."""
+        self.begin(start)
+        try:
+            yield
+        except BaseException:
+            self.truncate(0)
+            raise
+        self.advance(n)
 
     @contextmanager
     def rows_kept(self):

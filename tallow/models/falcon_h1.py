@@ -19,6 +19,10 @@ from .mamba import MambaModel
 
 
 class FalconH1Model(MambaModel):
+    # Its attention inputs are llama's (Q/K/V split, NEOX RoPE, no Q/K norm): the GPU decode step
+    # may run them as the one fused Triton launch (models/step.py); MambaModel has no attention.
+    fused_attention_inputs = True
+
     def load_layer(self, i: int) -> LayerWeights:
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors
         tn = self.tensor_names.block(i)  # families/falcon_h1.py
@@ -36,6 +40,6 @@ class FalconH1Model(MambaModel):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv)
+        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))

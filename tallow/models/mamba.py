@@ -14,17 +14,20 @@ and dt (one per head); the conv1d runs over x, B and C together; dt gets a bias;
 one scalar decay per head and B/C shared by each group's heads; y + D·x per head, gated by
 SiLU(z), then an RMSNorm per group with its weight; out-projection.
 
-The mixer needs only (layer weights, x, the memory): `mixer(w, h, memory, n_valid)`.
+The mixer needs only (layer weights, x, the memory): `mixer(w, h, memory, n_valid)`. Its conv
+and scan run through kernels/ssm_ops.py: the torch references on the CPU, one Triton launch each
+on the GPU. On the GPU a decode step and a prefill chunk run inside CUDA graphs (engine/graphs.py):
+their start is a device tensor, so the host-side position of the state is kept by the graph's
+caller (`memory.folding`), and a padded chunk's real length reaches the kernels as a device
+tensor (`n_valid`), so padding rows never advance a state.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ModelFileError
-from .. import switches
-from ..kernels.cpu.ssm import blocked_scan, causal_conv, selective_scan
+from ..kernels.ssm_ops import mixer_ops
 from ..layers import rms_norm
 from ..quant.reference import dequantize
 from .base import DecoderModel, LayerWeights
@@ -36,9 +39,8 @@ class MambaModel(DecoderModel):
     fused_attention_inputs = False
 
     def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
-        if torch.device(device).type != "cpu":
-            raise ModelFileError(f"{gf.path}: {spec.architecture} models run on the CPU only (no GPU scan yet); use --device cpu.")
         super().__init__(gf, spec, linear_mode, device, weight_cache)
+        self.ssm_ops = mixer_ops(self.device)  # torch on the CPU (or TALLOW_SSM_TRITON=0), else Triton
 
     def small(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A small F32/F16 tensor (conv kernel, A, D, biases, norms) as float32 of `shape`."""
@@ -84,22 +86,21 @@ class MambaModel(DecoderModel):
 
     # -- forward ---------------------------------------------------------------------------
     def _blocks(self, step, kv):
-        kv.begin(step.start)  # a host int: recurrent models run eagerly on the CPU
-        try:
-            out = super()._blocks(step, kv)
-        except BaseException:
-            kv.truncate(0)  # some layers' states moved on and others did not: none can be trusted
-            raise
-        kv.advance(step.ids.shape[0])
-        return out
+        if not step.on_host:  # a graph's step: its caller folds the rows in (engine/graphs.py)
+            if isinstance(step.logits, torch.Tensor):  # a padded prefill chunk: its last real row, on the device
+                step.scratch["n_valid"] = step.logits + 1
+            return super()._blocks(step, kv)
+        with kv.folding(step.start, step.ids.shape[0]):
+            return super()._blocks(step, kv)
 
     def block(self, w: LayerWeights, x, delta, step, kv):
         x, h = self.ops.add_norm(x, delta, w.attn_norm, self.spec.norm_eps)
-        return x, self.mixer(w, h, kv)
+        return x, self.mixer(w, h, kv, step.scratch.get("n_valid"))
 
-    def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid: int | None = None) -> torch.Tensor:
+    def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid=None) -> torch.Tensor:
         """The Mamba mixer of layer w over h (n, dim); advances the layer's states in `memory`
-        (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1. Returns (n, dim)."""
+        (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1 (n_valid: None for all, a host
+        int, or a (1,) device tensor). Returns (n, dim)."""
         proj = w.ssm_in(h).float()
         n = h.shape[0]
         if memory.keeping_rows and n > 1:
@@ -113,38 +114,29 @@ class MambaModel(DecoderModel):
             return w.ssm_out(torch.cat(rows))
         return w.ssm_out(self._mix(w, proj, memory, n_valid))
 
-    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid: int | None) -> torch.Tensor:
+    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid) -> torch.Tensor:
         """The mixer between its in-projection's output proj (n, d_in_proj) and its out-projection:
         conv, scan, skip, gate (and Mamba-2's grouped norm). Returns y (n, d_inner)."""
-        ssm, state = self.spec.ssm, memory.state
+        ssm, state, ops = self.spec.ssm, memory.state, self.ssm_ops
         n, i = proj.shape[0], w.index
-        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
         d = ssm.d_inner
         if ssm.version == 1:
-            x, z = proj[:, :d], proj[:, d:]
-            x = F.silu(causal_conv(x, state.conv[i], w.conv_w, w.conv_b, n_valid))
+            x = ops.conv(proj[:, :d], state.conv[i], w.conv_w, w.conv_b, n_valid)  # SiLU applied
             x_db = w.ssm_x(x).float()
             r, ds = ssm.dt_rank, ssm.d_state
             dt, B, C = x_db[:, :r], x_db[:, r : r + ds], x_db[:, r + ds :]
             if ssm.dt_b_c_rms:  # FalconMamba: weightless RMSNorms of dt, B and C
                 dt, B, C = (_rms(v, self.spec.norm_eps) for v in (dt, B, C))
             dt = w.ssm_dt(dt.contiguous()).float()  # (n, d_inner), with its bias
-            y = scan(state.scan[i], x.view(n, d, 1), dt, w.A, B.reshape(n, 1, ds), C.reshape(n, 1, ds), n_valid)
-            y = y.view(n, d) + x * w.D
-            y = F.silu(z) * y
-        else:
-            ch = ssm.conv_channels
-            z, xBC, dt = proj[:, :d], proj[:, d : d + ch], proj[:, d + ch :]
-            xBC = F.silu(causal_conv(xBC, state.conv[i], w.conv_w, w.conv_b, n_valid))
-            nh, hd, ng, ds = ssm.n_head, ssm.head_dim, ssm.n_group, ssm.d_state
-            x = xBC[:, :d].reshape(n, nh, hd)
-            B = xBC[:, d : d + ng * ds].reshape(n, ng, ds)
-            C = xBC[:, d + ng * ds :].reshape(n, ng, ds)
-            y = scan(state.scan[i], x, dt + w.dt_b, w.A, B, C, n_valid)
-            y = (y + x * w.D.view(nh, 1)).reshape(n, d)
-            y = F.silu(z) * y
-            if w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
-                y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
+            return ops.scan(state.scan[i], x, dt, w.A, B, C, n_valid, D=w.D, z=proj[:, d:])
+        ch, ng, ds = ssm.conv_channels, ssm.n_group, ssm.d_state
+        xBC = ops.conv(proj[:, d : d + ch], state.conv[i], w.conv_w, w.conv_b, n_valid)  # SiLU applied
+        y = ops.scan(state.scan[i], xBC[:, :d], proj[:, d + ch :], w.A, xBC[:, d : d + ng * ds], xBC[:, d + ng * ds :],
+                     n_valid, dt_bias=w.dt_b, D=w.D, z=proj[:, :d])
+        if w.get("ssm_norm") is not None and ng == 1:  # one group (falcon-h1): a row's RMSNorm, one launch on the GPU
+            y = self.ops.norm(y, w.ssm_norm.view(d), self.spec.norm_eps)
+        elif w.get("ssm_norm") is not None:  # the grouped, gated RMSNorm
+            y = rms_norm(y.view(n, ng, d // ng), w.ssm_norm, self.spec.norm_eps).reshape(n, d)
         return y
 
 

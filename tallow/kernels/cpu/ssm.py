@@ -12,8 +12,9 @@ A is (n_head, d_state) for Mamba-1 (one decay per channel and state; there head_
 (n_head,) for Mamba-2 (one per head). g(h) = h // (n_head / n_group).
 
 Both take `n_valid`: only rows 0..n_valid-1 advance the state (rows after are padding, e.g. a
-captured graph's bucket); their outputs are computed and meaningless. `selective_scan` is the
-sequential reference, one token at a time — the same arithmetic whatever rows share a call,
+captured graph's bucket); their outputs are computed and meaningless. n_valid may be a (1,)
+device tensor (a graph's chunk length, read on the device: no host branch on it).
+`selective_scan` is the sequential reference, one token at a time — the same arithmetic whatever rows share a call,
 so a chunked prefill leaves bit for bit the state a one-token-at-a-time decode does.
 
 `blocked_scan` (opt-in, TALLOW_SSM_BLOCKED_SCAN=1): the decays, the B·x·dt inputs and the
@@ -32,6 +33,15 @@ def softplus_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 20.0, x, torch.log1p(torch.exp(torch.clamp(x, max=20.0))))
 
 
+def _per_head(t: torch.Tensor, per_group: int) -> torch.Tensor:
+    """(n, n_group, d_state) -> (n, n_head, d_state), each group's row once per head of it (an
+    expand and a copy: no host-side size computation, so a CUDA graph can capture it)."""
+    if per_group == 1:
+        return t
+    n, groups, d_state = t.shape
+    return t.unsqueeze(2).expand(n, groups, per_group, d_state).reshape(n, groups * per_group, d_state)
+
+
 def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 n_valid: int | None = None) -> torch.Tensor:
     """x (n, C) new inputs, state (d_conv - 1, C) the inputs before them (updated in place to the
@@ -44,7 +54,10 @@ def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias
     y = window[0:n] * weight[:, 0]
     for k in range(1, d_conv):
         y = y + window[k : k + n] * weight[:, k]
-    state.copy_(window[n_valid : n_valid + d_conv - 1])
+    if isinstance(n_valid, torch.Tensor):  # a device count (a captured graph's padded chunk): no host branch
+        state.copy_(window.index_select(0, n_valid + torch.arange(d_conv - 1, device=x.device)))
+    else:
+        state.copy_(window[n_valid : n_valid + d_conv - 1])
     return y + bias
 
 
@@ -57,8 +70,8 @@ def selective_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     n_valid = n if n_valid is None else n_valid
     per_group = n_head // B.shape[1]
     dts = softplus_ggml(dt)  # (n, n_head)
-    Bh = B.repeat_interleave(per_group, dim=1) if per_group > 1 else B  # (n, n_head, d_state)
-    Ch = C.repeat_interleave(per_group, dim=1) if per_group > 1 else C
+    Bh = _per_head(B, per_group)  # (n, n_head, d_state)
+    Ch = _per_head(C, per_group)
     x_dt = x * dts.unsqueeze(-1)  # (n, n_head, head_dim)
     y = torch.empty_like(x)
     s = state.clone()
@@ -69,7 +82,9 @@ def selective_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
             decay = torch.exp(dts[t] * A).view(n_head, 1, 1)
         s = s * decay + Bh[t].unsqueeze(1) * x_dt[t].unsqueeze(-1)
         y[t] = (s * Ch[t].unsqueeze(1)).sum(-1)
-        if t == n_valid - 1:
+        if isinstance(n_valid, torch.Tensor):  # a device count: the state follows every row before it
+            state.copy_(torch.where(t < n_valid, s, state))
+        elif t == n_valid - 1:
             state.copy_(s)
     return y
 
@@ -85,8 +100,8 @@ def blocked_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
     n_valid = n if n_valid is None else n_valid
     per_group = n_head // B.shape[1]
     dts = softplus_ggml(dt)
-    Bh = B.repeat_interleave(per_group, dim=1) if per_group > 1 else B  # (n, n_head, d_state)
-    Ch = C.repeat_interleave(per_group, dim=1) if per_group > 1 else C
+    Bh = _per_head(B, per_group)  # (n, n_head, d_state)
+    Ch = _per_head(C, per_group)
     if A.dim() == 2:
         decay = torch.exp(dts.unsqueeze(-1) * A).unsqueeze(2)  # (n, n_head, 1, d_state)
     else:
@@ -100,7 +115,9 @@ def blocked_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
         for t in range(b - a):
             states[t].addcmul_(s, decay[a + t])  # s_t = input_t + s_{t-1} * decay_t
             s = states[t]
-            if a + t == n_valid - 1:
+            if isinstance(n_valid, torch.Tensor):
+                state.copy_(torch.where(a + t < n_valid, s, state))
+            elif a + t == n_valid - 1:
                 state.copy_(s)
         y[a:b] = (states * Ch[a:b].unsqueeze(2)).sum(-1)
         s = s.clone() if b < n else s  # the next block's first step reads it; this block's buffer goes

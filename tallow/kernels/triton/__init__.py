@@ -19,6 +19,9 @@ free on machines without triton.
   decode_attention.py  split-K flash-decoding attention for one query token or consecutive rows
                        (GQA, sliding window, rings, int8/fp8 caches)
   prefill_attention.py flash attention of a prefill chunk over the KV pool (rings, int8/fp8)
+  ssm.py               Mamba's causal conv1d (+ SiLU, conv state) and selective scan (Mamba-1
+                       and Mamba-2, + D skip and SiLU(z) gate, SSM state in registers), one
+                       launch per decode step or prefill chunk (TALLOW_SSM_TRITON)
   interpreter_compat.py  a shim so TRITON_INTERPRET=1 works under NumPy >= 2.4
 
 Each op module exposes a plain function (`quant_gemv`, `dequantize_to`,

@@ -1,0 +1,59 @@
+"""The Mamba mixer's two recurrent ops, chosen once per model by device: the conv1d with its
+SiLU, and the selective scan with the mixer's D skip and SiLU(z) gate after it.
+
+On the CPU (and on the GPU with TALLOW_SSM_TRITON=0) they are kernels/cpu/ssm.py's torch
+references, op for op what models/mamba.py computed before this module existed; on the GPU one
+Triton launch each (kernels/triton/ssm.py). Both update the layer's states in place and take
+`n_valid` (None, a host int, or a (1,) device tensor inside a captured graph): rows from
+n_valid on never advance a state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import switches
+from .cpu.ssm import blocked_scan, causal_conv, selective_scan
+
+
+def ssm_triton_enabled() -> bool:
+    return switches.enabled("TALLOW_SSM_TRITON")
+
+
+class TorchMixerOps:
+    def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
+        """SiLU(causal conv1d of x (n, C) after the state (d_conv - 1, C), plus bias)."""
+        return F.silu(causal_conv(x, state, weight, bias, n_valid))
+
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+        """(selective scan + x * D) * SiLU(z) over x (n, n_head * head_dim), dt (n, n_head) (+ dt_bias),
+        B and C (n, n_group * d_state); state (n_head, head_dim, d_state). Returns (n, n_head * head_dim)."""
+        n, (n_head, head_dim, d_state) = x.shape[0], state.shape
+        scan = blocked_scan if switches.enabled("TALLOW_SSM_BLOCKED_SCAN") else selective_scan
+        xh = x.reshape(n, n_head, head_dim)
+        y = scan(state, xh, dt if dt_bias is None else dt + dt_bias, A, B.reshape(n, -1, d_state),
+                 C.reshape(n, -1, d_state), n_valid)
+        if D is not None:
+            y = y + xh * D.view(n_head, 1)
+        y = y.reshape(n, n_head * head_dim)
+        return y if z is None else F.silu(z) * y
+
+
+class TritonMixerOps:
+    def __init__(self, scan_rows: int | None = None):
+        self.scan_rows = scan_rows  # rows of the state per scan program (None: ssm_scan's choice; tests: fewer programs)
+
+    def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
+        from .triton.ssm import ssm_conv
+
+        return ssm_conv(x, state, weight, bias, n_valid, silu=True)
+
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+        from .triton.ssm import ssm_scan
+
+        return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows)
+
+
+def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:
+    return TritonMixerOps() if device.type == "cuda" and ssm_triton_enabled() else TorchMixerOps()

@@ -1,0 +1,126 @@
+"""The GPU path of the state-space and hybrid models (mamba, mamba2, falcon-h1), run on the CPU:
+the mixer through the Triton kernels (kernels/triton/ssm.py, under TRITON_INTERPRET=1) and the
+forward passes shaped as the CUDA graphs build them (engine/graphs.py: a device start, a padded
+prefill chunk whose real length reaches the kernels as a device tensor, one-token decode steps),
+against the CPU's eager torch path and llama.cpp's logits (tests/fixtures/tiny_<arch>.json).
+The graphs themselves, on a GPU: scripts/gpu_ssmgpu.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_models import SSM_ARCHITECTURES, write_tiny_ssm
+
+from tallow.gguf_file import GGUFFile
+from tallow.kernels.ssm_ops import TorchMixerOps, TritonMixerOps, mixer_ops
+from tallow.memory.recurrent import make_memory
+from tallow.models import build_model
+from tallow.models.step import ALL, DECODE, PREFILL, Step
+from tallow.spec import spec_from_gguf
+
+pytest.importorskip("triton")
+import tallow.kernels.triton  # noqa: E402,F401  (the interpreter shim)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOLERANCE = 1e-4  # as tests/test_ssm.py against llama.cpp; the Triton mixer differs from torch's by ~1e-6
+# The interpreter runs a launch's programs one by one: 32 state rows per scan program (a
+# quarter of the programs the GPU's choice makes here; tests/kernel_cases.py covers that choice).
+TRITON = dict(scan_rows=32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ssm_gpu")
+    return {arch: write_tiny_ssm(arch, folder / f"tiny-{arch}.gguf") for arch in SSM_ARCHITECTURES}
+
+
+def _model(path, ops=None):
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    model = build_model(gf, spec)
+    if ops is not None:
+        model.ssm_ops = ops
+    return spec, model
+
+
+def _ref(arch):
+    return json.loads((FIXTURES / f"tiny_{arch}.json").read_text())
+
+
+def test_the_cpu_keeps_torch_and_the_switch_turns_triton_off(monkeypatch):
+    assert isinstance(mixer_ops(torch.device("cpu")), TorchMixerOps)
+    assert isinstance(mixer_ops(torch.device("cuda")), TritonMixerOps)
+    monkeypatch.setenv("TALLOW_SSM_TRITON", "0")
+    assert isinstance(mixer_ops(torch.device("cuda")), TorchMixerOps)
+
+
+@pytest.mark.parametrize("arch", SSM_ARCHITECTURES)
+def test_triton_mixer_matches_llama_cpp(arch, tiny):
+    """The 40-token prompt in one pass through the Triton conv and scan: llama.cpp's logits."""
+    ref = _ref(arch)
+    spec, model = _model(tiny[arch], TritonMixerOps(**TRITON))
+    out = model.forward(ref["ids"], 0, make_memory(spec, 64, "f32"), all_logits=True).numpy()
+    delta = np.abs(out - np.array(ref["logits"], dtype=np.float32)).max()
+    assert delta < TOLERANCE, f"{arch}: max |Δlogit| {delta:.2e}"
+
+
+def _graph_steps(model, spec, ids, n_prefill, chunk, bucket):
+    """Logits of ids run as the GPU engine runs them: the first n_prefill in chunks of `chunk`
+    tokens padded to `bucket` rows (PrefillGraphs: a device start, logits=the last real row
+    as a device tensor), then the rest one decode step each (GraphDecoder: device position and
+    seq_len). Each is bracketed with kv.folding as the graphs' callers do."""
+    kv = make_memory(spec, 64, "f32")
+    rows = []
+    for s in range(0, n_prefill, chunk):
+        part = ids[s : min(s + chunk, n_prefill)]
+        tokens = torch.tensor(part + [0] * (bucket - len(part)))
+        start = torch.tensor([s])
+        step = Step(PREFILL, tokens, torch.arange(bucket) + start, start, logits=torch.tensor([len(part) - 1]))
+        with kv.folding(s, len(part)):
+            rows.append(model.run(step, kv))
+        del kv.tokens[s:]
+        kv.tokens.extend(part)
+    for p in range(n_prefill, len(ids)):
+        position = torch.tensor([p])
+        step = Step(DECODE, torch.tensor([ids[p]]), position, position, (position + 1).int(), logits=ALL)
+        with kv.folding(p, 1):
+            rows.append(model.run(step, kv))
+        kv.tokens.append(ids[p])
+    return rows, kv
+
+
+# Triton on Mamba-1 and on the hybrid (whose mixer is Mamba-2's; mamba2's groups: the llama.cpp
+# test above and the kernel cases), for time; the torch ops on all three.
+@pytest.mark.parametrize("arch, ops", [("mamba", "triton"), ("falcon-h1", "triton")] + [(a, "torch") for a in SSM_ARCHITECTURES])
+def test_graph_shaped_steps_continue_one_state(arch, ops, tiny):
+    """Padded prefill chunks (14 tokens in chunks of 5, each padded to 8 rows: the padding must
+    not move any state, and the conv window spans chunks) and decode steps at device positions
+    give the eager one-pass logits, with the Triton mixer and with the torch references reading
+    n_valid on the device (TALLOW_SSM_TRITON=0). (Falcon-H1 once lost n_valid on its way to the
+    mixer: the padding then moved the state, |Δlogit| 0.3 after the first chunk.)"""
+    ids, n_prefill = _ref(arch)["ids"][:18], 14
+    spec, model = _model(tiny[arch], TritonMixerOps(**TRITON) if ops == "triton" else TorchMixerOps())
+    whole = model.forward(ids, 0, make_memory(spec, 64, "f32"), all_logits=True)
+    rows, kv = _graph_steps(model, spec, ids, n_prefill, 5, 8)
+    last_of_chunks = [min(s + 5, n_prefill) - 1 for s in range(0, n_prefill, 5)]
+    got = torch.cat([r[-1:] for r in rows[: len(last_of_chunks)]] + rows[len(last_of_chunks) :])
+    want = torch.cat([whole[last_of_chunks], whole[n_prefill:]])
+    assert (got - want).abs().max().item() < 1e-4
+    assert kv.state.position == len(ids)
+
+
+def test_speculation_steps_aside_off_the_cpu(tiny):
+    """The GPU's verification graphs keep no per-row states to roll back to, so a recurrent memory
+    on another device (here `meta`: no allocation) says it cannot roll back; the engine then never
+    speculates (engine.py: speculation needs kv.can_rollback)."""
+    spec = spec_from_gguf(GGUFFile(tiny["falcon-h1"]))
+    assert make_memory(spec, 64, "f16").can_rollback
+    assert not make_memory(spec, 64, "f16", device="meta").can_rollback
