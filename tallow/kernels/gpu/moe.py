@@ -7,8 +7,10 @@ sum are device ops, so nothing waits for the host and the step is captured in th
 
 Prefill: the pairs sorted by expert on the device; each projection's stacked weight dequantized
 to bf16 in one launch into the shared scratch, and one grouped tensor-core product over all
-experts (torch._grouped_mm, rows of expert e between offsets[e-1] and offsets[e]). Where torch
-lacks it, or the weight is a dense float type, one product per chosen expert (a host sync).
+experts (torch._grouped_mm, rows of expert e between offsets[e-1] and offsets[e]): no host sync,
+so a prefill chunk is captured in its CUDA graph too (engine/graphs.PrefillGraphs). Where torch
+lacks it, or the weight is a dense float type, one product per chosen expert (a host sync), or,
+inside a graph capture, the decode path 8 tokens at a time.
 
 The combination is the CPU bank's (kernels/cpu/moe.py): expert outputs scaled by the per-expert
 output scale, then by the routing weight, summed in slot order.
@@ -68,8 +70,26 @@ def stack_experts(tensors: list[TensorInfo], n_experts: int, device: torch.devic
     return ExpertWeights(n_experts, rows, k, dense=torch.cat(dense, dim=1).to(device), qtype=qtype)
 
 
-def _grouped_mm_available() -> bool:
-    return hasattr(torch, "_grouped_mm")
+_GROUPED_MM: dict = {}  # device -> whether torch._grouped_mm ran there (a private op: checked once)
+
+
+def _grouped_mm_available(device: torch.device) -> bool:
+    """torch._grouped_mm exists and runs on this device (bf16, offsets int32): tried once on a tiny
+    product against a per-group matmul; otherwise the per-expert loop."""
+    ok = _GROUPED_MM.get(device)
+    if ok is None:
+        ok = False
+        if hasattr(torch, "_grouped_mm"):
+            try:
+                a = torch.randn(5, 16, device=device).bfloat16()
+                b = torch.randn(2, 16, 16, device=device).bfloat16()
+                y = torch._grouped_mm(a, b.transpose(1, 2), offs=torch.tensor([2, 5], dtype=torch.int32, device=device))
+                ref = torch.cat([a[:2] @ b[0].T, a[2:] @ b[1].T]).float()
+                ok = bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2))
+            except (RuntimeError, NotImplementedError, TypeError):
+                ok = False
+        _GROUPED_MM[device] = ok
+    return ok
 
 
 class GPUExpertBank:
@@ -151,6 +171,11 @@ class GPUExpertBank:
                 out[start : start + c] = torch.matmul(xs[start : start + c].to(stack.dtype), stack[e].T).float()
             start += c
 
+    def _grouped_on_device(self, device: torch.device) -> bool:
+        """Whether the grouped path runs without a host sync: every weight dequantizable in one
+        launch and torch._grouped_mm working here."""
+        return all(w.has_kernel for w in (*self.gate_up, self.down)) and _grouped_mm_available(device)
+
     def _grouped(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> torch.Tensor:
         n, k = ids.shape
         flat = ids.reshape(-1)
@@ -158,8 +183,7 @@ class GPUExpertBank:
         sorted_ids = flat[order]
         counts_t = torch.bincount(flat, minlength=self.n_experts)
         offsets = torch.cumsum(counts_t, 0).to(torch.int32)
-        all_kernel = all(w.has_kernel for w in (*self.gate_up, self.down))
-        counts = None if all_kernel and _grouped_mm_available() else counts_t.tolist()
+        counts = None if self._grouped_on_device(h.device) else counts_t.tolist()  # a host sync
         xs = h.index_select(0, order // k).bfloat16()
         gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
         col = 0
@@ -179,7 +203,10 @@ class GPUExpertBank:
         if isinstance(h, LazyInput):
             h = h.materialize()
         n, k = ids.shape
-        if n <= GEMV_MAX_ROWS or not (switches.enabled("TALLOW_MOE_GROUPED") and triton_enabled()):
+        grouped = n > GEMV_MAX_ROWS and switches.enabled("TALLOW_MOE_GROUPED") and triton_enabled()
+        if grouped and not self._grouped_on_device(h.device) and h.is_cuda and torch.cuda.is_current_stream_capturing():
+            grouped = False  # a prefill graph cannot wait for the per-expert loop's host sync: the pair path
+        if not grouped:
             out = torch.cat([self._pairs(h[t : t + GEMV_MAX_ROWS], ids[t : t + GEMV_MAX_ROWS], glu)
                              for t in range(0, n, GEMV_MAX_ROWS)]) if n > GEMV_MAX_ROWS else self._pairs(h, ids, glu)
         else:

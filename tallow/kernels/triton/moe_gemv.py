@@ -160,8 +160,6 @@ def expert_matrices(w: ExpertWeights, ids: torch.Tensor) -> torch.Tensor:
     block, size = _FP4_LAYOUT[w.qtype]
     blocks = w.raw.view(w.n_experts, w.rows, -1)[ids].reshape(-1, size)
     fn = dequantize_nvfp4 if w.qtype == NVFP4 else dequantize_mxfp4
-    if blocks.device.type != "cpu":  # quant/fp4.py's code table lives on the CPU
-        return fn(blocks.cpu()).to(blocks.device).view(p_count, w.rows, w.k)
     return fn(blocks).view(p_count, w.rows, w.k)
 
 
