@@ -1,21 +1,22 @@
 #!/bin/bash
 # Routed experts (qwen3moe, Gemma 4 26B-A4B) on the H200: correctness against the CPU, then the twins.
 #
-#   bash scripts/gpu_moegpu.sh [check] [qwen3-30b-a3b] [gemma4-26b-nvfp4] [gemma4-26b-q4km] [LLAMA_BENCH=/path]
-#   (default: check qwen3-30b-a3b gemma4-26b-nvfp4; a first argument that is an executable llama-bench
-#    path is used for the llama.cpp figures beside tallow's)
+#   bash scripts/gpu_moegpu.sh [check] [qwen3-30b-a3b] [gemma4-26b-nvfp4] [gemma4-26b-q4km] [/path/to/llama-bench]
+#   (default: check; an argument that is an executable file is the llama-bench for the llama.cpp
+#    figures beside tallow's). One twin step is ~15-18 GB written and 3 loads: give each its own
+#    call (`check qwen3-30b-a3b` may fit one 9-minute call; time it from the log).
 #
 # What it checks:
 #   check: scripts/gpu_moe_check.py on the tiny MoE models (tests/tiny_models.py; qwen3moe and
 #          gemma4-moe, F32/Q8_0/Q4_0/NVFP4/MXFP4 experts): on cuda vs the CPU reference linears,
 #          every layer's chosen experts identical token by token, decode logits within 1e-4 of the
 #          logit scale, grouped prefill within 3e-2 (bf16), TALLOW_MOE_TRITON=0 identical routing,
-#          greedy 16 tokens through tallow.load (CUDA-graph decode) = the CPU's; then the device
-#          copy bandwidth (for the floor below).
-#   twins (scripts/make_moe_twin.py, written under $WORK/twins and deleted after): tallow plan
-#          --device cuda --ctx 65536 (and what the load allocated), tallow bench tg128 / pp512 /
-#          pp33 (TTFT), FP8 KV decode at depth 32768, llama-bench on the same file when given;
-#          the bandwidth floor (active bytes per token / measured device copy bandwidth).
+#          greedy 16 tokens through tallow.load (CUDA-graph decode) = the CPU's.
+#   twins (scripts/make_moe_twin.py, under $WORK/twins; a twin step deletes the other twins first):
+#          the bandwidth floor (bytes a token reads / measured device copy bandwidth), tallow plan
+#          --device cuda --ctx 65536 against what the load allocates (weights + KV after load, peak
+#          after pp512 + tg16), tallow bench tg128 / pp512 / pp33 (TTFT) with f16 KV, then FP8 KV
+#          at depths 0 and 32768, llama-bench on the same file when given.
 # Everything goes to $OUT/gpu_moegpu.log. Needs: .whl/ (the gguf wheel) carried; no network.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -41,51 +42,66 @@ steps=()
 for a in "$@"; do
   if [ -x "$a" ] && [ -f "$a" ]; then LLAMA_BENCH=$a; else steps+=("$a"); fi
 done
-[ ${#steps[@]} -gt 0 ] || steps=(check qwen3-30b-a3b gemma4-26b-nvfp4)
+[ ${#steps[@]} -gt 0 ] || steps=(check)
 say "gpu_moegpu: ${steps[*]} (WORK=$WORK LLAMA_BENCH=${LLAMA_BENCH:-none})"
 status=0
 
-bandwidth() {  # device copy bandwidth, GB/s (read + write of a 4 GiB buffer)
-  python3 - <<'PY'
-import torch
+bandwidth() {  # device copy bandwidth in GB/s (read + write of a 4 GiB buffer), and with $1 bytes a token, the floor
+  python3 - "${1:-0}" <<'PY'
+import sys, torch
 x = torch.empty(1 << 31, dtype=torch.float16, device="cuda"); y = torch.empty_like(x)
 for _ in range(3): y.copy_(x)
 torch.cuda.synchronize(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
 s.record()
 for _ in range(10): y.copy_(x)
 e.record(); torch.cuda.synchronize()
-print(f"device copy bandwidth {2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3) / 1e9:.0f} GB/s (read+write, 4 GiB)")
+bw = 2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3)
+print(f"device copy bandwidth {bw / 1e9:.0f} GB/s (read+write, 4 GiB, 10 copies)")
+active = int(sys.argv[1])
+if active:
+    print(f"bandwidth floor: {active / 1e9:.3f} GB read per token / {bw / 1e9:.0f} GB/s = {active / bw * 1e3:.3f} ms "
+          f"= {bw / active:.0f} tok/s at most")
 PY
 }
 
-twin_bench() {  # twin_bench NAME
-  local name=$1 model=$WORK/twins/$1.gguf t0=$SECONDS
+twin_bench() {  # twin_bench NAME: make the twin (deleting the other twins first: disk), plan, load, bench
+  local name=$1 model=$WORK/twins/$1.gguf t0=$SECONDS active
+  for other in "$WORK"/twins/*.gguf; do [ "$other" = "$model" ] || rm -f "$other"; done
   if [ ! -s "$model" ]; then
     say "make twin $name"
     python3 scripts/make_moe_twin.py "$name" "$model.tmp" && mv "$model.tmp" "$model" || { say "twin $name failed"; return 1; }
+    say "twin written in $((SECONDS - t0)) s"
   fi
+  python3 scripts/make_moe_twin.py "$name" --table | tail -2
+  active=$(python3 scripts/make_moe_twin.py "$name" --table | sed -n 's/^a token reads \([0-9,]*\) bytes.*/\1/p' | tr -d ,)
+  bandwidth "$active" || true
   python3 -m tallow.cli inspect "$model" | grep -A1 "^experts" || true
-  say "tallow plan --device cuda --ctx 65536"
+  say "tallow plan --device cuda --ctx 65536, then the same load measured"
   python3 -m tallow.cli plan -m "$model" --device cuda --ctx 65536 || true
-  python3 scripts/make_moe_twin.py --measure-load "$model" --ctx 65536 || true
+  python3 scripts/make_moe_twin.py --measure-load "$model" --ctx 65536 || status=1
   state
   say "tallow bench -p 33,512 -n 128 -r 3 (f16 KV)"
-  python3 -m tallow.cli bench -m "$model" --device cuda -p 33,512 -n 128 -r 3 || status=1
-  say "tallow bench tg128 at depth 32768, FP8 KV"
-  python3 -m tallow.cli bench -m "$model" --device cuda -p 512 -n 128 -d 32768 -r 2 --kv-dtype fp8 || status=1
+  python3 -m tallow.cli bench -m "$model" --device cuda -p 33,512 -n 128 -r 3 --json > "$OUT/tallow_$name.json" || status=1
+  python3 - "$OUT/tallow_$name.json" <<'PY' || status=1
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    extra = f" (TTFT {33 / r['tok_s_mean'] * 1e3:.1f} ms)" if r["test"].startswith("pp33") else ""
+    print(f"tallow | {r['model']} | {r['test']} | {r['tok_s_mean']:.2f} ± {r['tok_s_std']:.2f} t/s{extra} | {r['device']}")
+PY
+  say "tallow bench at depths 0 and 32768, FP8 KV"
+  python3 -m tallow.cli bench -m "$model" --device cuda -p 512 -n 128 -d 0,32768 -r 2 --kv-dtype fp8 || status=1
   state
   if [ -n "$LLAMA_BENCH" ]; then
-    say "llama-bench -ngl 99 -fa 1 -p 33,512 -n 128 -r 3"
+    say "llama-bench -ngl 99 -fa 1 -p 33,512 -n 128 -r 3; then q8_0 KV (llama.cpp has no FP8 KV) at depth 32768"
     "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p 33,512 -n 128 -r 3 || status=1
     "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p 512 -n 128 -d 32768 -r 2 -ctk q8_0 -ctv q8_0 || true
   fi
-  rm -f "$model"
-  say "twin $name done in $((SECONDS - t0)) s"
+  say "twin $name done in $((SECONDS - t0)) s (the file stays for a re-run; the next twin step deletes it)"
 }
 
 for s in "${steps[@]}"; do
   case $s in
-    check) say "== check"; python3 scripts/gpu_moe_check.py --device cuda || status=1; bandwidth || true ;;
+    check) say "== check"; python3 scripts/gpu_moe_check.py --device cuda || status=1 ;;
     qwen3-30b-a3b|gemma4-26b-nvfp4|gemma4-26b-q4km) twin_bench "$s" || status=1 ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
