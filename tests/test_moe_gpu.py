@@ -100,3 +100,25 @@ def test_gpu_bank_paths_agree(tmp_path, monkeypatch, arch, qtype):
     monkeypatch.delenv("TALLOW_MOE_GROUPED")
     grouped = bank(h, ids, weights, glu)
     assert float((grouped - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.Q8_0), ("qwen3moe", QT.NVFP4), ("gemma4-moe", QT.MXFP4)])
+def test_gpu_plan_counts_the_expert_banks(tmp_path, monkeypatch, arch, qtype):
+    """The GPU account (memory/budget.py) of a routed-expert file is what the GPU placement holds:
+    weights to the byte (FP4 experts as stored), and the prefill scratch the banks reserve."""
+    from tallow.memory.budget import _gpu_expert_stack, gpu_weights_bytes
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}-{qtype.name}.gguf", qtype=qtype))
+    monkeypatch.setattr(dispatch.Placement, "on_gpu", property(lambda self: True))
+    model = build_model(gf, spec_from_gguf(gf))
+    banks = [layer.ffn_experts for layer in model.layers]
+    planned = sum(t.n_bytes if len(t.shape) == 3 else t.n_rows * t.n_cols * 4 for t in gf.tensors.values()
+                  if "_exps." in t.name)
+    assert planned == sum(b.nbytes for b in banks)
+    if arch == "qwen3moe":  # the whole account too, less qwen3's Q/K norm rows, held once per head
+        qk = sum((layer.n_heads + layer.n_kv_heads - 2) * layer.head_dim * 4 for layer in model.spec.layers)
+        assert gpu_weights_bytes(gf) == model.nbytes + model.embedding.nbytes - qk
+    largest = max(t.n_rows * t.n_cols for t in gf.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1)
+    assert model.place._scratch.buffer.numel() <= max(largest, _gpu_expert_stack(gf))
+    bank = model.layers[1].ffn_experts
+    assert model.place._scratch.buffer.numel() >= sum(w.n_experts * w.rows * w.k for w in bank.gate_up[:1])
