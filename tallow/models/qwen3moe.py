@@ -16,7 +16,6 @@ import torch
 
 from ..errors import ModelFileError
 from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
-from ..kernels.gpu.moe import GPUExpertBank, stack_experts, stackable
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
 
@@ -42,6 +41,8 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
     down = tensor(DOWN_EXPS, [width, dim, n])
     merged = tn(GATE_UP_EXPS) in gf.tensors
     if model.place.on_gpu:  # stacked as the file stores them, the chosen experts found on the device
+        from ..kernels.gpu.moe import stack_experts, stackable  # Triton: imported only for the GPU
+
         gate_up = [tensor(GATE_UP_EXPS, [dim, 2 * width, n])] if merged else [
             tensor(GATE_EXPS, [dim, width, n]), tensor(UP_EXPS, [dim, width, n])]
         gate_up_layers = [stack_experts(gate_up, n, model.device)] if stackable(gate_up) else [
@@ -78,6 +79,8 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
         ones = torch.ones(n, device=model.device)
         gate_up_scale = torch.stack((gate_s if gate_s is not None else ones, up_s if up_s is not None else ones), dim=1)
     if model.place.on_gpu:
+        from ..kernels.gpu.moe import GPUExpertBank
+
         return GPUExpertBank(gate_up_layers, down_layer, per_expert(DOWN_EXPS), gate_up_scale, model.place._scratch)
     return ExpertBank(gate_up_layers, down_layers, per_expert(DOWN_EXPS), gate_up_scale)
 
