@@ -78,14 +78,25 @@ def _grouped_mm_available(device: torch.device) -> bool:
     product against a per-group matmul; otherwise the per-expert loop."""
     ok = _GROUPED_MM.get(device)
     if ok is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False  # not probed yet, and no probe can run inside a capture: the safe path
         ok = False
         if hasattr(torch, "_grouped_mm"):
             try:
                 a = torch.randn(5, 16, device=device).bfloat16()
                 b = torch.randn(2, 16, 16, device=device).bfloat16()
-                y = torch._grouped_mm(a, b.transpose(1, 2), offs=torch.tensor([2, 5], dtype=torch.int32, device=device))
+                offs = torch.tensor([2, 5], dtype=torch.int32, device=device)
+                y = torch._grouped_mm(a, b.transpose(1, 2), offs=offs)
                 ref = torch.cat([a[:2] @ b[0].T, a[2:] @ b[1].T]).float()
                 ok = bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2))
+                if ok and device.type == "cuda":  # and it must be capturable (prefill graphs)
+                    stream = torch.cuda.Stream(device)
+                    stream.wait_stream(torch.cuda.current_stream(device))
+                    with torch.cuda.stream(stream):
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, stream=stream):
+                            torch._grouped_mm(a, b.transpose(1, 2), offs=offs)
+                    torch.cuda.current_stream(device).wait_stream(stream)
             except (RuntimeError, NotImplementedError, TypeError):
                 ok = False
         _GROUPED_MM[device] = ok
@@ -181,7 +192,8 @@ class GPUExpertBank:
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, in pair order within one
         sorted_ids = flat[order]
-        counts_t = torch.bincount(flat, minlength=self.n_experts)
+        # (torch.bincount reads its input's max on the host: a sync a prefill graph cannot capture)
+        counts_t = torch.zeros(self.n_experts, dtype=torch.int64, device=h.device).index_add_(0, flat, torch.ones_like(flat))
         offsets = torch.cumsum(counts_t, 0).to(torch.int32)
         counts = None if self._grouped_on_device(h.device) else counts_t.tolist()  # a host sync
         xs = h.index_select(0, order // k).bfloat16()
