@@ -10,7 +10,7 @@ Per model (qwen3moe and the Gemma 4 26B-A4B-style gemma4-moe, several expert typ
   4. TALLOW_MOE_TRITON=0 (torch reference on the GPU): routing identical, logits within 1e-4.
 Prints one line per check and exits 1 if any fails.
 
-    python scripts/gpu_moe_check.py [--device cuda]
+    python scripts/gpu_moe_check.py [--device cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from tallow.memory.kv_pool import KVPool  # noqa: E402
 from tallow.models import build_model  # noqa: E402
 from tallow.spec import spec_from_gguf  # noqa: E402
 
-CASES = [  # (F32 experts have no kernel: the dense reference on the GPU)
-("qwen3moe", QT.F32), ("qwen3moe", QT.Q8_0), ("qwen3moe", QT.Q4_0), ("qwen3moe", QT.NVFP4),
-         ("qwen3moe", QT.MXFP4), ("gemma4-moe", QT.F32), ("gemma4-moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0),
-         ("gemma4-moe", QT.MXFP4)]
+# (F32 experts have no kernel: the dense reference on the GPU. gemma4-moe's MXFP4 file is MXFP4
+# throughout, and its attention runs as a dense bf16 copy: not these bounds, so not listed.)
+CASES = [("qwen3moe", QT.F32), ("qwen3moe", QT.Q8_0), ("qwen3moe", QT.Q4_0), ("qwen3moe", QT.NVFP4),
+         ("qwen3moe", QT.MXFP4), ("gemma4-moe", QT.F32), ("gemma4-moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0)]
 PROMPT = [5, 40, 99, 7, 200, 13, 66, 150, 31, 2, 250, 77, 18, 90, 123, 45, 201, 8, 60, 111]
 FAILED: list[str] = []
 ROUTER_LOGITS: list[torch.Tensor] = []  # the last routed() run's router logits, per call
@@ -76,9 +76,11 @@ def routed(model, spec, steps) -> tuple[torch.Tensor, list]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="two files (NVFP4 qwen3moe, Q4_0 gemma4-moe): a 60-second slot")
     a = p.parse_args()
+    cases = [("qwen3moe", QT.NVFP4), ("gemma4-moe", QT.Q4_0)] if a.quick else CASES
     tmp = Path(tempfile.mkdtemp())
-    for arch, qt in CASES:
+    for arch, qt in cases:
         name = f"{arch} {qt.name}"
         path = write_tiny_model(arch, tmp / f"{arch}-{qt.name}.gguf", qtype=qt)
         gf = GGUFFile(path)

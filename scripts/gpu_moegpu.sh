@@ -6,6 +6,9 @@
 #    figures beside tallow's). One twin step is ~15-18 GB written and 3 loads: give each its own
 #    call (`check qwen3-30b-a3b` may fit one 9-minute call; time it from the log).
 #
+#   `quick` (the lead's 60-second slot, what to run first): gpu_moe_check --quick (NVFP4 qwen3moe, Q4_0 gemma4-moe,
+#   every check below), then a Qwen3-30B-A3B twin cut to 4 layers (full-size layers, experts and
+#   vocabulary): the bandwidth floor, tallow bench pp512/tg128, llama-bench beside when given.
 # What it checks:
 #   check: scripts/gpu_moe_check.py on the tiny MoE models (tests/tiny_models.py; qwen3moe and
 #          gemma4-moe, F32/Q8_0/Q4_0/NVFP4/MXFP4 experts): on cuda vs the CPU reference linears,
@@ -99,8 +102,34 @@ PY
   say "twin $name done in $((SECONDS - t0)) s (the file stays for a re-run; the next twin step deletes it)"
 }
 
+quick() {  # the 60-second slot: the GPU check on two files, then a cut Qwen3-30B-A3B twin beside llama-bench
+  local t0=$SECONDS model=$WORK/twins/qwen3-30b-a3b-4l.gguf cut="--layers 4" active writer
+  # shellcheck disable=SC2086
+  [ -s "$model" ] || { python3 scripts/make_moe_twin.py qwen3-30b-a3b "$model.tmp" $cut > "$OUT/twin_quick.log" 2>&1 \
+    && mv "$model.tmp" "$model"; } &
+  writer=$!
+  say "== quick: gpu_moe_check --quick (the cut twin is written meanwhile)"
+  timeout 30 python3 scripts/gpu_moe_check.py --device cuda --quick || status=1
+  wait $writer || status=1
+  say "== quick: Qwen3-30B-A3B twin cut to 4 of its 48 layers (every layer, expert and vocabulary row full size)"
+  cat "$OUT/twin_quick.log" 2>/dev/null | tail -1
+  [ -s "$model" ] || { say "no twin"; return 1; }
+  # shellcheck disable=SC2086
+  active=$(python3 scripts/make_moe_twin.py qwen3-30b-a3b --table $cut | sed -n 's/^a token reads \([0-9,]*\) bytes.*/\1/p' | tr -d ,)
+  bandwidth "$active" || true
+  say "tallow bench -p 512 -n 128 -r 1 ($((SECONDS - t0)) s in)"
+  timeout $((57 - (SECONDS - t0) > 5 ? 57 - (SECONDS - t0) : 5)) \
+    python3 -m tallow.cli bench -m "$model" --device cuda -p 512 -n 128 -r 1 || status=1
+  if [ -n "$LLAMA_BENCH" ] && [ $((SECONDS - t0)) -lt 50 ]; then
+    say "llama-bench -ngl 99 -fa 1 -p 512 -n 128 -r 1 ($((SECONDS - t0)) s in)"
+    timeout $((59 - (SECONDS - t0))) "$LLAMA_BENCH" -m "$model" -ngl 99 -fa 1 -p 512 -n 128 -r 1 || true
+  fi
+  say "== quick done in $((SECONDS - t0)) s"
+}
+
 for s in "${steps[@]}"; do
   case $s in
+    quick) quick ;;
     check) say "== check"; python3 scripts/gpu_moe_check.py --device cuda || status=1 ;;
     qwen3-30b-a3b|gemma4-26b-nvfp4|gemma4-26b-q4km) twin_bench "$s" || status=1 ;;
     *) echo "unknown step $s"; exit 2 ;;
