@@ -13,7 +13,7 @@ lacks it, or the weight is a dense float type, one product per chosen expert (a 
 inside a graph capture, the decode path 8 tokens at a time.
 
 The combination is the CPU bank's (kernels/cpu/moe.py): expert outputs scaled by the per-expert
-output scale, then by the routing weight, summed in slot order.
+output scale and the routing weight, summed over the slots (one batched product here).
 
 Switches: TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
 matrices gathered and dequantized in torch, fp32 products), for every chunk size;
@@ -225,9 +225,8 @@ class GPUExpertBank:
             out = self._grouped(h, ids, glu)
         out = out.view(n, k, self.dim)
         if self.out_scale is not None:  # llama.cpp scales the expert's output, then weights it
-            out = out * self.out_scale[ids].unsqueeze(-1)
-        out = out * weights.unsqueeze(-1)
-        acc = out[:, 0]
-        for s in range(1, k):  # slot order, as llama.cpp adds its expert views
-            acc = acc + out[:, s]
-        return acc
+            weights = weights * self.out_scale[ids]
+        # The weighted sum over the k slots as one batched (1 x k) @ (k x dim) product: one launch
+        # where the CPU bank's slot-order adds are 2k (a decode step is launch-bound); fp32 (no
+        # TF32), so only the order of the k additions differs.
+        return torch.bmm(weights.unsqueeze(1).float(), out).squeeze(1)
