@@ -230,8 +230,8 @@ def _add_filler_vocab(w, n: int) -> None:
     for b in range(256):
         tokens.append(chr(b) if b in printable else chr(256 + extra))
         extra += b not in printable
-    tokens += ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    types = [int(TokenType.NORMAL)] * 256 + [int(TokenType.CONTROL)] * 3
+    tokens += ["Ġt", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # the one merge's result, then the specials
+    types = [int(TokenType.NORMAL)] * 257 + [int(TokenType.CONTROL)] * 3
     tokens += [f"<|unused_{i}|>" for i in range(n - len(tokens))]
     types += [int(TokenType.UNUSED)] * (n - len(types))
     w.add_tokenizer_model("gpt2")
@@ -239,8 +239,8 @@ def _add_filler_vocab(w, n: int) -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(["Ġ t"])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(258)
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(259)
     w.add_add_bos_token(False)
 
 
