@@ -154,8 +154,6 @@ def tensor_table(c: dict) -> list[Tensor]:
 
 def add_metadata(w, c: dict, name: str, vocab_path: Path) -> None:
     """The keys llama.cpp's converter writes for this config, then every tokenizer.* key of the vocabulary."""
-    from gguf import GGUFReader, GGUFValueType as VT
-
     n_layers = c["num_hidden_layers"]
     w.add_string("general.name", f"gemma-4-{name.upper()} twin (random weights)")
     w.add_uint32("general.file_type", 15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
@@ -183,6 +181,13 @@ def add_metadata(w, c: dict, name: str, vocab_path: Path) -> None:
     w.add_sliding_window_pattern([t == "sliding_attention" for t in c["layer_types"]])
     w.add_shared_kv_layers(c["num_kv_shared_layers"])
     w.add_embedding_length_per_layer_input(c["hidden_size_per_layer_input"])
+    add_tokenizer(w, vocab_path, c["vocab_size"])
+
+
+def add_tokenizer(w, vocab_path: Path, vocab_size: int) -> None:
+    """Every tokenizer.* key of the vocabulary GGUF (also scripts/make_moe_twin.py's Gemma 4 twins)."""
+    from gguf import GGUFReader, GGUFValueType as VT
+
     r = GGUFReader(str(vocab_path))
     for key, field in r.fields.items():
         if key.startswith("tokenizer."):
@@ -192,8 +197,8 @@ def add_metadata(w, c: dict, name: str, vocab_path: Path) -> None:
             else:
                 w.add_key_value(key, field.contents(), vt)
     n_tokens = len(r.fields["tokenizer.ggml.tokens"].data)
-    if n_tokens != c["vocab_size"]:
-        raise SystemExit(f"{vocab_path}: {n_tokens} tokens, but the config has vocab_size {c['vocab_size']}.")
+    if n_tokens != vocab_size:
+        raise SystemExit(f"{vocab_path}: {n_tokens} tokens, but the config has vocab_size {vocab_size}.")
 
 
 def _random_data(t: Tensor, rng: np.random.Generator, chunk: int = 1 << 26):

@@ -156,6 +156,37 @@ register(op="quant_gemv", impl="tallow.kernels.triton.quant_gemv:quant_gemv", ne
          inputs=_plane_inputs, shapes=tuple((t, n, k, m) for t in _PLANE_TYPES for n, k, m in ((16, 256, 1), (48, 512, 3))),
          run=lambda a: _triton("quant_gemv", "quant_gemv")(a["x"], a["w"], out=torch.full((a["x"].shape[0], a["w"].n), float("nan"))),  # poisoned: every element written
          reference=lambda a: _triton("quant_gemv", "quant_gemv_reference")(a["x"], a["w"]))
+
+
+def _moe_inputs(shape, dtype, g):
+    """A stacked expert weight (n_experts * rows, k) of one type (a plane type, or FP4 39/40), the
+    pairs' expert ids (repeats included) and x: one row per token (x_div = k slots) or per pair."""
+    qtype, n_exp, rows, k, pairs, x_div = shape
+    ew = _triton("moe_gemv", "ExpertWeights")
+    if qtype in (39, 40):
+        raw = _fp4_inputs((qtype, n_exp * rows, k, 1), dtype, g)["raw"]
+        w = ew(n_exp, rows, k, raw=raw, qtype=qtype)
+    else:
+        raw = _triton("planes", "random_raw")(qtype, n_exp * rows, k, g)
+        w = ew(n_exp, rows, k, planes=_triton("planes", "pack_planes")(raw, qtype, k))
+    ids = torch.randint(0, n_exp, (pairs,), generator=g)
+    ids[-1] = ids[0]  # one expert twice
+    return {"w": w, "ids": ids, "x_div": x_div, "x": torch.randn(pairs // x_div, k, generator=g)}
+
+
+# Per pair quant_gemv's (or fp4_gemv's) fp32 accumulation of exactly decoded weights: 2e-6.
+register(op="moe_gemv", impl="tallow.kernels.triton.moe_gemv:moe_gemv", needs="triton", tol=2e-6,
+         inputs=_moe_inputs, shapes=tuple((t, 4, 24, 256, 4, x) for t in _PLANE_TYPES for x in (1, 2))
+         + ((39, 3, 20, 64, 4, 2), (40, 3, 20, 128, 2, 1)),
+         run=lambda a: _triton("moe_gemv", "moe_gemv")(a["x"], a["w"], a["ids"], a["x_div"],
+                                                        out=torch.full((a["ids"].numel(), a["w"].rows), float("nan"))),
+         reference=lambda a: _triton("moe_gemv", "moe_gemv_reference")(a["x"], a["w"], a["ids"], a["x_div"]))
+# Every FP4 value times its scale is a bf16 number: exact.
+register(op="fp4_dequantize_to", impl="tallow.kernels.triton.moe_gemv:fp4_dequantize_to", needs="triton",
+         metric="exact", inputs=_fp4_inputs, shapes=((39, 20, 96, 1), (40, 17, 128, 1)),
+         run=lambda a: _triton("moe_gemv", "fp4_dequantize_to")(a["raw"], a["qtype"], a["x"].shape[1],
+                                                                 torch.full((a["raw"].shape[0], a["x"].shape[1]), float("nan"), dtype=torch.bfloat16)),
+         reference=lambda a: _triton("moe_gemv", "fp4_dequantize_reference")(a["raw"], a["qtype"], a["x"].shape[1]).bfloat16())
 register(op="dequantize_to", impl="tallow.kernels.triton.dequant:dequantize_to", needs="triton", metric="exact",
          inputs=_plane_inputs, shapes=tuple((t, 20, 512, 1) for t in _PLANE_TYPES),
          run=lambda a: _triton("dequant", "dequantize_to")(a["w"], torch.float16, block_n=8),
@@ -478,6 +509,7 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.q8_activations:quantize_q8_1": "tests/test_ggml_numerics.py",
     "tallow.kernels.cpu.q8_activations:quantize_q8_k": "tests/test_ggml_numerics.py",
     "tallow.kernels.cpu.q8_activations:round_activations": "tests/test_ggml_numerics.py",
+    "tallow.kernels.gpu.moe:GPUExpertBank": "tests/test_moe_gpu.py",
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -492,6 +524,10 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.ssm_ops:ssm_triton_enabled",
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
+    # routed experts on the GPU: the stacked weight's container, its references, a switch
+    "tallow.kernels.triton.moe_gemv:ExpertWeights", "tallow.kernels.triton.moe_gemv:moe_gemv_reference",
+    "tallow.kernels.triton.moe_gemv:expert_matrices", "tallow.kernels.triton.moe_gemv:fp4_dequantize_reference",
+    "tallow.kernels.gpu.moe:triton_enabled", "tallow.kernels.gpu.moe:stackable", "tallow.kernels.gpu.moe:stack_experts",
     "tallow.kernels.triton.rmsnorm:rmsnorm_reference", "tallow.kernels.triton.rmsnorm:rmsnorm_add_reference",
     "tallow.kernels.triton.rope:rope_reference",
     # programmatic dependent launch: the launch options and the in-kernel wait every decode kernel calls

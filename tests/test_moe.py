@@ -27,7 +27,7 @@ from tiny_models import MOE_ARCHITECTURES, MOE_EXPERTS, MOE_USED, write_tiny_mod
 
 import tallow
 import tallow.models.qwen3moe as qwen3moe
-from tallow.errors import ModelFileError, UsageError
+from tallow.errors import ModelFileError
 from tallow.gguf_file import GGUFFile
 from tallow.memory import budget
 from tallow.memory.kv_pool import KVPool
@@ -215,12 +215,6 @@ def test_inspect_shows_the_experts(tmp_path, capsys, arch, line):
     out = capsys.readouterr().out
     assert line in out
     assert "a token reads" in out
-
-
-def test_gpu_refuses_in_one_sentence():
-    spec = SimpleNamespace(architecture="qwen3moe")
-    with pytest.raises(UsageError, match="run on the CPU only"):
-        qwen3moe.refuse_gpu(SimpleNamespace(place=SimpleNamespace(on_gpu=True), spec=spec))
 
 
 def test_bad_expert_metadata_and_shapes_are_one_sentence(tmp_path):

@@ -20,7 +20,7 @@ from tallow.families import family
 # "gemma4": E2B/E4B-style (per-layer embeddings, shared-KV layers with a double-wide MLP,
 # per-layer output scales); "gemma4-31b": 31B-style (neither; V is K on the global layers).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "gemma4", "gemma4-31b")
-# Routed-expert families (tests/test_moe.py; CPU only, so not in the GPU/graph tests' list above).
+# Routed-expert families (tests/test_moe.py; the GPU path: tests/test_moe_gpu.py).
 MOE_ARCHITECTURES = ("qwen3moe", "gemma4-moe")
 N_VOCAB_BYTES = 256
 

@@ -304,8 +304,8 @@ def gpu_weights_bytes(header: GGUFFile) -> int:
     total = 0
     for t in header.tensors.values():
         if len(t.shape) >= 2 and t.n_rows > 1:
-            if t.qtype in GPU_PLANE_TYPES:
-                size = t.n_bytes
+            if t.qtype in GPU_PLANE_TYPES or (len(t.shape) == 3 and t.qtype in (QT.MXFP4, QT.NVFP4)):
+                size = t.n_bytes  # planes; routed experts' FP4 blocks as stored (kernels/gpu/moe.py)
             else:
                 size = t.n_rows * t.n_cols * (4 if t.qtype in (QT.F32, QT.F16) else 2)
             total += size * (2 if tied and roles.get(t.name) == TOKEN_EMBD else 1)
@@ -321,7 +321,19 @@ def gpu_scratch_bytes(spec: ModelSpec, header: GGUFFile, n_ctx: int, prefill_chu
     eager pass that warms a graph up and the prefill graphs' shared memory pool — with the
     CPU account's per-chunk formula (chunk_activation_bytes), and the logits."""
     largest = max((t.n_rows * t.n_cols for t in header.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1), default=0)
-    return largest * 2 + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
+    return max(largest, _gpu_expert_stack(header)) * 2 + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
+
+
+def _gpu_expert_stack(header: GGUFFile) -> int:
+    """Elements of the largest stacked expert weight the grouped prefill dequantizes at once
+    (kernels/gpu/moe.py): a layer's ffn_gate_exps and ffn_up_exps as one when they share a type."""
+    largest = 0
+    for t in header.tensors.values():
+        if t.name.endswith("ffn_gate_exps.weight"):
+            up = header.tensors.get(t.name.replace("ffn_gate_exps", "ffn_up_exps"))
+            if up is not None and up.qtype == t.qtype and (t.qtype in GPU_PLANE_TYPES or t.qtype in (QT.MXFP4, QT.NVFP4)):
+                largest = max(largest, (t.n_rows + up.n_rows) * t.n_cols)
+    return largest
 
 
 def gpu_free_bytes(device: str) -> int:

@@ -6,14 +6,15 @@ SwiGLU MLP of width `expert_feed_forward_length` (`ffn_gate_exps` / `ffn_up_exps
 `ffn_down_exps`, 3-D: one matrix per expert). No shared expert.
 
 `moe_ffn(w, h, ...)` and `load_experts` are the routed FFN itself, shared with Gemma 4's
-26B-A4B layers (models/gemma4.py). How the experts run is kernels/cpu/moe.py's business.
+26B-A4B layers (models/gemma4.py). How the experts run is kernels/cpu/moe.py's (CPU) and
+kernels/gpu/moe.py's (GPU) business.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..errors import ModelFileError, UsageError
+from ..errors import ModelFileError
 from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
@@ -21,12 +22,6 @@ from .qwen import Qwen3Model
 # The roles of one layer's routed-expert tensors (their GGUF names: families/tensors.py).
 ROUTER = "ffn_gate_inp"
 GATE_EXPS, UP_EXPS, GATE_UP_EXPS, DOWN_EXPS = "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps"
-
-
-def refuse_gpu(model: DecoderModel) -> None:
-    if model.place.on_gpu:
-        raise UsageError(f"{model.spec.architecture} models with routed experts run on the CPU only in this version "
-                         "of tallow: pass --device cpu (or TALLOW_DEVICE=cpu).")
 
 
 def load_experts(model: DecoderModel, i: int) -> ExpertBank:
@@ -44,7 +39,16 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
         return t
 
     down = tensor(DOWN_EXPS, [width, dim, n])
-    if tn(GATE_UP_EXPS) in gf.tensors:
+    merged = tn(GATE_UP_EXPS) in gf.tensors
+    if model.place.on_gpu:  # stacked as the file stores them, the chosen experts found on the device
+        from ..kernels.gpu.moe import stack_experts, stackable  # Triton: imported only for the GPU
+
+        gate_up = [tensor(GATE_UP_EXPS, [dim, 2 * width, n])] if merged else [
+            tensor(GATE_EXPS, [dim, width, n]), tensor(UP_EXPS, [dim, width, n])]
+        gate_up_layers = [stack_experts(gate_up, n, model.device)] if stackable(gate_up) else [
+            stack_experts([t], n, model.device) for t in gate_up]
+        down_layer = stack_experts([down], n, model.device)
+    elif merged:
         gate_up = tensor(GATE_UP_EXPS, [dim, 2 * width, n])
         gate_up_layers = [model.place.cached([f"{gate_up.name}[{e}]"],
                                              lambda e=e: model.place.linear(expert_slice(gate_up, e, n)))
@@ -54,8 +58,9 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
         gate_up_layers = [model.place.cached([f"{gate.name}[{e}]", f"{up.name}[{e}]"], lambda e=e: model.place.linear_group(
                           [model.place.linear(expert_slice(gate, e, n)), model.place.linear(expert_slice(up, e, n))]))
                           for e in range(n)]
-    down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
-                   for e in range(n)]
+    if not model.place.on_gpu:
+        down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
+                       for e in range(n)]
     def per_expert(name: str) -> torch.Tensor | None:
         if tn(name, "scale") not in gf.tensors:
             return None
@@ -68,11 +73,15 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
     # scales), and of gate and up (NVFP4; a merged gate/up takes ffn_up_exps.scale, as llama.cpp).
     gate_s, up_s = per_expert(GATE_EXPS), per_expert(UP_EXPS)
     gate_up_scale = None
-    if tn(GATE_UP_EXPS) in gf.tensors:
+    if merged:
         gate_up_scale = None if up_s is None else up_s[:, None].contiguous()  # (n, 1): both halves
     elif gate_s is not None or up_s is not None:
-        ones = torch.ones(n)
+        ones = torch.ones(n, device=model.device)
         gate_up_scale = torch.stack((gate_s if gate_s is not None else ones, up_s if up_s is not None else ones), dim=1)
+    if model.place.on_gpu:
+        from ..kernels.gpu.moe import GPUExpertBank
+
+        return GPUExpertBank(gate_up_layers, down_layer, per_expert(DOWN_EXPS), gate_up_scale, model.place._scratch)
     return ExpertBank(gate_up_layers, down_layers, per_expert(DOWN_EXPS), gate_up_scale)
 
 
@@ -103,7 +112,6 @@ def moe_ffn(w: LayerWeights, h: torch.Tensor, logits: torch.Tensor, k: int, glu)
 def load_gemma4_experts(model: DecoderModel, i: int) -> dict:
     """Gemma 4 26B-A4B's tensors of layer i beside its dense MLP (llama.cpp's gemma4.cpp): the
     router and its input scale, the routed experts, and the three extra norms."""
-    refuse_gpu(model)
     refuse_unapplied_scales(model, i, EXPERT_SCALES + (ROUTER,))
     tn = model.tensor_names.block(i)
     router = model._tensor(tn(ROUTER))
@@ -141,7 +149,6 @@ class Qwen3MoeModel(Qwen3Model):
         super().__init__(gf, spec, linear_mode, device, weight_cache)
 
     def load_layer(self, i: int) -> LayerWeights:
-        refuse_gpu(self)
         refuse_unapplied_scales(self, i)
         tn = self.tensor_names.block(i)  # role -> this block's GGUF name (families/qwen.py)
         layer = self.spec.layers[i]

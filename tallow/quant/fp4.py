@@ -42,11 +42,15 @@ def ue4m3_half(x: torch.Tensor) -> torch.Tensor:
     return torch.where((x == 0) | (x == 0x7F), torch.zeros_like(raw), raw * 0.5)
 
 
+_KVALUES_ON: dict = {}  # device -> KVALUES there (copied once, outside any CUDA graph capture)
+
+
 def _codes(qs: torch.Tensor, half: int) -> torch.Tensor:
     """Bytes (B, n) -> kvalues (B, n // half, 2 * half): per run of `half` bytes, the low nibbles
     then the high nibbles."""
     b = qs.reshape(qs.shape[0], -1, half).to(torch.int64)
-    return KVALUES[torch.cat((b & 15, b >> 4), dim=-1)]
+    table = KVALUES if b.device.type == "cpu" else _KVALUES_ON.setdefault(b.device, KVALUES.to(b.device))
+    return table[torch.cat((b & 15, b >> 4), dim=-1)]
 
 
 def dequantize_mxfp4(b: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ block scale is built from its bits (MXFP4's E8M0 as 2^(e - 128), NVFP4's UE4M3 a
 (array of blocks: 17 bytes per 32 values, 36 per 64), one program per BLOCK_N rows and one row of
 x, accumulating in fp32 block by block.
 
-Tested under TRITON_INTERPRET=1 only (tests/kernel_cases.py); not wired into the GPU engine, which
-refuses routed-expert models and runs other FP4 weights through its dequantized fallback.
+Tested under TRITON_INTERPRET=1 (tests/kernel_cases.py). The GPU engine runs it for routed experts
+(kernels/triton/moe_gemv.py reuses `_fp4_row_dot`); other FP4 matrices take the dense fallback.
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ def _e2m1_doubled(c):
 
 
 @triton.jit
-def _fp4_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_ym, NV: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.minimum(rows, N - 1).to(tl.int64)
-    m = tl.program_id(1)
+def _fp4_row_dot(x_row, w_ptr, rows, K, NV: tl.constexpr, BLOCK_N: tl.constexpr):
+    """sum_k W[rows, k] * x_row[k] (BLOCK_N,) fp32 for the FP4 rows `rows` (int64) of the weight
+    at w_ptr (array of blocks, rows of K values). Shared with the routed-expert GEMV (moe_gemv.py)."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if NV:  # NVFP4: 4 sub-blocks of 16, a UE4M3 scale each, then 8 code bytes per sub-block
         nb = K // 64
@@ -52,8 +50,8 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_ym, NV: tl.con
             scale = tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)
             q = tl.load(base[:, None, None] + 4 + s[None, :, None] * 8 + j[None, None, :]).to(tl.int32)  # (BN, 4, 8)
             k0 = b * 64 + s[:, None] * 16 + j[None, :]  # (4, 8): the low nibbles' positions
-            x_lo = tl.load(x_ptr + m * stride_xm + k0)
-            x_hi = tl.load(x_ptr + m * stride_xm + k0 + 8)
+            x_lo = tl.load(x_row + k0).to(tl.float32)
+            x_hi = tl.load(x_row + k0 + 8).to(tl.float32)
             part = _e2m1_doubled(q & 15) * x_lo[None, :, :] + _e2m1_doubled(q >> 4) * x_hi[None, :, :]
             acc += tl.sum(tl.sum(part, axis=2) * scale, axis=1)
     else:  # MXFP4: one E8M0 exponent, then 16 code bytes
@@ -65,10 +63,20 @@ def _fp4_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_ym, NV: tl.con
             bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
             scale = bits.to(tl.float32, bitcast=True)
             q = tl.load(base[:, None] + 1 + j[None, :]).to(tl.int32)  # (BN, 16)
-            x_lo = tl.load(x_ptr + m * stride_xm + b * 32 + j)
-            x_hi = tl.load(x_ptr + m * stride_xm + b * 32 + 16 + j)
+            x_lo = tl.load(x_row + b * 32 + j).to(tl.float32)
+            x_hi = tl.load(x_row + b * 32 + 16 + j).to(tl.float32)
             part = _e2m1_doubled(q & 15) * x_lo[None, :] + _e2m1_doubled(q >> 4) * x_hi[None, :]
             acc += tl.sum(part, axis=1) * scale
+    return acc
+
+
+@triton.jit
+def _fp4_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_xm, stride_ym, NV: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1).to(tl.int64)
+    m = tl.program_id(1)
+    acc = _fp4_row_dot(x_ptr + m * stride_xm, w_ptr, rows, K, NV, BLOCK_N)
     tl.store(y_ptr + m * stride_ym + rows, acc, mask=row_ok)
 
 

@@ -125,13 +125,22 @@ def unpack_planes(w: PlaneWeight) -> torch.Tensor:
 # --- the self-contained reference: planes -> float32 (N, K), same float op order as reference.py --
 
 _SHIFT_0_4 = (0, 4)
+_CONSTS: dict = {}  # (values, device) -> int32 tensor: made once, so a CUDA graph capture copies nothing
+
+
+def _int32s(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    key = (values, device)
+    t = _CONSTS.get(key)
+    if t is None:
+        t = _CONSTS[key] = torch.tensor(values, dtype=torch.int32, device=device)
+    return t
 
 
 def _nib(qs: torch.Tensor, n: int, nb: int, chunk: int) -> torch.Tensor:
     """Bytes (N, nb*bytes) -> nibbles laid out as ggml: per `chunk` bytes, all low then all high.
     Returns int32 (N, nb, bytes // chunk, 2, chunk)."""
     b = qs.view(torch.uint8).to(torch.int32).reshape(n, nb, -1, 1, chunk)
-    shifts = torch.tensor(_SHIFT_0_4, dtype=torch.int32, device=qs.device).view(1, 1, 1, 2, 1)
+    shifts = _int32s(_SHIFT_0_4, qs.device).view(1, 1, 1, 2, 1)
     return (b >> shifts) & 15
 
 
@@ -168,7 +177,7 @@ def dequantize_planes(w: PlaneWeight) -> torch.Tensor:
         dl = (d * p["sc"].reshape(n, nb, 16).float()).unsqueeze(-1)  # (n, nb, 16, 1)
         lo = _nib(p["ql"], n, nb, 64).reshape(n, nb, 8, 32)
         qh = p["qh"].to(torch.int32).reshape(n, nb, 2, 1, 32)
-        shifts = torch.tensor((0, 2, 4, 6), dtype=torch.int32, device=dev).view(1, 1, 1, 4, 1)
+        shifts = _int32s((0, 2, 4, 6), dev).view(1, 1, 1, 4, 1)
         hi = ((qh >> shifts) & 3).reshape(n, nb, 8, 32)
         q = ((lo | (hi << 4)) - 32).reshape(n, nb, 16, 16).float()
         return (dl * q).reshape(n, k)
