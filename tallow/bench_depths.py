@@ -23,6 +23,7 @@ tallow figures are still printed).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shlex
@@ -216,7 +217,10 @@ def study_model(path: Path, depths: list[int], pp: int, tg: int, reps: int, args
         rows.append(row)
         print(f"  {row['model']} d{depth}: pp{pp} {row[f'pp{pp}']:.1f} tok/s, tg{tg} {row[f'tg{tg}']:.1f} tok/s, "
               f"{mem['total'] / MIB:.0f} MiB in the account, {mem['measured'] / MIB:.0f} MiB measured", file=sys.stderr)
-    del llm
+    del llm  # the next model's measured figure must not include this one's memory
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return rows
 
 
