@@ -19,7 +19,7 @@
 # Carried into the repo root: .whl/ (the gguf wheel, installed into /tmp/site), .twins2/ (optional).
 # Assumes no network, torch 2.11, Triton 3.6. Overrides: WORK (/root), OUT, DEVICE (cuda), DEPTHS
 # (0,1024,4096,16384,32768), REPS (3), PP (512), TG (64), LLAMA_ARGS ("-ngl 99 -fa 1"), PER_MODEL_S (120),
-# CHECK_TOKENS (1500: the depth the rewind check uses).
+# CHECK_TOKENS (1500: the depth the rewind check uses), ONLY (a space-separated subset of the models).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,6 +59,7 @@ if [ -f .twins2/qwen25-1.5b.json ]; then
   [ -f "$WORK/twins/qwen25-1.5b.gguf" ] || python3 .twins2/make_twin.py make .twins2/qwen25-1.5b "$WORK/twins/qwen25-1.5b.gguf"
 fi
 [ -f "$WORK/twins/qwen25-1.5b.gguf" ] && MODELS=(qwen25-1.5b "${MODELS[@]}") || say "no .twins2/qwen25-1.5b: the transformer is left out"
+[ -n "${ONLY:-}" ] && read -r -a MODELS <<< "$ONLY"  # e.g. ONLY="qwen25-1.5b falcon-h1-0.5b": a subset
 
 say "== 2. plans at 32k in 8 GiB"
 for m in "${MODELS[@]}"; do

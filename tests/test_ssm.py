@@ -316,15 +316,20 @@ def test_the_server_answers_with_a_recurrent_model(tiny):
 
 
 def test_the_same_prompt_again_reuses_all_but_its_last_rows(tmp_path):
-    """Row-invariant plan (Q8_0): the last prefill chunk is cut min_rows (64) before the end, so a
-    retried 200-token prompt continues the checkpoint at 136 and gets the cold run's logits."""
+    """Row-invariant plan (Q8_0): the last prefill chunk is cut 2·min_rows and min_rows (64) before
+    the end, so a retried 200-token prompt continues the checkpoint at 136 and gets the cold run's
+    logits, and one that shares all but its last 100 tokens continues the checkpoint at 72."""
     from gguf import GGMLQuantizationType as QT
 
     spec, model = _model(write_tiny_ssm("falcon-h1", tmp_path / "q8.gguf", qtype=QT.Q8_0))
     ids = tiny_prompt(200)
     engine = Engine(model, 256, kv_dtype="f16")
     first = engine.prefill(ids, GenerationStats())
-    assert list(engine.kv.checkpoints) == [136, 200] and engine.kv.canonical == 200
+    assert list(engine.kv.checkpoints) == [72, 136, 200] and engine.kv.canonical == 200
     stats = GenerationStats()
     again = engine.prefill(ids, stats)
     assert stats.reused_tokens == 136 and torch.equal(first, again)
+    other = ids[:100] + tiny_prompt(100, seed=7)  # another 100-token question after the same 100
+    cold = Engine(model, 256, kv_dtype="f16").prefill(other, GenerationStats())
+    stats = GenerationStats()
+    assert torch.equal(engine.prefill(other, stats), cold) and stats.reused_tokens == 72
