@@ -185,7 +185,7 @@ class RecurrentMemory(KVPool):
             a, b = chunks[-1]
             cuts = [c for c in (n - TAIL_CUTS[0] * plan.min_rows, n - TAIL_CUTS[1] * plan.min_rows) if c - a >= plan.min_rows]
             if b == n and cuts:
-                edges = [a] + sorted(cuts) + [n]
+                edges = [a] + sorted(set(cuts)) + [n]
                 chunks[-1:] = list(zip(edges, edges[1:]))
         return chunks
 
