@@ -18,7 +18,8 @@
 #      device is logged in one sentence and skipped; the combined table at the end
 # Carried into the repo root: .whl/ (the gguf wheel, installed into /tmp/site), .twins2/ (optional).
 # Assumes no network, torch 2.11, Triton 3.6. Overrides: WORK (/root), OUT, DEVICE (cuda), DEPTHS
-# (0,1024,4096,16384,32768), REPS (3), PP (512), TG (64), LLAMA_ARGS ("-ngl 99 -fa 1"), PER_MODEL_S (120),
+# (0,1024,4096,16384,32768), REPS (2), PP (512), TG (64), LLAMA_ARGS ("-ngl 99 -fa 1"), PER_MODEL_S (75),
+# TOTAL_S (500: no model is started after this many seconds, so the call stays under 9 minutes),
 # CHECK_TOKENS (1500: the depth the rewind check uses), ONLY (a space-separated subset of the models).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -27,11 +28,12 @@ WORK=${WORK:-/root}
 OUT=${OUT:-/tmp/out}
 DEVICE=${DEVICE:-cuda}
 DEPTHS=${DEPTHS:-0,1024,4096,16384,32768}
-REPS=${REPS:-3}
+REPS=${REPS:-2}
 PP=${PP:-512}
 TG=${TG:-64}
 LLAMA_ARGS=${LLAMA_ARGS:--ngl 99 -fa 1}
-PER_MODEL_S=${PER_MODEL_S:-120}
+PER_MODEL_S=${PER_MODEL_S:-75}
+TOTAL_S=${TOTAL_S:-500}
 CHECK_TOKENS=${CHECK_TOKENS:-1500}
 LLAMA_BENCH=${1:-${LLAMA_BENCH:-}}
 mkdir -p "$OUT" "$WORK/twins"
@@ -118,6 +120,7 @@ for m in "${MODELS[@]}"; do
 from tallow.memory.budget import scan_header; from tallow.spec import spec_from_gguf
 ctx = spec_from_gguf(scan_header('$WORK/twins/$m.gguf')).context_length
 print(','.join(dict.fromkeys(str(min(int(d), ctx - max($PP, $TG))) for d in '$DEPTHS'.split(','))))")
+  if [ $SECONDS -gt "$TOTAL_S" ]; then say "-- $m skipped: $SECONDS s gone (TOTAL_S=$TOTAL_S); run again with ONLY=\"$m\""; continue; fi
   say "-- $m (depths $depths)"
   timeout "$PER_MODEL_S" python3 -m tallow.cli bench "$WORK/twins/$m.gguf" --device "$DEVICE" --depths "$depths" \
     -p "$PP" -n "$TG" -r "$REPS" "${LLAMA_OPT[@]}" --json > "$OUT/study_$m.json" 2> "$OUT/study_$m.err"
