@@ -307,6 +307,8 @@ def run_depth_study(args) -> int:
                     r["llama"] = {f"pp{pp}": lb.get((f"pp{pp}", r["depth"]), {}).get("tok_s"),
                                   f"tg{tg}": lb.get((f"tg{tg}", r["depth"]), {}).get("tok_s"),
                                   "samples": {k[0]: v["samples"] for k, v in lb.items() if k[1] == r["depth"]}}
+                    print(f"  llama.cpp {r['model']} d{r['depth']}: pp{pp} {r['llama'][f'pp{pp}'] or 0:.1f} tok/s, "
+                          f"tg{tg} {r['llama'][f'tg{tg}'] or 0:.1f} tok/s", file=sys.stderr)
             except LlamaBenchError as exc:
                 failures.append(exc)
                 print(f"tallow: {exc}", file=sys.stderr)
