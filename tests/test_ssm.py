@@ -333,3 +333,18 @@ def test_the_same_prompt_again_reuses_all_but_its_last_rows(tmp_path):
     cold = Engine(model, 256, kv_dtype="f16").prefill(other, GenerationStats())
     stats = GenerationStats()
     assert torch.equal(engine.prefill(other, stats), cold) and stats.reused_tokens == 72
+
+
+def test_tail_cuts_reach_into_the_chunk_before_a_short_last_one():
+    """A 2,100-token prompt's plan ends (1536, 2036), (2036, 2100): the cut 2·min_rows before the
+    end goes into the chunk before, so a second prompt sharing its first 2,000 tokens resumes at
+    1972, not 1536; every part keeps >= min_rows rows; no cut without checkpoints."""
+    from types import SimpleNamespace
+
+    from tallow.engine.prefill_plan import PrefillPlan
+
+    plan = PrefillPlan(512, row_invariant=True, min_rows=64)
+    chunks = RecurrentMemory.prefill_chunks(SimpleNamespace(keep=4), plan, 0, 2100)
+    assert chunks[-3:] == [(1536, 1972), (1972, 2036), (2036, 2100)] and all(b - a >= 64 for a, b in chunks)
+    assert RecurrentMemory.prefill_chunks(SimpleNamespace(keep=4), plan, 0, 100) == [(0, 100)]
+    assert RecurrentMemory.prefill_chunks(SimpleNamespace(keep=0), plan, 0, 2100) == plan.chunks(0, 2100)

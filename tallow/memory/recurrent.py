@@ -179,14 +179,16 @@ class RecurrentMemory(KVPool):
         (a long system prompt or document, another question) reuses all but 2·min_rows — not
         the whole last chunk (docs/performance.md, "Shared-prefix TTFT on a recurrent model").
         Every part keeps >= min_rows rows, so the numbers are the uncut chunk's and stay canonical.
-        With the default 4 checkpoints these two and the end evict all chunk ends but the last."""
+        A cut goes into whichever chunk holds it (the last chunk may be only min_rows long). With
+        the default 4 checkpoints these two and the end evict all chunk ends but the last."""
         chunks = plan.chunks(start, n)
-        if self.keep > 0 and plan.stable and plan.row_invariant and chunks:
-            a, b = chunks[-1]
-            cuts = [c for c in (n - TAIL_CUTS[0] * plan.min_rows, n - TAIL_CUTS[1] * plan.min_rows) if c - a >= plan.min_rows]
-            if b == n and cuts:
-                edges = [a] + sorted(set(cuts)) + [n]
-                chunks[-1:] = list(zip(edges, edges[1:]))
+        if self.keep > 0 and plan.stable and plan.row_invariant:
+            m = plan.min_rows
+            for cut in sorted({n - k * m for k in TAIL_CUTS}):  # into whichever chunk holds it
+                for i, (a, b) in enumerate(chunks):
+                    if a + m <= cut <= b - m:
+                        chunks[i : i + 1] = [(a, cut), (cut, b)]
+                        break
         return chunks
 
     def reusable(self, n: int) -> int:
