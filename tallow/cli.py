@@ -344,8 +344,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.depths is not None or len(args.models) > 1:  # the architecture study (bench_depths.py)
+        from .bench_depths import run_depth_study
+
+        return run_depth_study(args)
     from .bench import run_bench
 
+    if args.models:
+        args.model = args.models[0]
+    args.n_prompt = args.n_prompt or "33,512"
+    args.n_gen = args.n_gen or "64"
     return run_bench(args)
 
 
@@ -427,10 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="prefill/decode speed like llama-bench")
     _add_model_arg(p)
-    p.add_argument("-p", "--n-prompt", default="33,512", help="prompt lengths, comma-separated")
-    p.add_argument("-n", "--n-gen", default="64", help="generation lengths, comma-separated")
+    p.add_argument("models", nargs="*", metavar="MODEL", help="models to compare (with --depths: the architecture study)")
+    p.add_argument("-p", "--n-prompt", default=None, help="prompt lengths, comma-separated (default 33,512; with --depths one, 512)")
+    p.add_argument("-n", "--n-gen", default=None, help="generation lengths, comma-separated (default 64)")
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("-d", "--depth", default="0", help="KV depths for the tg tests, comma-separated (like llama-bench -d)")
+    p.add_argument("--depths", default=None, help="the study: pp and tg after each of these context depths, per model, "
+                   "with the memory held at each (e.g. 0,1024,4096,16384,32768)")
+    p.add_argument("--llama-bench", default=None, metavar="PATH", help="with --depths: run this llama-bench on the same files, its figures beside")
+    p.add_argument("--llama-args", default=None, metavar="ARGS", help="extra llama-bench arguments, e.g. '-ngl 99'")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="with --depths: tok/s and MiB against depth, one line per model (needs matplotlib)")
     p.add_argument("--json", action="store_true")
     _add_memory_args(p)
     _add_device_arg(p)

@@ -310,15 +310,35 @@ def test_the_server_answers_with_a_recurrent_model(tiny):
 
 
 def test_the_same_prompt_again_reuses_all_but_its_last_rows(tmp_path):
-    """Row-invariant plan (Q8_0): the last prefill chunk is cut min_rows (64) before the end, so a
-    retried 200-token prompt continues the checkpoint at 136 and gets the cold run's logits."""
+    """Row-invariant plan (Q8_0): the last prefill chunk is cut 2·min_rows and min_rows (64) before
+    the end, so a retried 200-token prompt continues the checkpoint at 136 and gets the cold run's
+    logits, and one that shares all but its last 100 tokens continues the checkpoint at 72."""
     from gguf import GGMLQuantizationType as QT
 
     spec, model = _model(write_tiny_ssm("falcon-h1", tmp_path / "q8.gguf", qtype=QT.Q8_0))
     ids = tiny_prompt(200)
     engine = Engine(model, 256, kv_dtype="f16")
     first = engine.prefill(ids, GenerationStats())
-    assert list(engine.kv.checkpoints) == [136, 200] and engine.kv.canonical == 200
+    assert list(engine.kv.checkpoints) == [72, 136, 200] and engine.kv.canonical == 200
     stats = GenerationStats()
     again = engine.prefill(ids, stats)
     assert stats.reused_tokens == 136 and torch.equal(first, again)
+    other = ids[:100] + tiny_prompt(100, seed=7)  # another 100-token question after the same 100
+    cold = Engine(model, 256, kv_dtype="f16").prefill(other, GenerationStats())
+    stats = GenerationStats()
+    assert torch.equal(engine.prefill(other, stats), cold) and stats.reused_tokens == 72
+
+
+def test_tail_cuts_reach_into_the_chunk_before_a_short_last_one():
+    """A 2,100-token prompt's plan ends (1536, 2036), (2036, 2100): the cut 2·min_rows before the
+    end goes into the chunk before, so a second prompt sharing its first 2,000 tokens resumes at
+    1972, not 1536; every part keeps >= min_rows rows; no cut without checkpoints."""
+    from types import SimpleNamespace
+
+    from tallow.engine.prefill_plan import PrefillPlan
+
+    plan = PrefillPlan(512, row_invariant=True, min_rows=64)
+    chunks = RecurrentMemory.prefill_chunks(SimpleNamespace(keep=4), plan, 0, 2100)
+    assert chunks[-3:] == [(1536, 1972), (1972, 2036), (2036, 2100)] and all(b - a >= 64 for a, b in chunks)
+    assert RecurrentMemory.prefill_chunks(SimpleNamespace(keep=4), plan, 0, 100) == [(0, 100)]
+    assert RecurrentMemory.prefill_chunks(SimpleNamespace(keep=0), plan, 0, 2100) == plan.chunks(0, 2100)

@@ -44,6 +44,10 @@ from ..spec import ModelSpec
 from .kv_pool import KVPool
 
 
+# Where the last prefill chunk is cut, in min_rows before the prompt's end (prefill_chunks).
+TAIL_CUTS = (2, 1)
+
+
 def max_checkpoints() -> int:
     """TALLOW_STATE_CHECKPOINTS: how many prefill-chunk-boundary state copies are kept (0: none)."""
     return int(switches.value("TALLOW_STATE_CHECKPOINTS"))
@@ -186,15 +190,23 @@ class RecurrentMemory(KVPool):
             self.checkpoints.popitem(last=False)
 
     def prefill_chunks(self, plan, start: int, n: int) -> list[tuple[int, int]]:
-        """The plan's chunks, the last one cut min_rows before the end where the plan is
-        row-invariant: the same prompt again (a retry, a regenerated answer) then reuses all but
-        its last min_rows tokens (the plan always recomputes those), from the checkpoint there.
-        Both parts keep >= min_rows rows, so the numbers are the uncut chunk's and stay canonical."""
+        """The plan's chunks, the last one cut 2·min_rows and min_rows before the end where the
+        plan is row-invariant, so checkpoints land there: the same prompt again (a retry, a
+        regenerated answer) reuses all but its last min_rows tokens (the plan always recomputes
+        those), and a prompt that shares all but the last question of up to 2·min_rows tokens
+        (a long system prompt or document, another question) reuses all but 2·min_rows — not
+        the whole last chunk (docs/performance.md, "Shared-prefix TTFT on a recurrent model").
+        Every part keeps >= min_rows rows, so the numbers are the uncut chunk's and stay canonical.
+        A cut goes into whichever chunk holds it (the last chunk may be only min_rows long). With
+        the default 4 checkpoints these two and the end evict all chunk ends but the last."""
         chunks = plan.chunks(start, n)
-        if self.keep > 0 and plan.stable and plan.row_invariant and chunks:
-            a, b = chunks[-1]
-            if b == n and b - a >= 2 * plan.min_rows:
-                chunks[-1:] = [(a, n - plan.min_rows), (n - plan.min_rows, n)]
+        if self.keep > 0 and plan.stable and plan.row_invariant:
+            m = plan.min_rows
+            for cut in sorted({n - k * m for k in TAIL_CUTS}):  # into whichever chunk holds it
+                for i, (a, b) in enumerate(chunks):
+                    if a + m <= cut <= b - m:
+                        chunks[i : i + 1] = [(a, cut), (cut, b)]
+                        break
         return chunks
 
     def reusable(self, n: int) -> int:
