@@ -67,7 +67,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_TRITON_OPS", "flag", True, "0", "GPU: torch RMSNorm/GLU/RoPE/K-V writes instead of one Triton launch each", "call", numeric=True),
     Switch("TALLOW_GEMV_SPLITK", "flag", True, "0", "GPU: no K splits in the decode GEMV (split where the row tiles do not fill the GPU or K is long: smollm2's small matrices, Q6_K down projections, long-K Q8_0/Q5_0)", "call", numeric=True),
     Switch("TALLOW_PDL", "flag", True, "0", "GPU (compute capability 9+): the decode step's Triton kernels launch one after another instead of each starting while the previous one finishes (programmatic dependent launch)", "call"),
-    Switch("TALLOW_GEMV_PREFETCH", "flag", True, "0", "GPU: the decode GEMV loads each K step's weights when it uses them instead of one step ahead (the first before waiting for the previous kernel)", "call"),
+    Switch("TALLOW_GEMV_PREFETCH", "flag", False, "1", "GPU: the decode GEMV loads each K step's weights one step ahead, the first before waiting for the previous kernel; opt-in: measured 3% slower on the smollm2 twin with programmatic dependent launch (docs/performance.md)", "call"),
     Switch("TALLOW_GEMV_PROLOGUE", "flag", True, "0", "GPU: small models' norms and GLUs run as their own kernels instead of inside the next GEMV", "call", numeric=True),
     Switch("TALLOW_TRITON_ATTENTION", "flag", True, "0", "GPU: prefill attention through torch (mask + SDPA) instead of the flash kernel", "call", numeric=True),
     Switch("TALLOW_SSM_TRITON", "flag", True, "0", "GPU, mamba/mamba2/falcon-h1: the conv1d and selective scan through the torch reference ops (kernels/cpu/ssm.py, a few launches per token) instead of one Triton launch each", "load", numeric=True),
