@@ -28,7 +28,7 @@ Where each fact comes from (docs/performance.md, "Gemma 4 twins", lists them per
 - The quant types: llama.cpp b11434 `src/llama-quant.cpp`, Q4_K_M: Q4_K by default; the tied
   token_embd and per_layer_token_embd (both match tensor_name_match_token_embd, and the file
   has no output.weight) get the output tensor's Q6_K; attn_v and ffn_down Q6_K where
-  use_more_bits(i, n) (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2), counted over the attn_v
+  usemore_bits(i, n) (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2), counted over the attn_v
   tensors present and over the layers; per_layer_model_proj is never quantized, so it keeps the
   converter's type, BF16 (`--outtype auto` on a bfloat16 checkpoint); 1-D tensors and norms F32.
 - The vocabulary: llama.cpp's Gemma 4 vocabulary file (tests/fixtures/shared/vocab), every
@@ -43,10 +43,12 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from twin_gguf import Tensor, more_bits, random_blocks, start_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB_XZ = ROOT / "tests" / "fixtures" / "shared" / "vocab" / "ggml-vocab-gemma-4.gguf.xz"
@@ -70,30 +72,6 @@ CONFIGS = {
                 layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 7,
                 rope_theta_full=1_000_000.0, partial_rotary_factor_full=0.25, rope_theta_sliding=10_000.0),
 }
-
-# (block elements, block bytes, byte offsets of the fp16 scale fields set to a sane value)
-BLOCKS = {"Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,)), "F32": (1, 4, ()), "BF16": (1, 2, ())}
-SCALE = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int, ...]  # numpy order: (rows, cols) = (ggml ne1, ne0); (n,) for vectors
-    type: str
-
-    @property
-    def nbytes(self) -> int:
-        elems, size, _ = BLOCKS[self.type]
-        n = int(np.prod(self.shape))
-        assert n % elems == 0 and self.shape[-1] % elems == 0, (self.name, self.shape, self.type)
-        return n // elems * size
-
-
-def _more_bits(i: int, n: int) -> bool:
-    """llama-quant.cpp's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
 
 def ffn_widths(c: dict) -> list[int]:
     """Per-layer MLP widths: with use_double_wide_mlp the converter doubles the last
@@ -134,7 +112,7 @@ def tensor_table(c: dict) -> list[Tensor]:
         t += [Tensor(p + "attn_norm.weight", (dim,), "F32"), Tensor(p + "attn_q.weight", (n_heads * hd, dim), "Q4_K")]
         if i < n_cached:
             t += [Tensor(p + "attn_k.weight", (kv * hd, dim), "Q4_K"),
-                  Tensor(p + "attn_v.weight", (kv * hd, dim), "Q6_K" if _more_bits(i_v, n_v) else "Q4_K"),
+                  Tensor(p + "attn_v.weight", (kv * hd, dim), "Q6_K" if more_bits(i_v, n_v) else "Q4_K"),
                   Tensor(p + "attn_k_norm.weight", (hd,), "F32")]
             i_v += 1
         t += [Tensor(p + "attn_q_norm.weight", (hd,), "F32"),
@@ -143,7 +121,7 @@ def tensor_table(c: dict) -> list[Tensor]:
               Tensor(p + "ffn_norm.weight", (dim,), "F32"),
               Tensor(p + "ffn_gate.weight", (ffn[i], dim), "Q4_K"),
               Tensor(p + "ffn_up.weight", (ffn[i], dim), "Q4_K"),
-              Tensor(p + "ffn_down.weight", (dim, ffn[i]), "Q6_K" if _more_bits(i, n_layers) else "Q4_K"),
+              Tensor(p + "ffn_down.weight", (dim, ffn[i]), "Q6_K" if more_bits(i, n_layers) else "Q4_K"),
               Tensor(p + "post_ffw_norm.weight", (dim,), "F32"),
               Tensor(p + "layer_output_scale.weight", (1,), "F32")]
         if ple:
@@ -204,17 +182,8 @@ def add_tokenizer(w, vocab_path: Path, vocab_size: int) -> None:
 def _random_data(t: Tensor, rng: np.random.Generator, chunk: int = 1 << 26):
     """The tensor's bytes in chunks: random quant blocks with their fp16 scales set to 0.002,
     norms and the output scales 1.0, rope_freqs the converter's values, other floats N(0, 0.02)."""
-    elems, size, scales = BLOCKS[t.type]
     if t.type in ("Q4_K", "Q6_K"):
-        blocks_per_chunk = chunk // size
-        left = t.nbytes // size
-        while left:
-            n = min(left, blocks_per_chunk)
-            b = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
-            for o in scales:
-                b[:, o:o + 2] = SCALE
-            yield b.tobytes()
-            left -= n
+        yield from random_blocks(t, rng, chunk)
     elif t.type == "F32":
         n = int(np.prod(t.shape))
         if t.name == "rope_freqs.weight":
@@ -242,21 +211,10 @@ def unpack_vocab(dest: Path) -> Path:
 def write_twin(c: dict, name: str, out: Path, vocab: Path | None = None, seed: int = 0) -> Path:
     """Write the twin of config c (CONFIGS[...] or a variant) to out; vocab: a GGUF whose
     tokenizer.* keys to copy (default: llama.cpp's Gemma 4 vocabulary)."""
-    from gguf import GGMLQuantizationType as Q, GGUFWriter
-
     table = tensor_table(c)
     with tempfile.TemporaryDirectory() as tmp:
         vocab = vocab or unpack_vocab(Path(tmp) / "vocab.gguf")
-        w = GGUFWriter(str(out), "gemma4")
-        add_metadata(w, c, name, vocab)
-        for t in table:
-            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=Q[t.type])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        f = w.fout[0]
-        align = w.data_alignment
-        f.write(b"\0" * (-f.tell() % align))
+        w, f, align = start_gguf(out, "gemma4", lambda w: add_metadata(w, c, name, vocab), table)
         rng = np.random.default_rng(seed)
         for t in table:
             for part in _random_data(t, rng):

@@ -52,13 +52,13 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+from twin_gguf import BLOCKS, SCALE, Tensor, more_bits, start_gguf  # noqa: E402
 
 CONFIGS = {
     "qwen3-30b-a3b": dict(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128,
@@ -72,29 +72,7 @@ CONFIGS = {
 VARIANTS = {"qwen3-30b-a3b": ("qwen3-30b-a3b", "Q4_K_M"), "gemma4-26b-nvfp4": ("gemma4-26b-a4b", "NVFP4"),
             "gemma4-26b-q4km": ("gemma4-26b-a4b", "Q4_K_M")}
 
-# type -> (block elements, block bytes, fp16 scale offsets, GGUF file_type of a file mostly of it)
-BLOCKS = {"Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)),
-          "NVFP4": (64, 36, ()), "F32": (1, 4, ())}
 FILE_TYPE = {"Q4_K_M": 15, "NVFP4": 7}  # LLAMA_FTYPE_MOSTLY_Q4_K_M; NVFP4 files: most bytes FP4, rest Q8_0 (Q8_0's id)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int, ...]  # numpy order: (experts, rows, cols), (rows, cols), (n,)
-    type: str
-
-    @property
-    def nbytes(self) -> int:
-        elems, size, _ = BLOCKS[self.type]
-        n = int(np.prod(self.shape))
-        assert self.shape[-1] % elems == 0, (self.name, self.shape, self.type)
-        return n // elems * size
-
-
-def _more_bits(i: int, n: int) -> bool:
-    """llama-quant.cpp's use_more_bits."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def _k(kind: str, cols: int) -> str:
@@ -124,14 +102,14 @@ def qwen3moe_table(c: dict) -> list[Tensor]:
         t += [Tensor(p + "attn_norm.weight", (d,), "F32"),
               Tensor(p + "attn_q.weight", (c["heads"] * hd, d), "Q4_K"),
               Tensor(p + "attn_k.weight", (c["kv_heads"] * hd, d), "Q4_K"),
-              Tensor(p + "attn_v.weight", (c["kv_heads"] * hd, d), "Q6_K" if _more_bits(i, n) else "Q4_K"),
+              Tensor(p + "attn_v.weight", (c["kv_heads"] * hd, d), "Q6_K" if more_bits(i, n) else "Q4_K"),
               Tensor(p + "attn_output.weight", (d, c["heads"] * hd), "Q4_K"),
               Tensor(p + "attn_q_norm.weight", (hd,), "F32"), Tensor(p + "attn_k_norm.weight", (hd,), "F32"),
               Tensor(p + "ffn_norm.weight", (d,), "F32"),
               Tensor(p + "ffn_gate_inp.weight", (e, d), "F32"),
               Tensor(p + "ffn_gate_exps.weight", (e, w, d), "Q4_K"),
               Tensor(p + "ffn_up_exps.weight", (e, w, d), "Q4_K"),
-              Tensor(p + "ffn_down_exps.weight", (e, d, w), _k("Q6_K" if _more_bits(i, n) else "Q4_K", w))]
+              Tensor(p + "ffn_down_exps.weight", (e, d, w), _k("Q6_K" if more_bits(i, n) else "Q4_K", w))]
     return t
 
 
@@ -151,14 +129,14 @@ def gemma4_table(c: dict, quant: str) -> list[Tensor]:
         t += [Tensor(p + "attn_norm.weight", (d,), "F32"), Tensor(p + "attn_q.weight", (c["heads"] * hd, d), dense("Q4_K", d)),
               Tensor(p + "attn_k.weight", (kv * hd, d), dense("Q4_K", d))]
         if swa[i]:
-            t.append(Tensor(p + "attn_v.weight", (kv * hd, d), dense("Q6_K" if _more_bits(i_v, n_v) else "Q4_K", d)))
+            t.append(Tensor(p + "attn_v.weight", (kv * hd, d), dense("Q6_K" if more_bits(i_v, n_v) else "Q4_K", d)))
             i_v += 1
         t += [Tensor(p + "attn_q_norm.weight", (hd,), "F32"), Tensor(p + "attn_k_norm.weight", (hd,), "F32"),
               Tensor(p + "attn_output.weight", (d, c["heads"] * hd), dense("Q4_K", c["heads"] * hd)),
               Tensor(p + "post_attention_norm.weight", (d,), "F32"),
               Tensor(p + "ffn_norm.weight", (d,), "F32"),
               Tensor(p + "ffn_gate.weight", (ffn, d), dense("Q4_K", d)), Tensor(p + "ffn_up.weight", (ffn, d), dense("Q4_K", d)),
-              Tensor(p + "ffn_down.weight", (d, ffn), dense("Q6_K" if _more_bits(i, n) else "Q4_K", ffn)),
+              Tensor(p + "ffn_down.weight", (d, ffn), dense("Q6_K" if more_bits(i, n) else "Q4_K", ffn)),
               Tensor(p + "post_ffw_norm_1.weight", (d,), "F32"), Tensor(p + "pre_ffw_norm_2.weight", (d,), "F32"),
               Tensor(p + "ffn_gate_inp.weight", (e, d), "F32"), Tensor(p + "ffn_gate_inp.scale", (d,), "F32")]
         if nv:
@@ -167,7 +145,7 @@ def gemma4_table(c: dict, quant: str) -> list[Tensor]:
                   Tensor(p + "ffn_down_exps.weight", (e, d, w), "NVFP4")]
         else:
             t += [Tensor(p + "ffn_gate_up_exps.weight", (e, 2 * w, d), "Q4_K"),
-                  Tensor(p + "ffn_down_exps.weight", (e, d, w), _k("Q6_K" if _more_bits(i, n) else "Q4_K", w))]
+                  Tensor(p + "ffn_down_exps.weight", (e, d, w), _k("Q6_K" if more_bits(i, n) else "Q4_K", w))]
         t += [Tensor(p + "ffn_down_exps.scale", (e,), "F32"), Tensor(p + "post_ffw_norm_2.weight", (d,), "F32"),
               Tensor(p + "post_ffw_norm.weight", (d,), "F32"), Tensor(p + "layer_output_scale.weight", (1,), "F32")]
     return t
@@ -253,7 +231,7 @@ def _pool(kind: str, rng: np.random.Generator) -> bytes:
     n = POOL_BYTES // size
     b = np.frombuffer(rng.bytes(n * size), np.uint8).reshape(n, size).copy()
     for o in scales:
-        b[:, o : o + 2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+        b[:, o : o + 2] = SCALE
     if kind == "NVFP4":  # UE4M3 exponents 4..6 (values 2^-3..2^-1, halved by the format), any mantissa
         b[:, :4] = (rng.integers(4, 7, (n, 4)) << 3 | rng.integers(0, 8, (n, 4))).astype(np.uint8)
     return b.tobytes()
@@ -273,24 +251,13 @@ def _floats(t: Tensor, rng: np.random.Generator, c: dict) -> bytes:
 
 def write_twin(name: str, c: dict, out: Path, vocab: Path | None = None, header_only: bool = False, seed: int = 0) -> int:
     """Write the twin; returns the file's size. header_only: the data region left as a hole."""
-    from gguf import GGMLQuantizationType as Q, GGUFWriter
-
     table = tensor_table(name, c)
     with tempfile.TemporaryDirectory() as tmp:
         if c["arch"] == "gemma4" and vocab is None:
             from make_gemma4_twin import unpack_vocab
 
             vocab = unpack_vocab(Path(tmp) / "vocab.gguf")
-        w = GGUFWriter(str(out), c["arch"])
-        add_metadata(w, name, c, vocab)
-        for t in table:
-            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=Q[t.type])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        f = w.fout[0]
-        align = w.data_alignment
-        f.write(b"\0" * (-f.tell() % align))
+        w, f, align = start_gguf(out, c["arch"], lambda w: add_metadata(w, name, c, vocab), table)
         start = f.tell()
         end = start + sum(t.nbytes + (-t.nbytes % align) for t in table)
         rng = np.random.default_rng(seed)

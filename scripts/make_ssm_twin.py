@@ -30,7 +30,7 @@ Where each fact comes from:
   ending in "weight" are quantized, never "_norm.weight" nor ssm_conv1d (so ssm_a, ssm_d, the
   conv kernel, biases, norms and Falcon-H1's suffix-less ffn_norm stay F32, as the converter
   writes them); output.weight, and token_embd when tied (Mamba), Q6_K; an untied token_embd keeps
-  Q4_K; attn_v and ffn_down Q6_K where use_more_bits(i, n); a row not a multiple of 256 falls
+  Q4_K; attn_v and ffn_down Q6_K where usemore_bits(i, n); a row not a multiple of 256 falls
   back (tensor_type_fallback) Q4_K -> Q5_0: Mamba's ssm_dt.weight (rows of dt_rank = 128).
 - The vocabulary: the real tokenizers are not here. The twin carries a byte-level BPE vocabulary
   of exactly vocab_size tokens (GPT-2's 256 byte symbols, then two-symbol merges, the last two
@@ -42,10 +42,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from twin_gguf import Tensor, more_bits, random_blocks, start_gguf  # noqa: E402
 
 # The published config.json fields each twin uses.
 CONFIGS = {
@@ -93,29 +95,6 @@ CONFIGS = {
                          tie_word_embeddings=False),
 }
 
-# (block elements, block bytes, byte offsets of the fp16 scale fields set to a sane value)
-BLOCKS = {"Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,)), "Q5_0": (32, 22, (0,)), "F32": (1, 4, ())}
-SCALE = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int, ...]  # numpy order: (rows, cols) = (ggml ne1, ne0); (n,) for vectors
-    type: str
-
-    @property
-    def nbytes(self) -> int:
-        elems, size, _ = BLOCKS[self.type]
-        assert self.shape[-1] % elems == 0, (self.name, self.shape, self.type)
-        return int(np.prod(self.shape)) // elems * size
-
-
-def _more_bits(i: int, n: int) -> bool:
-    """llama-quant.cpp's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
 def _q4k(cols: int) -> str:
     """Q4_K, or tensor_type_fallback's Q5_0 for rows that are not whole 256-blocks."""
     return "Q4_K" if cols % 256 == 0 else "Q5_0"
@@ -152,7 +131,7 @@ def tensor_table(c: dict) -> list[Tensor]:
         t += [Tensor(p + "attn_norm.weight", (dim,), "F32"),
               Tensor(p + "attn_q.weight", (heads * hd, dim), _q4k(dim)),
               Tensor(p + "attn_k.weight", (kv * hd, dim), _q4k(dim)),
-              Tensor(p + "attn_v.weight", (kv * hd, dim), "Q6_K" if _more_bits(i, n) else _q4k(dim)),
+              Tensor(p + "attn_v.weight", (kv * hd, dim), "Q6_K" if more_bits(i, n) else _q4k(dim)),
               Tensor(p + "attn_output.weight", (dim, heads * hd), _q4k(heads * hd)),
               Tensor(p + "ssm_in.weight", (2 * d + 2 * ng * ds + nh, dim), _q4k(dim)),
               Tensor(p + "ssm_conv1d.weight", (conv_ch, c["mamba_d_conv"]), "F32")]
@@ -166,7 +145,7 @@ def tensor_table(c: dict) -> list[Tensor]:
               Tensor(p + "ffn_norm", (dim,), "F32"),
               Tensor(p + "ffn_gate.weight", (ffn, dim), _q4k(dim)),
               Tensor(p + "ffn_up.weight", (ffn, dim), _q4k(dim)),
-              Tensor(p + "ffn_down.weight", (dim, ffn), "Q6_K" if _more_bits(i, n) else _q4k(ffn))]
+              Tensor(p + "ffn_down.weight", (dim, ffn), "Q6_K" if more_bits(i, n) else _q4k(ffn))]
     return t + [Tensor("output_norm.weight", (dim,), "F32"), Tensor("output.weight", (c["vocab_size"], dim), "Q6_K")]
 
 
@@ -232,16 +211,8 @@ def _random_data(t: Tensor, c: dict, rng: np.random.Generator, chunk: int = 1 <<
     """The tensor's bytes in chunks: random quant blocks with their fp16 scales set to 0.002; A
     negative as Mamba initializes it (-1..-d_state per channel; per head -exp(U(0, log 16))), the
     dt bias softplus^-1 of dt in [1e-3, 1e-1], D and norms 1.0, other floats N(0, 0.02)."""
-    elems, size, scales = BLOCKS[t.type]
     if t.type != "F32":
-        per_chunk, left = chunk // size, t.nbytes // size
-        while left:
-            k = min(left, per_chunk)
-            b = np.frombuffer(rng.bytes(k * size), np.uint8).reshape(k, size).copy()
-            for o in scales:
-                b[:, o:o + 2] = SCALE
-            yield b.tobytes()
-            left -= k
+        yield from random_blocks(t, rng, chunk)
         return
     n = int(np.prod(t.shape))
     if t.name.endswith("ssm_a"):
@@ -260,20 +231,9 @@ def _random_data(t: Tensor, c: dict, rng: np.random.Generator, chunk: int = 1 <<
 
 
 def write_twin(name: str, out: Path, seed: int = 0) -> Path:
-    from gguf import GGMLQuantizationType as Q, GGUFWriter
-
     c = CONFIGS[name]
     table = tensor_table(c)
-    w = GGUFWriter(str(out), c["arch"])
-    add_metadata(w, c, name)
-    for t in table:
-        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=Q[t.type])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    f = w.fout[0]
-    align = w.data_alignment
-    f.write(b"\0" * (-f.tell() % align))
+    w, f, align = start_gguf(out, c["arch"], lambda w: add_metadata(w, c, name), table)
     rng = np.random.default_rng(seed)
     for t in table:
         for part in _random_data(t, c, rng):
