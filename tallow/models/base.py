@@ -21,7 +21,7 @@ from ..layers import RotaryTables, rms_norm, softcap_logits
 from ..memory.kv_pool import KVPool
 from ..quant.reference import dequantize
 from ..spec import ModelSpec
-from .step import ALL, LAST, PREFILL, Step, backends_for
+from .step import ALL, LAST, PREFILL, FusedHeads, Step, backends_for
 
 
 @dataclass
@@ -131,8 +131,6 @@ class DecoderModel:
     def fused_heads(self, w: LayerWeights, qkv: torch.Tensor):
         """This block's heads for the fused decode launch (models/step.py FusedHeads), or None
         where that launch cannot compute them."""
-        from .step import FusedHeads
-
         layer = self.spec.layers[w.index]
         nh, nkv, hd = layer.n_heads, layer.n_kv_heads, layer.head_dim
         n = qkv.shape[0]

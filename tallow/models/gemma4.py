@@ -25,7 +25,7 @@ from ..families.tensors import PER_LAYER_TOKEN_EMBD
 from ..layers import rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
-from .step import Step
+from .step import FusedHeads, Step
 
 
 _GELU_TABLE: dict = {}  # device -> the table
@@ -158,8 +158,6 @@ class Gemma4Model(DecoderModel):
     def fused_heads(self, w: LayerWeights, proj: torch.Tensor):
         """attention_heads' views for the fused decode launch (models/step.py): Q only for a
         shared-KV layer; V weightless-normed, and K itself where the layer has no attn_v."""
-        from .step import FusedHeads
-
         layer = self.spec.layers[w.index]
         n, nh, nkv, hd = proj.shape[0], layer.n_heads, layer.n_kv_heads, layer.head_dim
         if not layer.owns_kv:
