@@ -15,9 +15,7 @@ output's relative error against the fp32 reference product (ReferenceLinear).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from median_ms import median_ms  # noqa: E402  (scripts/, the running script's folder)
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT  # noqa: E402
 
 from tallow.gguf_file import TensorInfo  # noqa: E402
@@ -42,16 +41,6 @@ def random_fp4(qtype: QT, n: int, k: int, seed: int = 0) -> TensorInfo:
         raw[:, :4] = rng.integers(0x18, 0x28, (raw.shape[0], 4))
     raw = raw.reshape(n, -1)
     return TensorInfo("w", qtype, (k, n), 0, raw.nbytes, raw)
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -82,8 +71,8 @@ def main() -> None:
                     layer(x)
 
             n = len(stack)
-            print(f"  {mode:6s} {lin.kind:10s} {lin.nbytes / 2**20:6.2f} MiB  1 row {_time(lambda: run(x1), a.reps) / n:7.3f} ms"
-                  f"  64 rows {_time(lambda: run(x64), max(3, a.reps // 10)) / n:7.3f} ms  rel. error {err:.1e}")
+            print(f"  {mode:6s} {lin.kind:10s} {lin.nbytes / 2**20:6.2f} MiB  1 row {median_ms(lambda: run(x1), a.reps) / n:7.3f} ms"
+                  f"  64 rows {median_ms(lambda: run(x64), max(3, a.reps // 10)) / n:7.3f} ms  rel. error {err:.1e}")
 
 
 if __name__ == "__main__":

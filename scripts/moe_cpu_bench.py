@@ -15,9 +15,7 @@ afresh (random logits drawn before timing). Prints ms per token, median of --rep
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from median_ms import median_ms  # noqa: E402  (scripts/, the running script's folder)
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
@@ -45,16 +44,6 @@ def _tensor(name: str, arr: np.ndarray, qt: QT) -> TensorInfo:
 def _glu(gu: torch.Tensor) -> torch.Tensor:
     f = gu.shape[-1] // 2
     return swiglu(gu[:, :f], gu[:, f:])
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -111,9 +100,9 @@ def main() -> None:
         return (y * weights[0].unsqueeze(-1)).sum(0, keepdim=True)
 
     results = {
-        "experts": _time(experts, a.reps),
-        "dense": _time(dense_ffn, a.reps),
-        "gathered": _time(gathered, a.reps),
+        "experts": median_ms(experts, a.reps),
+        "dense": median_ms(dense_ffn, a.reps),
+        "gathered": median_ms(gathered, a.reps),
     }
     active = bank.gate_up[0].nbytes * k + bank.down[0].nbytes * k
     print(f"{a.qtype} dim {dim} width {width} {k} of {n} experts, {bank.kind}; active packed weights {active / 2**20:.2f} MiB, "
