@@ -1,0 +1,78 @@
+#!/bin/bash
+# Same-run ratios on the H200: llama.cpp b11434 built in the lease (static llama-bench, CUDA sm_90), then each
+# twin measured by tallow and by llama-bench one right after the other, in the same call.
+#   bash scripts/gpu_same_run.sh STEP...
+# Steps: prepare (llama.cpp built in the background while the twins are written; waits for both),
+#        check (smollm2 twin: graph vs eager decode and top-1 against the CPU fp32 reference),
+#        table T... (tallow `-p 33,512 -n 128 -r 3`, then llama-bench `-p 33,512 -n 128 -r 5`, per twin),
+#        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
+#        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), pack (llama-bench.xz into $OUT).
+# Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
+# (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
+# llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT /root/twins
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+LLAMA=/root/llama/bin/llama-bench
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
+build_llama() {
+  [ -x $LLAMA ] && return 0
+  rm -rf /root/llsrc && mkdir -p /root/llsrc && tar xJf .llsrc/llsrc.tar.xz -C /root/llsrc || return 1
+  cmake -S /root/llsrc -B /root/llbuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > $OUT/llama_cmake.log 2>&1 || return 1
+  cmake --build /root/llbuild -j16 --target llama-bench > $OUT/llama_build.log 2>&1 || return 1
+  mkdir -p /root/llama/bin && cp /root/llbuild/bin/llama-bench $LLAMA
+}
+twin() {
+  local t=$1 f=/root/twins/$1.gguf
+  [ -s $f ] && return 0
+  case $t in
+    gemma4-*) python3 scripts/make_gemma4_twin.py ${t#gemma4-} $f.tmp ;;
+    *) python3 .twins2/make_twin.py make .twins2/$t $f.tmp ;;
+  esac > /dev/null && mv $f.tmp $f
+}
+llama_json() {  # model, tests...
+  local m=$1; shift
+  $LLAMA -m $m -ngl 99 -fa 1 "$@" -o jsonl 2>/dev/null | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py
+}
+pair() {  # twin, tests (the same for both)
+  local t=$1; shift
+  echo "== $t: $*" | tee -a $OUT/table.log; state
+  python3 -m tallow.cli bench -m /root/twins/$t.gguf --device cuda "$@" -r 3 2>&1 | grep "^  \|rror" | tee -a $OUT/table.log
+  state
+  llama_json /root/twins/$t.gguf "$@" -r 5 | tee -a $OUT/table.log
+}
+for step in "$@"; do
+  case $step in
+    prepare) say "prepare"
+      (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 &
+      for t in smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b gemma4-e2b; do twin $t || say "twin $t FAILED"; done
+      say "twins written"; wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log
+      [ -x $LLAMA ] || { tail -20 $OUT/llama_build.log $OUT/llama_cmake.log; exit 1; }
+      $LLAMA --version 2>&1 | tail -2 | tee -a $OUT/steps.log ;;
+    check) say "check"
+      python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tail -3 | tee $OUT/parity.txt ;;
+    smollm2-135m|gemma3-270m|qwen25-1.5b|qwen3-4b|gemma4-e2b|gemma4-e4b) say "table $step"
+      twin $step && pair $step -p 33,512 -n 128 ;;
+    depth) say "depth qwen3-4b"
+      twin qwen3-4b && pair qwen3-4b -p 0 -n 128 -d 32768 ;;
+    depth-e2b) say "depth gemma4-e2b"
+      twin gemma4-e2b && pair gemma4-e2b -p 0 -n 128 -d 32768 ;;
+    ssm) say "ssm"
+      python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      for t in mamba-1.4b falcon-h1-1.5b; do pair $t -p 512 -n 128; done ;;
+    moe) say "moe"
+      f=/root/twins/qwen3-30b-a3b-cut8.gguf
+      [ -s $f ] || python3 scripts/make_moe_twin.py qwen3-30b-a3b $f --layers 8 > $OUT/moe_twin.log 2>&1 || say "moe twin FAILED"
+      pair qwen3-30b-a3b-cut8 -p 512 -n 128 ;;
+    pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+say "done"
