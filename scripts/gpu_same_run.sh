@@ -6,7 +6,8 @@
 #        check (smollm2 twin: graph vs eager decode and top-1 against the CPU fp32 reference),
 #        table T... (tallow `-p 33,512 -n 128 -r 3`, then llama-bench `-p 33,512 -n 128 -r 5`, per twin),
 #        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
-#        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), pack (llama-bench.xz into $OUT).
+#        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), moe-ab (gpu_moe_check --quick, then tallow
+#        on that twin with and without TALLOW_MOE_ROUTE_TRITON), pack (llama-bench.xz into $OUT).
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
 # llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
@@ -71,6 +72,11 @@ for step in "$@"; do
       f=/root/twins/qwen3-30b-a3b-cut8.gguf
       [ -s $f ] || python3 scripts/make_moe_twin.py qwen3-30b-a3b $f --layers 8 > $OUT/moe_twin.log 2>&1 || say "moe twin FAILED"
       pair qwen3-30b-a3b-cut8 -p 512 -n 128 ;;
+    moe-ab) say "moe-ab: the routing kernel's check and A/B"
+      f=/root/twins/qwen3-30b-a3b-cut8.gguf
+      [ -s $f ] || python3 scripts/make_moe_twin.py qwen3-30b-a3b $f --layers 8 > $OUT/moe_twin.log 2>&1 || say "moe twin FAILED"
+      timeout 120 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -8 | tee -a $OUT/moe_check.txt
+      python3 scripts/gpu_ab.py --work /root/twins --twins qwen3-30b-a3b-cut8 --tests "-p 0 -n 128 -r 3" base TALLOW_MOE_ROUTE_TRITON=0 2>&1 | tee -a $OUT/moe_ab.txt ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
     *) say "unknown step $step" ;;
   esac

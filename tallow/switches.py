@@ -51,6 +51,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_OUTPUT_INT8G", "flag", None, "0", "CPU: the output projection keeps per-row int8 instead of group-32 int8 (`=1`: group-32 at any width; default: from 1024 columns)", "load", pack=True, numeric=True),
     Switch("TALLOW_MOE_GROUPED", "flag", True, "0", "CPU: a multi-token chunk runs its routed experts token by token instead of each chosen expert once over all its rows; GPU: a prefill chunk runs them 8 tokens at a time through the decode GEMV instead of one grouped product per projection", "call", numeric=True),
     Switch("TALLOW_MOE_TRITON", "flag", True, "0", "GPU: routed experts through the torch reference (the chosen experts gathered and dequantized, fp32 products) instead of the Triton expert GEMV and the grouped prefill", "call", numeric=True),
+    Switch("TALLOW_MOE_ROUTE_TRITON", "flag", True, "0", "GPU: the router's softmax, top-k and renormalisation as torch ops (5-7 launches a layer) instead of one Triton launch", "call", numeric=True),
     Switch("TALLOW_MXFP4_INT8G", "flag", True, "0", "CPU: MXFP4 weights as dense bf16 (2 bytes/weight) instead of their exact group-32 int8 codes in the int4 kernel", "load", pack=True, numeric=True),
     Switch("TALLOW_FUSE", "flag", True, "0", "CPU: Q/K/V and gate/up stay separate products", "load", pack=True, numeric=True),
     Switch("TALLOW_FAST_LAYERS", "flag", True, "0", "CPU: step-by-step RMSNorm, RoPE, GELU and attention instead of the fused forms", "call", numeric=True),

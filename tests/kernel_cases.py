@@ -118,6 +118,28 @@ def _argmax_inputs(shape, dtype, g):
     return {"x": x}
 
 
+def _route_inputs(shape, dtype, g):
+    """Router logits (tokens, n_experts). (Exact ties: the kernel puts the lower id first, torch.topk
+    in an order of its own, so none here.)"""
+    n, n_exp, k = shape
+    return {"logits": torch.randn(n, n_exp, generator=g), "k": k}
+
+
+def _routed(a, triton_kernel: bool):
+    """weights then expert ids side by side: a different expert is an error of >= 1 in an id column."""
+    from tallow.kernels.cpu.moe import MIN_WEIGHT_SUM, route_softmax
+
+    if triton_kernel:
+        weights, ids = _triton("moe_route", "moe_route")(a["logits"], a["k"], True, MIN_WEIGHT_SUM)
+    else:
+        weights, ids = route_softmax(a["logits"], a["k"])
+    return torch.cat([weights, ids.float()], -1)
+
+
+register(op="moe_route", impl="tallow.kernels.triton.moe_route:moe_route", needs="triton", tol=1e-6,
+         metric="elementwise", inputs=_route_inputs, shapes=((3, 128, 8), (2, 8, 2), (1, 60, 4)),
+         run=lambda a: _routed(a, True), reference=lambda a: _routed(a, False))
+
 register(op="argmax", impl="tallow.kernels.triton.argmax:argmax", needs="triton", metric="exact",
          inputs=_argmax_inputs, shapes=((2, 4099), (1, 1000)),  # a vocabulary-sized row: tests/test_triton_ops.py
          run=lambda a: _triton("argmax", "argmax")(a["x"], parts=64),

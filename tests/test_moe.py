@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny_models import MOE_ARCHITECTURES, MOE_EXPERTS, MOE_USED, write_tiny_model
 
 import tallow
-import tallow.models.qwen3moe as qwen3moe
+import tallow.kernels.cpu.moe as cpu_moe
 from tallow.errors import ModelFileError
 from tallow.gguf_file import GGUFFile
 from tallow.memory import budget
@@ -51,14 +51,14 @@ class _Routes:
 
     def __init__(self, monkeypatch):
         self.calls = []
-        real = qwen3moe.route_softmax
+        real = cpu_moe.route_softmax
 
         def record(logits, k):
             weights, ids = real(logits, k)
             self.calls.append((logits.detach().clone(), ids.clone()))
             return weights, ids
 
-        monkeypatch.setattr(qwen3moe, "route_softmax", record)
+        monkeypatch.setattr(cpu_moe, "route_softmax", record)
 
     def per_layer(self, n_layers: int):
         """Per layer: router logits (tokens, n_experts) and expert ids (tokens, k), calls concatenated."""
@@ -108,13 +108,13 @@ def test_a_flipped_expert_moves_the_logits_far_past_the_bound(tmp_path, monkeypa
     spec, model = _model(tmp_path, arch=arch)
     ids = json.loads((FIXTURES / f"tiny_{arch}.json").read_text())["ids"]
     good = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
-    real = qwen3moe.route_softmax
+    real = cpu_moe.route_softmax
 
     def flipped(logits, k):
         weights, chosen = real(logits, k + 1)
         return weights[:, [*range(k - 1), k]], chosen[:, [*range(k - 1), k]]
 
-    monkeypatch.setattr(qwen3moe, "route_softmax", flipped)
+    monkeypatch.setattr(cpu_moe, "route_softmax", flipped)
     bad = model.forward(ids, 0, KVPool(spec, 64, torch.float32), all_logits=True)
     assert (bad - good).abs().max().item() > 20 * TOLERANCE[arch]
 

@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 from tiny_models import write_tiny_model  # noqa: E402
 
 import tallow.kernels.triton  # noqa: E402,F401  (the interpreter shim)
-import tallow.models.qwen3moe as qwen3moe  # noqa: E402
+import tallow.kernels.cpu.moe as cpu_moe  # noqa: E402
 from tallow.gguf_file import GGUFFile  # noqa: E402
 from tallow.kernels import dispatch  # noqa: E402
 from tallow.kernels.gpu.moe import GPUExpertBank  # noqa: E402
@@ -45,14 +45,14 @@ def _models(tmp_path, monkeypatch, arch, qtype):
 
 def _record_routes(monkeypatch):
     calls = []
-    real = qwen3moe.route_softmax
+    real = cpu_moe.route_softmax
 
     def record(logits, k):
         weights, ids = real(logits, k)
         calls.append(ids.clone())
         return weights, ids
 
-    monkeypatch.setattr(qwen3moe, "route_softmax", record)
+    monkeypatch.setattr(cpu_moe, "route_softmax", record)
     return calls
 
 
@@ -88,7 +88,7 @@ def test_gpu_bank_paths_agree(tmp_path, monkeypatch, arch, qtype):
     g = torch.Generator().manual_seed(1)
     n, k = 10, spec.n_experts_used  # > 8: two pair-path chunks, and the grouped path
     h = torch.randn(n, spec.dim, generator=g)
-    weights, ids = qwen3moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
+    weights, ids = cpu_moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
     glu = (lambda gu: gpu.ops.glu(gu, "swiglu")) if arch == "qwen3moe" else (lambda gu: gpu.ops.glu(gu, "geglu"))
     monkeypatch.setenv("TALLOW_MOE_GROUPED", "0")
     pairs = bank(h, ids, weights, glu)

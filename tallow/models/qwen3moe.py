@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ModelFileError
-from ..kernels.cpu.moe import ExpertBank, expert_slice, route_softmax
+from ..kernels.cpu.moe import ExpertBank, expert_slice
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
 
@@ -105,7 +105,7 @@ def moe_ffn(w: LayerWeights, h: torch.Tensor, logits: torch.Tensor, k: int, glu)
     """The routed experts' output for the normed rows h (n, dim): softmax of the router logits
     (n, n_experts), the top k experts per row with renormalized weights, their weighted sum.
     glu: the experts' gate/up activation, (m, 2 * width) -> (m, width)."""
-    weights, ids = route_softmax(logits, k)
+    weights, ids = w.ffn_experts.route(logits, k)
     return w.ffn_experts(h, ids, weights, glu)
 
 

@@ -27,7 +27,7 @@ from ...gguf_file import TensorInfo
 __all__ = ["expert_slice", "route_softmax", "ExpertBank", "grouped_enabled"]
 
 # llama.cpp clamps the sum of the chosen probabilities to the smallest normal fp16 before dividing.
-_MIN_WEIGHT_SUM = 6.103515625e-5
+MIN_WEIGHT_SUM = 6.103515625e-5
 
 
 def grouped_enabled() -> bool:
@@ -51,7 +51,7 @@ def route_softmax(logits: torch.Tensor, k: int, normalize: bool = True) -> tuple
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, k, dim=-1, sorted=True)
     if normalize:
-        weights = weights / weights.sum(-1, keepdim=True).clamp(min=_MIN_WEIGHT_SUM)
+        weights = weights / weights.sum(-1, keepdim=True).clamp(min=MIN_WEIGHT_SUM)
     return weights, ids
 
 
@@ -92,6 +92,9 @@ class ExpertBank:
             m, parts = gate_up.shape[0], self.gate_up_scale.shape[1]
             gate_up = (gate_up.view(m, parts, -1) * self.gate_up_scale[e].view(1, parts, 1)).view(m, -1)
         return self.down[e](glu(gate_up))
+
+    def route(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return route_softmax(logits, k)
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, glu: Callable) -> torch.Tensor:
         """sum over slots s of weights[:, s] * scale[e] * expert_e(h) for e = ids[:, s]; h (n, dim)

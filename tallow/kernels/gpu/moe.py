@@ -32,7 +32,9 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
 from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
+from ..cpu import moe as cpu_moe
 from ..triton.moe_gemv import ExpertWeights, fp4_dequantize_to, moe_gemv, moe_gemv_reference
+from ..triton.moe_route import moe_route
 from ..triton.planes import QTYPES, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 
@@ -208,6 +210,12 @@ class GPUExpertBank:
         y_sorted = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
         self._grouped_product(self.down, a.bfloat16(), offsets, counts, y_sorted)
         return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
+
+    def route(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """route_softmax's (weights, ids) in one launch (TALLOW_MOE_ROUTE_TRITON=0: in torch)."""
+        if logits.is_cuda and switches.enabled("TALLOW_MOE_ROUTE_TRITON"):
+            return moe_route(logits.float(), k, True, cpu_moe.MIN_WEIGHT_SUM)
+        return cpu_moe.route_softmax(logits, k)
 
     def __call__(self, h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, glu: Callable) -> torch.Tensor:
         """sum over slots s of weights[:, s] * scale[e] * expert_e(h) for e = ids[:, s]; h (n, dim)

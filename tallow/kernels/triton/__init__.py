@@ -17,6 +17,7 @@ free on machines without triton.
   fp4_gemv.py          decode GEMV over MXFP4/NVFP4 blocks, E2M1 decoded in registers
   moe_gemv.py          routed experts' GEMV: one launch over the (token, slot) pairs of a
                        stacked expert weight, expert ids read on the device
+  moe_route.py         the router's softmax, top-k and renormalisation, one launch per layer
   dequant.py           planes -> fp16/bf16 dense weight (scratch for the prefill cuBLAS product)
   decode_attention.py  split-K flash-decoding attention for one query token or consecutive rows
                        (GQA, sliding window, rings, int8/fp8 caches)
