@@ -8,7 +8,7 @@ for bit (same integers, same fp32 combination), equals the float64 torch referen
 every partial sum is an integer below 2^24 (weight scales and x's d8 set to 1), stays within 1e-5
 of it with random scales, and row r of a 4-row product is its one-row product bit for bit.
 
-Then per shape (gemma4-e2b's, qwen3-4b's, qwen2.5-1.5b's; random GGUF blocks, sane scales),
+Then per shape (gemma4-e2b's, qwen3-4b's, qwen2.5-1.5b's, Q8_0 ones; random GGUF blocks, sane scales),
 timed with gpu_bench_kernels.py's harness (one CUDA graph over rotating weight copies > L2): the
 quant_gemv default config, the mmvq configs (DP4A and int32-multiply), the Q8_1 quantization of
 x on its own, and the errors vs the float64 integer reference and vs the fp32 dequantized product.
@@ -44,9 +44,10 @@ OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q
          ("qwen3-4b output", "Q6_K", 151936, 2560),
          ("qwen2.5 ffn_gate+up", "Q4_K", 17920, 1536), ("qwen2.5 ffn_down", "Q6_K", 1536, 8960),
          ("qwen2.5 attn_q+k", "Q4_K", 1792, 1536), ("qwen2.5 attn_o", "Q4_K", 1536, 1536),
-         ("qwen2.5 output", "Q6_K", 151936, 1536)]
-# smollm2-135m (K 576, not a multiple of 256) has no K-quant matrices: its Q8_0/Q4_1 weights are
-# outside this kernel (Q4_K/Q6_K only).
+         ("qwen2.5 output", "Q6_K", 151936, 1536),
+         ("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8_0", 8960, 1536),
+         ("1536x8960 (Q8_0)", "Q8_0", 1536, 8960), ("qwen2.5 attn_q+k (Q8_0)", "Q8_0", 1792, 1536)]
+# smollm2-135m's Q4_1 matrices (gate+up, down) are outside this kernel (Q4_K, Q6_K, Q8_0).
 
 # (BLOCK_N, BLOCKS, warps, stages); K splits are chosen per shape (_split)
 # Fewer warps with more words per thread reuse each x word across rows in registers: sm_90 PTX of
@@ -57,10 +58,10 @@ CANDIDATES = [(8, 2, 1, 1), (8, 2, 4, 1), (4, 2, 1, 1), (16, 2, 2, 1), (16, 1, 1
 RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
 
 
-def _split(n: int, k: int, block_n: int, blocks: int) -> int:
+def _split(n: int, k: int, block_n: int, blocks: int, block_k: int = 256) -> int:
     """The fewest power-of-two K splits (<= 8) that give >= 264 programs (two per SM)."""
     tiles = -(-n // block_n)
-    steps = max(1, (k // 256) // blocks)
+    steps = max(1, (k // block_k) // blocks)
     s = 1
     while tiles * s < 264 and s < 8 and s * 2 <= steps:
         s *= 2
@@ -83,9 +84,12 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def gate() -> bool:
     ok_all = True
     g = torch.Generator(device="cuda").manual_seed(5)
-    for qtype, n, k, m in (("Q4_K", 300, 512, 1), ("Q6_K", 300, 512, 1), ("Q4_K", 1000, 2560, 4),
-                           ("Q6_K", 1000, 2560, 4), ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2)):
+    for qtype, n, k, m in (("Q4_K", 300, 512, 1), ("Q6_K", 300, 512, 1), ("Q8_0", 300, 576, 1),
+                           ("Q4_K", 1000, 2560, 4), ("Q6_K", 1000, 2560, 4), ("Q8_0", 1000, 1536, 4),
+                           ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2)):
         for cfg in ((8, 2, 1, 1, 1), (16, 1, 4, 3, 4)):
+            if qtype == "Q8_0":
+                cfg = (cfg[0], cfg[1] * 8) + cfg[2:]
             # exact: unit weight scales, x integer with |x| <= 3 plus one 127 per 32 (so d8 = 1); at K 256
             # every partial is an integer below 2^24 (Q6_K: 16 groups x 32 x 172 x 127 < 2^24)
             w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)
@@ -128,7 +132,10 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     y_qg = quant_gemv(x, w)
     rows = []
     cands = CANDIDATES[:2] if quick else CANDIDATES
-    cfgs = [c + (_split(n, k, c[0], c[1]), True) for c in cands]
+    if qtype == "Q8_0":  # 32-element blocks: 8 per K-quant block's worth of a step
+        cands = [(c[0], c[1] * 8) + c[2:] for c in cands]
+    block_k = 32 if qtype == "Q8_0" else 256
+    cfgs = [c + (_split(n, k, c[0], c[1], block_k), True) for c in cands]
     cfgs += [cfgs[0][:5] + (False,)]  # the int32 multiply-reduce variant
     for cfg in cfgs:
         try:

@@ -34,7 +34,7 @@ from tallow.kernels.triton.mmvq import (  # noqa: E402
 from tallow.kernels.triton.planes import dequantize_planes, pack_planes, random_raw  # noqa: E402
 
 # (BLOCK_N, BLOCKS, warps, stages, K splits, DP4A): DP4A runs as the portable int32 dot here
-SPLIT2 = (8, 1, 1, 1, 2, True)
+SPLIT2 = (8, 2, 1, 1, 2, True)
 ONE = (8, 2, 1, 1, 1, True)
 
 
@@ -67,7 +67,7 @@ def test_q8_1_rounds_half_away_from_zero() -> None:
     assert quantize_q8_1_reference(x).qs[0, :8].tolist() == codes
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
 def test_integer_arithmetic_is_exact(qtype: str) -> None:
     # unit scales and integer x with one 127 per 32 (so d8 = 1): all partials are integers < 2^24
     w = _weight(qtype, 12, 256, seed=2, unit_scales=True)
@@ -78,24 +78,26 @@ def test_integer_arithmetic_is_exact(qtype: str) -> None:
     assert ref.abs().max() > 1e4  # not a trivially small product
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
 def test_random_scales_within_bounds(qtype: str) -> None:
-    # N 12 (a ragged row tile), K 768 (3 blocks: a ragged K step of 2 blocks), split K in two
-    w = _weight(qtype, 12, 768, seed=4)
+    # N 12: a ragged row tile. K 768 in two splits, the second a ragged K step: K-quants 3 blocks in
+    # steps of 2 ([0, 2), [2, 3)), Q8_0 24 blocks in steps of 16 ([0, 16), [16, 24))
     x = torch.randn(3, 768, generator=torch.Generator().manual_seed(5))
-    y = mmvq(x, w, out=torch.full((3, 12), float("nan")), config=SPLIT2)
+    cfg = (8, 16, 1, 1, 2, True) if qtype == "Q8_0" else SPLIT2
+    w = _weight(qtype, 12, 768, seed=4)
+    y = mmvq(x, w, out=torch.full((3, 12), float("nan")), config=cfg)
     ref = mmvq_reference(x, w)
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-6
     fp = x @ dequantize_planes(w).T
     assert float((y - fp).norm() / fp.norm()) < 2e-2
     # row r of the 3-row product is its one-row product, bit for bit
     for r in range(3):
-        assert torch.equal(y[r], mmvq(x[r], w, config=SPLIT2))
+        assert torch.equal(y[r], mmvq(x[r], w, config=cfg))
 
 
 def test_errors_are_one_sentence() -> None:
-    w = _weight("Q4_0", 8, 64, seed=6)
-    with pytest.raises(ValueError, match="No MMVQ kernel for Q4_0"):
+    w = _weight("Q4_1", 8, 64, seed=6)
+    with pytest.raises(ValueError, match="No MMVQ kernel for Q4_1"):
         mmvq_q8(quantize_q8_1(torch.randn(1, 64)), w)
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_q8_1(torch.randn(1, 40))

@@ -11,7 +11,7 @@ Two launches:
   quantize_q8_1  x (M, K) fp32 -> Q8Act: codes int8 (M, K), d fp16 (M, K/32) and ggml's fp32
                  sum (as fp16) per 32, plus the integer code sums per 16 (what the min and
                  offset terms below multiply; ggml recomputes them with a dp4a against 0x01010101).
-  mmvq_q8        the GEMV over the byte planes (planes.py) read as int32 words, Q4_K and Q6_K.
+  mmvq_q8        the GEMV over the byte planes (planes.py) read as int32 words: Q4_K, Q6_K, Q8_0.
 
 Arithmetic per row n and x row m, as vecdotq.cuh combines it:
   Q4_K, block b, sub-block s (32 elements, 6-bit scale sc and min mn):
@@ -20,6 +20,7 @@ Arithmetic per row n and x row m, as vecdotq.cuh combines it:
   Q6_K, block b, 16-element group t (int8 scale sc_t):
       d * sum_t d8_t * (sumi_t * sc_t),  sumi_t = sum_j (q_j - 32) * xq_j
       computed as sum_j q_j * xq_j - 32 * xsum_t (q 0..63 fits a signed byte, so one dp4a)
+  Q8_0, block b (32 int8 codes, fp16 d):  (d * d8) * sumi
 The integer parts are exact; the combination is fp32 in a fixed order; the split-K merge (as
 quant_gemv's, ticketed, in split order) keeps results deterministic and row m of an M-row product
 bit for bit its one-row product.
@@ -50,7 +51,7 @@ from .quant_gemv import TICKET_SLOTS, _split_merge, _tickets
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
 
-MMVQ_TYPES = ("Q4_K", "Q6_K")
+MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 
 
 @dataclass
@@ -293,6 +294,39 @@ def _q6k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ql_ptr, qh_ptr, sc
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
+# Q8_0, per K step of BLOCKS blocks of 32 int8 codes (8 words): y += (d * d8) * sumi per block,
+# as vec_dot_q8_0_q8_1.
+@triton.jit
+def _q80_row(acc, w, d, xq_ptr, d8_ptr, K, blk, t, ok, r: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    if r < ROWS:
+        x = tl.load(xq_ptr + r * (K // 4) + blk[:, None] * 8 + t[None, :], mask=ok[:, None], other=0)
+        d8 = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0).to(tl.float32)[None, :]
+        sumi = tl.sum(_dp4a(w, x[None, :, :], DP4A), axis=2)
+        acc += (d * d8) * sumi.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _q80_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, xq_ptr, d8_ptr,
+              rows, kb, nb, kend, K, G: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    blk = kb + tl.arange(0, G)
+    t = tl.arange(0, 8)
+    ok = blk < kend
+    blk = tl.where(ok, blk, 0)
+    w = tl.load(qs_ptr + rows[:, None, None] * (nb * 8) + blk[None, :, None] * 8 + t[None, None, :],
+                mask=ok[None, :, None], other=0)
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
+    acc0 = _q80_row(acc0, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 0, ROWS, DP4A)
+    acc1 = _q80_row(acc1, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 1, ROWS, DP4A)
+    acc2 = _q80_row(acc2, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 2, ROWS, DP4A)
+    acc3 = _q80_row(acc3, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 3, ROWS, DP4A)
+    acc4 = _q80_row(acc4, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 4, ROWS, DP4A)
+    acc5 = _q80_row(acc5, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 5, ROWS, DP4A)
+    acc6 = _q80_row(acc6, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 6, ROWS, DP4A)
+    acc7 = _q80_row(acc7, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 7, ROWS, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
 @triton.jit
 def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
     if r < ROWS:
@@ -302,10 +336,11 @@ def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.conste
 @triton.jit
 def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
-                 STAGES: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
+                 STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
                  PDL: tl.constexpr):
-    # G = BLOCKS * 4 (Q4_K chunks / Q6_K quarters per K step).
-    # QT 0: Q4_K (p0 qs words, p1 scales, p2 dm), 1: Q6_K (p0 ql words, p1 qh words, p2 sc, p3 d).
+    # G: Q4_K chunks / Q6_K quarters (BLOCKS * 4) or Q8_0 blocks (BLOCKS) per K step.
+    # QT 0: Q4_K (p0 qs words, p1 scales, p2 dm), 1: Q6_K (p0 ql words, p1 qh words, p2 sc, p3 d),
+    # 2: Q8_0 (p0 qs words, p1 d).
     # Split K as quant_gemv: program (pid, ks) covers blocks [ks*split_blocks, ...), the last of a
     # row tile's programs sums the partials in split order.
     pid = tl.program_id(0)
@@ -315,7 +350,7 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym,
     rows = tl.minimum(rows, N - 1)
     if WIDE:
         rows = rows.to(tl.int64)  # a plane of >= 2^31 words
-    nb = K // 256
+    nb = K // BLOCK_K
     kstart = ks * split_blocks
     kend = tl.minimum(nb, kstart + split_blocks)
     pdl.wait(PDL)
@@ -332,9 +367,13 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym,
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q4k_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, xq_ptr, d8_ptr, xs_ptr,
                 rows, kb, nb, kend, K, G, ROWS, DP4A)
-        else:
+        elif QT == 1:
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q6k_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr,
+                rows, kb, nb, kend, K, G, ROWS, DP4A)
+        else:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q80_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, xq_ptr, d8_ptr,
                 rows, kb, nb, kend, K, G, ROWS, DP4A)
     if SPLIT == 1:
         out, out_stride = y_ptr, stride_ym
@@ -363,20 +402,22 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym,
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
-_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d")}
-_WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh")}  # planes read as int32 words
+_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d")}
+_WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh"), "Q8_0": ("qs",)}
+_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32}  # elements per GGUF block
+_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1}  # tile groups per block  # planes read as int32 words
 
 
 def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
     """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A). A first guess, to be
     replaced by the H200 sweep of scripts/gpu_mmvq.py: row tiles that fill the 132 SMs, K split
     where they do not."""
-    block_n = 8
+    block_n, blocks = 8, (16 if qtype == "Q8_0" else 2)
     tiles = triton.cdiv(n, block_n)
     split = 1
     while tiles * split < 264 and split < 8 and split * 2 <= k // 512:
         split *= 2
-    return (block_n, 2, 1, 1, split, True)
+    return (block_n, blocks, 1, 1, split, True)
 
 
 def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
@@ -397,7 +438,7 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     if INTERPRETED or dev.type != "cuda":
         dp4a = False  # inline PTX needs a compiled kernel; the portable dot gives the same integers
     tiles = triton.cdiv(w.n, block_n)
-    nb = w.k // 256
+    nb = w.k // _BLOCK[w.qtype]
     split = max(1, min(split, triton.cdiv(nb, blocks))) if tiles <= TICKET_SLOTS else 1
     split_blocks = triton.cdiv(triton.cdiv(nb, split), blocks) * blocks
     split = triton.cdiv(nb, split_blocks)
@@ -412,7 +453,8 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     wide = max(p.numel() for p in planes) >= 2**31
     _mmvq_kernel[(tiles, split)](
         *planes, xq.qs.view(torch.int32), xq.d, xq.isum, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
-        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, G=blocks * 4, SPLIT=split,
+        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype],
+        SPLIT=split,
         DP4A=dp4a, WIDE=wide, num_warps=warps, **pdl.launch(dev))
     return out
 
@@ -427,9 +469,12 @@ def mmvq(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None, confi
 
 def _weight_codes(w: PlaneWeight):
     """Integer codes and scales of the weight, grouped by the scale they share:
-    Q4_K: q (N, nb, 8, 32) 0..15, sc/mn (N, nb, 8), d/dmin (N, nb);  Q6_K: q (N, nb, 16, 16)
+    Q8_0: q (N, nb, 32), d (N, nb);  Q4_K: q (N, nb, 8, 32) 0..15, sc/mn (N, nb, 8), d/dmin (N, nb);  Q6_K: q (N, nb, 16, 16)
     -32..31, sc (N, nb, 16), d (N, nb)."""
-    n, nb, p = w.n, w.k // 256, w.planes
+    n, p = w.n, w.planes
+    nb = w.k // _BLOCK[w.qtype]
+    if w.qtype == "Q8_0":
+        return p["qs"].to(torch.int32).reshape(n, nb, 32), None, None, p["d"].float().reshape(n, nb), None
     if w.qtype == "Q4_K":
         dm = p["dm"].float().reshape(n, nb, 2)
         s = p["scales"].to(torch.int32).reshape(n, nb, 12)
@@ -449,8 +494,12 @@ def mmvq_reference(x: torch.Tensor, w: PlaneWeight, xq: Q8Act | None = None) -> 
     holds every partial), then d * sum d8 * sumi * sc (- dmin * sum d8 * xsum * mn) -> (M, N)."""
     xq = xq if xq is not None else quantize_q8_1_reference(x)
     m_rows, k = xq.qs.shape
-    nb = k // 256
     q, sc, mn, d, dmin = _weight_codes(w)
+    if w.qtype == "Q8_0":
+        xc = xq.qs.double().reshape(m_rows, k // 32, 32)
+        sumi = torch.einsum("nbj,mbj->mnb", q.double(), xc)
+        return ((d.double()[None] * xq.d.double()[:, None]) * sumi).sum(-1)
+    nb = k // 256
     d8 = xq.d.double().reshape(m_rows, nb, 8)
     if w.qtype == "Q4_K":
         xc = xq.qs.double().reshape(m_rows, nb, 8, 32)
