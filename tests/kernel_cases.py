@@ -180,6 +180,15 @@ register(op="quant_gemv", impl="tallow.kernels.triton.quant_gemv:quant_gemv", ne
          reference=lambda a: _triton("quant_gemv", "quant_gemv_reference")(a["x"], a["w"]))
 
 
+# The integer-dot GEMV (x quantized to Q8_1): against the float64 transcription of the same integer
+# arithmetic, 1e-6 (fp32 combination of exact integer dots; tests/test_triton_mmvq.py holds the
+# exact, Q8_1 and fp32-product bounds).
+register(op="mmvq", impl="tallow.kernels.triton.mmvq:mmvq", needs="triton", tol=1e-6,
+         inputs=_plane_inputs, shapes=(("Q4_K", 12, 512, 2), ("Q6_K", 12, 512, 2), ("Q8_0", 12, 512, 2)),
+         run=lambda a: _triton("mmvq", "mmvq")(a["x"], a["w"], out=torch.full((a["x"].shape[0], a["w"].n), float("nan"))),
+         reference=lambda a: _triton("mmvq", "mmvq_reference")(a["x"], a["w"]))
+
+
 def _moe_inputs(shape, dtype, g):
     """A stacked expert weight (n_experts * rows, k) of one type (a plane type, or FP4 39/40), the
     pairs' expert ids (repeats included) and x: one row per token (x_div = k slots) or per pair."""
@@ -524,6 +533,8 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.block_ops:TritonOps": "tests/test_fused_step.py",
     "tallow.kernels.gpu.linear:GPULinear": "tests/test_gpu_layers.py",
     "tallow.kernels.gpu.linear:GPUEmbedding": "tests/test_gpu_layers.py",
+    "tallow.kernels.triton.mmvq:quantize_q8_1": "tests/test_triton_mmvq.py",
+    "tallow.kernels.triton.mmvq:mmvq_q8": "tests/test_triton_mmvq.py",
     # TALLOW_NUMERICS=ggml: checked against libggml-cpu's own outputs (tests/fixtures/ggml_ops.json)
     "tallow.kernels.cpu.ggml_linear:GgmlLinear": "tests/test_ggml_numerics.py",
     "tallow.kernels.cpu.ggml_linear:block_mins": "tests/test_ggml_numerics.py",
@@ -559,6 +570,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",
     "tallow.kernels.triton.quant_gemv:quant_gemv_reference", "tallow.kernels.triton.quant_gemv:gemv_config",
     "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
+    "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
+    "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
     # NVML/CPU readings printed beside bench figures, not kernels
     "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",
     "tallow.kernels.gpu.machine_state:gpu_state", "tallow.kernels.gpu.machine_state:machine_state",

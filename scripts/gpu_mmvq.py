@@ -1,0 +1,204 @@
+"""The integer-dot GEMV (tallow/kernels/triton/mmvq.py) against quant_gemv on a GPU, per shape.
+
+    PYTHONUNBUFFERED=1 python scripts/gpu_mmvq.py [--quick] [--budget-s 170] [--out FILE]
+    bash scripts/gpu_mmvq.sh        (the same, tee'd to $OUT/gpu_mmvq.log, killed at 290 s)
+
+First a correctness gate on the GPU: the dp4a kernel equals the int32 multiply-reduce variant bit
+for bit (same integers, same fp32 combination), equals the float64 torch reference exactly where
+every partial sum is an integer below 2^24 (weight scales and x's d8 set to 1), stays within 1e-5
+of it with random scales, and row r of a 4-row product is its one-row product bit for bit.
+
+Then per shape (gemma4-e2b's, qwen3-4b's, qwen2.5-1.5b's, Q8_0 ones; random GGUF blocks, sane scales),
+timed with gpu_bench_kernels.py's harness (one CUDA graph over rotating weight copies > L2): the
+quant_gemv default config, the mmvq configs (DP4A and int32-multiply), the Q8_1 quantization of
+x on its own, and the errors vs the float64 integer reference and vs the fp32 dequantized product.
+One line per shape. A failing shape prints its error and the rest still run. Over the time
+budget, the remaining shapes time only the first configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gpu_bench_kernels as kb  # noqa: E402
+from gpu_gemv_shapes import SHAPES  # noqa: E402
+
+from tallow.kernels.triton.mmvq import mmvq_q8, mmvq_reference, quantize_q8_1, quantize_q8_1_reference  # noqa: E402
+from tallow.kernels.triton.planes import dequantize_planes  # noqa: E402
+from tallow.kernels.triton.quant_gemv import quant_gemv  # noqa: E402
+
+OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728),
+         ("qwen3-4b ffn_down", "Q4_K", 2560, 9728), ("qwen3-4b attn_q+k", "Q4_K", 5120, 2560),
+         ("qwen3-4b attn_o", "Q4_K", 2560, 4096), ("qwen3-4b attn_v", "Q6_K", 1024, 2560),
+         ("qwen3-4b output", "Q6_K", 151936, 2560),
+         ("qwen2.5 ffn_gate+up", "Q4_K", 17920, 1536), ("qwen2.5 ffn_down", "Q6_K", 1536, 8960),
+         ("qwen2.5 attn_q+k", "Q4_K", 1792, 1536), ("qwen2.5 attn_o", "Q4_K", 1536, 1536),
+         ("qwen2.5 output", "Q6_K", 151936, 1536),
+         ("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8_0", 8960, 1536),
+         ("1536x8960 (Q8_0)", "Q8_0", 1536, 8960), ("qwen2.5 attn_q+k (Q8_0)", "Q8_0", 1792, 1536)]
+# smollm2-135m's Q4_1 matrices (gate+up, down) are outside this kernel (Q4_K, Q6_K, Q8_0).
+
+# (BLOCK_N, BLOCKS, warps, stages); K splits are chosen per shape (_split)
+# Fewer warps with more words per thread reuse each x word across rows in registers: sm_90 PTX of
+# the K loop, per weight (triton.compile offline): mmvq 3.1-3.4 instructions at 1-2 warps, 5.5 at
+# 4 warps (BLOCK_N 8); quant_gemv 8-13.
+CANDIDATES = [(8, 2, 1, 1), (8, 2, 4, 1), (4, 2, 1, 1), (16, 2, 2, 1), (16, 1, 1, 1), (32, 1, 2, 1),
+              (8, 1, 1, 1), (8, 2, 1, 3), (32, 2, 4, 1)]
+RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
+
+
+def _split(n: int, k: int, block_n: int, blocks: int, block_k: int = 256) -> int:
+    """The fewest power-of-two K splits (<= 8) that give >= 264 programs (two per SM)."""
+    tiles = -(-n // block_n)
+    steps = max(1, (k // block_k) // blocks)
+    s = 1
+    while tiles * s < 264 and s < 8 and s * 2 <= steps:
+        s *= 2
+    return s
+
+
+def _weight(qtype: str, n: int, k: int, seed: int, unit_scales: bool = False):
+    w = kb.make_weight(qtype, n, k, seed)
+    if unit_scales:
+        for name in ("dm", "d"):
+            if name in w.planes:
+                w.planes[name].fill_(1.0)
+    return w
+
+
+def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref.double()).norm() / ref.double().norm())
+
+
+def gate() -> bool:
+    ok_all = True
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for qtype, n, k, m in (("Q4_K", 300, 512, 1), ("Q6_K", 300, 512, 1), ("Q8_0", 300, 576, 1),
+                           ("Q4_K", 1000, 2560, 4), ("Q6_K", 1000, 2560, 4), ("Q8_0", 1000, 1536, 4),
+                           ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2)):
+        for cfg in ((8, 2, 1, 1, 1), (16, 1, 4, 3, 4)):
+            if qtype == "Q8_0":
+                cfg = (cfg[0], cfg[1] * 8) + cfg[2:]
+            # exact: unit weight scales, x integer with |x| <= 3 plus one 127 per 32 (so d8 = 1); at K 256
+            # every partial is an integer below 2^24 (Q6_K: 16 groups x 32 x 172 x 127 < 2^24)
+            w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)
+            x1 = torch.randint(-3, 4, (m, 256), device="cuda", generator=g).float()
+            x1[:, ::32] = 127.0
+            xq1 = quantize_q8_1(x1)
+            ref1 = mmvq_reference(x1, w1)
+            y1 = mmvq_q8(xq1, w1, config=cfg + (True,))
+            exact = torch.equal(y1.double(), ref1)
+            # random scales: dp4a == int32-mul bit for bit; vs the float64 reference
+            w = _weight(qtype, n, k, seed=n * 3 + k)
+            x = torch.randn(m, k, device="cuda", generator=g)
+            xq = quantize_q8_1(x)
+            qref = quantize_q8_1_reference(x)
+            q_same = all(torch.equal(a, b) for a, b in zip(xq.__dict__.values(), qref.__dict__.values()))
+            yd = mmvq_q8(xq, w, config=cfg + (True,))
+            yi = mmvq_q8(xq, w, config=cfg + (False,))
+            same = torch.equal(yd, yi)
+            err = rel(yd, mmvq_reference(x, w, xq))
+            rows = all(torch.equal(yd[r], mmvq_q8(quantize_q8_1(x[r:r + 1]), w, config=cfg + (True,))[0])
+                       for r in range(m))
+            ok = exact and same and err < 1e-5 and rows and q_same
+            ok_all &= ok
+            RESULTS["gate"].append(dict(qtype=qtype, n=n, k=k, m=m, config=cfg, exact=exact, dp4a_eq_int=same,
+                                        rel_err=err, rows_bitwise=rows, q8_1_eq_ref=q_same, ok=ok))
+            print(f"gate {qtype} {n}x{k} M={m} cfg {cfg}: exact {exact} dp4a==int32 {same} rel {err:.1e} "
+                  f"rows {rows} q8_1==ref {q_same} -> {'ok' if ok else 'FAIL'}", flush=True)
+    return ok_all
+
+
+def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, m: int = 1) -> None:
+    w = _weight(qtype, n, k, seed=n * 7 + k)
+    x = torch.randn(m, k, device="cuda")
+    xq = quantize_q8_1(x)
+    ref = mmvq_reference(x, w, xq) if n * k <= 500e6 else None
+    fp = x @ dequantize_planes(w).T
+    ws = kb.copies_of(w)
+    outs = [torch.empty(m, n, device="cuda") for _ in ws]
+    t_qg = kb.graph_time_us([(lambda wi=wi, oi=oi: quant_gemv(x, wi, out=oi)) for wi, oi in zip(ws, outs)])
+    y_qg = quant_gemv(x, w)
+    rows = []
+    cands = CANDIDATES[:2] if quick else CANDIDATES
+    if qtype == "Q8_0":  # 32-element blocks: 8 per K-quant block's worth of a step
+        cands = [(c[0], c[1] * 8) + c[2:] for c in cands]
+    block_k = 32 if qtype == "Q8_0" else 256
+    cfgs = [c + (_split(n, k, c[0], c[1], block_k), True) for c in cands]
+    cfgs += [cfgs[0][:5] + (False,)]  # the int32 multiply-reduce variant
+    for cfg in cfgs:
+        try:
+            y = mmvq_q8(xq, w, config=cfg)
+            err = rel(y, ref) if ref is not None else float("nan")
+            t = kb.graph_time_us([(lambda wi=wi, oi=oi: mmvq_q8(xq, wi, out=oi, config=cfg)) for wi, oi in zip(ws, outs)])
+            rows.append(dict(config=cfg, us=t, gbs=w.nbytes / t / 1e3, rel_err_int=err, rel_err_fp32=rel(y, fp)))
+        except Exception as e:  # noqa: BLE001
+            RESULTS["errors"].append(f"{label} {qtype} {n}x{k} {cfg}: {type(e).__name__}: {e}"[:400])
+            print(f"  !! {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    buf = quantize_q8_1(x)
+    t_q = kb.graph_time_us([lambda: quantize_q8_1(x, out=buf)] * 50)
+    dp = [r for r in rows if r["config"][5]]
+    best = min(dp, key=lambda r: r["us"])
+    imul = [r for r in rows if not r["config"][5]]
+    rec = dict(label=label, qtype=qtype, n=n, k=k, m=m, bytes=w.nbytes, quant_gemv_us=t_qg, q8_1_us=t_q,
+               quant_gemv_rel_err_fp32=rel(y_qg, fp), mmvq=rows, best=best, copy_gbs=bw)
+    RESULTS["shapes" if m == 1 else "m"].append(rec)
+    im = f"int32-mul {imul[0]['us']:7.2f}" if imul else "int32-mul    n/a"
+    print(f"{label:22s} {qtype} {n:6d}x{k:<5d} M={m} {w.nbytes / 1e6:7.2f} MB | quant_gemv {t_qg:7.2f} us "
+          f"{w.nbytes / t_qg / 1e3:5.0f} GB/s | mmvq {best['us']:7.2f} us {best['gbs']:5.0f} GB/s "
+          f"({best['gbs'] / bw * 100:3.0f}%) {best['config']} | {im} | q8_1 {t_q:5.2f} us | "
+          f"x{t_qg / best['us']:.2f} gemv, x{t_qg / (best['us'] + t_q):.2f} with q8_1 | err int {best['rel_err_int']:.1e} "
+          f"fp32 {best['rel_err_fp32']:.1e} (quant_gemv {rec['quant_gemv_rel_err_fp32']:.1e})", flush=True)
+    del ws, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="two configs per shape")
+    ap.add_argument("--budget-s", type=float, default=170.0, help="past this, only the first configs")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_mmvq.json"))
+    args = ap.parse_args()
+    start = time.time()
+    print(f"torch {torch.__version__}  {torch.cuda.get_device_name()}", flush=True)
+    bw = kb.copy_bandwidth()
+    print(f"device-to-device copy {bw:.0f} GB/s (read+write)", flush=True)
+    try:
+        print("GATE", "PASS" if gate() else "FAIL", flush=True)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        RESULTS["errors"].append(f"gate: {type(e).__name__}: {e}"[:400])
+    shapes = [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + OTHER
+    for label, qt, n, k in shapes:
+        try:
+            bench_shape(label, qt, n, k, bw, args.quick or time.time() - start > args.budget_s)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            RESULTS["errors"].append(f"{label} {qt} {n}x{k}: {type(e).__name__}: {e}"[:400])
+            torch.cuda.synchronize()
+        with open(args.out, "w") as f:
+            json.dump(RESULTS, f, indent=1)
+    for label, qt, n, k in (("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728)):
+        for m in (4, 8):
+            try:
+                bench_shape(label, qt, n, k, bw, True, m=m)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                RESULTS["errors"].append(f"M={m} {label}: {type(e).__name__}: {e}"[:400])
+    with open(args.out, "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    print(f"done in {time.time() - start:.0f} s, {len(RESULTS['errors'])} errors", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,514 @@
+"""Decode GEMV with integer inner products, llama.cpp's CUDA MMVQ arithmetic: y = x @ W^T, M <= 8.
+
+Why. quant_gemv.py rebuilds every weight as fp32 (unpack, int->float, scale fma, min) before its
+fp32 fma with x: ~6-10 instructions per weight, so on the H200 it is instruction-bound, well
+under the memory bandwidth (docs/performance.md). ggml's CUDA backend instead quantizes x once
+per product to Q8_1 (32-element blocks of int8 codes with an fp16 scale) and takes integer dot
+products of weight codes with x codes (dp4a: 4 int8 products and their sum in one instruction),
+applying the weight's sub-block scale and min once per 32 elements (16 for Q6_K).
+
+Two launches:
+  quantize_q8_1  x (M, K) fp32 -> Q8Act: codes int8 (M, K), d fp16 (M, K/32) and ggml's fp32
+                 sum (as fp16) per 32, plus the integer code sums per 16 (what the min and
+                 offset terms below multiply; ggml recomputes them with a dp4a against 0x01010101).
+  mmvq_q8        the GEMV over the byte planes (planes.py) read as int32 words: Q4_K, Q6_K, Q8_0.
+
+Arithmetic per row n and x row m, as vecdotq.cuh combines it:
+  Q4_K, block b, sub-block s (32 elements, 6-bit scale sc and min mn):
+      d * sum_s d8_s * (sumi_s * sc_s) - dmin * sum_s d8_s * (xsum_s * mn_s)
+      sumi_s = sum_j q_j * xq_j (q 0..15), xsum_s = sum_j xq_j: exact int32
+  Q6_K, block b, 16-element group t (int8 scale sc_t):
+      d * sum_t d8_t * (sumi_t * sc_t),  sumi_t = sum_j (q_j - 32) * xq_j
+      computed as sum_j q_j * xq_j - 32 * xsum_t (q 0..63 fits a signed byte, so one dp4a)
+  Q8_0, block b (32 int8 codes, fp16 d):  (d * d8) * sumi
+The integer parts are exact; the combination is fp32 in a fixed order; the split-K merge (as
+quant_gemv's, ticketed, in split order) keeps results deterministic and row m of an M-row product
+bit for bit its one-row product.
+
+Numerics versus quant_gemv: x is rounded to 8 bits per 32-element block (|error| <= amax/254 per
+element), as llama.cpp's CUDA build does -- not its CPU build, whose Q8_K/Q8_0 activations differ.
+The quantization rounds like ggml's quantize_q8_1 (d = amax/127, q = roundf(x/d), sum in the
+warp's butterfly order) but with IEEE division, where llama.cpp compiles with -use_fast_math
+(approximate division): a code can differ where x/d sits within an ulp of a .5 tie.
+
+DP4A (constexpr): True issues PTX dp4a through inline asm (compiled GPU only); False takes the
+same dot as four int32 multiply-adds of sign-extended bytes (portable: the interpreter, and the
+"int32 multiply-reduce" variant the GPU benchmark compares).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRETED, pdl
+from .planes import PlaneWeight, _nib
+from .quant_gemv import TICKET_SLOTS, _split_merge, _tickets
+
+__all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
+           "mmvq_config", "MMVQ_TYPES"]
+
+MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+
+
+@dataclass
+class Q8Act:
+    """x (M, K) as ggml's Q8_1 blocks, one plane per field (see the module docstring)."""
+
+    qs: torch.Tensor  # int8 (M, K)
+    d: torch.Tensor  # fp16 (M, K/32): amax / 127
+    s: torch.Tensor  # fp16 (M, K/32): the fp32 sum of the block's x (ggml's ds.y; unused by Q4_K/Q6_K)
+    isum: torch.Tensor  # int32 (M, K/16): sums of the codes per 16
+
+
+# ------------------------------------------------------------------------------------------
+# x -> Q8_1
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _roundf(v):
+    """C's roundf (half away from zero), exact: v - trunc(v) is exact for |v| < 2^23."""
+    t = v.to(tl.int32)  # truncates toward zero
+    r = v - t.to(tl.float32)
+    return t + (r >= 0.5).to(tl.int32) - (r <= -0.5).to(tl.int32)
+
+
+@triton.jit
+def _q8_1_kernel(x_ptr, q_ptr, d_ptr, s_ptr, i_ptr, K, stride_xm, BLK: tl.constexpr, PDL: tl.constexpr):
+    m = tl.program_id(0)
+    blk = tl.program_id(1) * BLK + tl.arange(0, BLK)
+    j = tl.arange(0, 32)
+    nblk = K // 32
+    ok = blk < nblk
+    pdl.wait(PDL)
+    v = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(v), axis=1)
+    # the warp's xor butterfly: lane i + lane i^16, then ^8, ^4, ^2, ^1 (each a two-term sum)
+    s = tl.sum(tl.reshape(v, (BLK, 2, 16)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 8)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 4)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 2)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 1)), axis=1)
+    s = tl.reshape(s, (BLK,))
+    d = tl.math.div_rn(amax, tl.full((BLK,), 127.0, tl.float32))
+    safe = tl.where(amax == 0.0, 1.0, d)
+    q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (BLK, 32)))))
+    tl.store(q_ptr + m * K + blk[:, None] * 32 + j[None, :], q.to(tl.int8), mask=ok[:, None])
+    tl.store(d_ptr + m * nblk + blk, d.to(tl.float16), mask=ok)
+    tl.store(s_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
+    isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
+    h = tl.arange(0, 2)
+    tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
+
+
+def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None) -> Q8Act:
+    """x float32/16 (M, K), K a multiple of 32 -> Q8Act. `out` reuses buffers (CUDA graphs)."""
+    x2 = x.reshape(1, -1) if x.ndim == 1 else x
+    m, k = x2.shape
+    if k % 32:
+        raise ValueError(f"quantize_q8_1 wants K a multiple of 32, got {k}.")
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    dev = x2.device
+    if out is None:
+        out = Q8Act(torch.empty((m, k), dtype=torch.int8, device=dev),
+                    torch.empty((m, k // 32), dtype=torch.float16, device=dev),
+                    torch.empty((m, k // 32), dtype=torch.float16, device=dev),
+                    torch.empty((m, k // 16), dtype=torch.int32, device=dev))
+    blk = 8
+    _q8_1_kernel[(m, triton.cdiv(k // 32, blk))](x2, out.qs, out.d, out.s, out.isum, k, x2.stride(0), BLK=blk,
+                                                 num_warps=2, **pdl.launch(dev))
+    return out
+
+
+def _roundf_reference(v: torch.Tensor) -> torch.Tensor:
+    # exact for fp32 inputs: float64 holds |v| + 0.5 without rounding
+    a = v.double()
+    return (torch.sign(a) * torch.floor(a.abs() + 0.5)).to(torch.int32)
+
+
+def quantize_q8_1_reference(x: torch.Tensor) -> Q8Act:
+    """A torch transcription of ggml-cuda's quantize_q8_1 (IEEE division, see the docstring)."""
+    x2 = (x.reshape(1, -1) if x.ndim == 1 else x).float()
+    m, k = x2.shape
+    v = x2.reshape(m, k // 32, 32)
+    amax = v.abs().amax(dim=2)
+    d = amax / 127.0
+    q = torch.where(amax[..., None] == 0, torch.zeros((), dtype=torch.int32),
+                    _roundf_reference(v / torch.where(amax == 0, 1.0, d)[..., None]))
+    s = v
+    for width in (16, 8, 4, 2, 1):
+        s = s[..., :width] + s[..., width:2 * width]
+    return Q8Act(q.to(torch.int8).reshape(m, k), d.half(), s[..., 0].half(), q.reshape(m, k // 16, 16).sum(-1).int())
+
+
+# ------------------------------------------------------------------------------------------
+# The GEMV
+# ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _dp4a(a, b, DP4A: tl.constexpr):
+    """Per int32 lane: the sum of the four signed-byte products of a and b."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [a, b, tl.zeros_like(a)], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        p = ((a << 24) >> 24) * ((b << 24) >> 24)
+        p += ((a << 16) >> 24) * ((b << 16) >> 24)
+        p += ((a << 8) >> 24) * ((b << 8) >> 24)
+        p += (a >> 24) * (b >> 24)
+        return p
+
+
+# Q4_K, per K step of BLOCKS blocks: G = BLOCKS*4 chunks of 32 code bytes (8 int32 words).
+# Chunk c, word t: low nibbles are elements c*64 + 4t..4t+3 (sub-block 2c), high nibbles
+# c*64 + 32 + 4t.. (sub-block 2c+1); in x's int32 words: c*16 + t and c*16 + 8 + t.
+@triton.jit
+def _q4k_row(acc, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok,
+             r: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    if r < ROWS:
+        xrow = xq_ptr + r * (K // 4) + chunk[:, None] * 16 + t[None, :]
+        xl = tl.load(xrow, mask=ok[:, None], other=0)
+        xh = tl.load(xrow + 8, mask=ok[:, None], other=0)
+        il = tl.sum(_dp4a(wl, xl[None, :, :], DP4A), axis=2)  # (BN, G) exact
+        ih = tl.sum(_dp4a(wh, xh[None, :, :], DP4A), axis=2)
+        d8l = tl.load(d8_ptr + r * (K // 32) + chunk * 2, mask=ok, other=0.0).to(tl.float32)[None, :]
+        d8h = tl.load(d8_ptr + r * (K // 32) + chunk * 2 + 1, mask=ok, other=0.0).to(tl.float32)[None, :]
+        srow = xs_ptr + r * (K // 16) + chunk * 4
+        sl = (tl.load(srow, mask=ok, other=0) + tl.load(srow + 1, mask=ok, other=0))[None, :]
+        sh = (tl.load(srow + 2, mask=ok, other=0) + tl.load(srow + 3, mask=ok, other=0))[None, :]
+        sum_d = d8l * (il * sc_lo).to(tl.float32) + d8h * (ih * sc_hi).to(tl.float32)
+        sum_m = d8l * (sl * mn_lo).to(tl.float32) + d8h * (sh * mn_hi).to(tl.float32)
+        acc += d * sum_d - dmin * sum_m
+    return acc
+
+
+@triton.jit
+def _q4k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, sc_ptr, dm_ptr, xq_ptr, d8_ptr, xs_ptr,
+              rows, kb, nb, kend, K, G: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    g = tl.arange(0, G)
+    t = tl.arange(0, 8)
+    chunk = kb * 4 + g
+    ok = chunk < kend * 4
+    chunk = tl.where(ok, chunk, 0)
+    blk = chunk // 4
+    w = tl.load(qs_ptr + rows[:, None, None] * (nb * 32) + chunk[None, :, None] * 8 + t[None, None, :],
+                mask=ok[None, :, None], other=0)  # (BN, G, 8) int32 words
+    wl = w & 0x0F0F0F0F
+    wh = (w >> 4) & 0x0F0F0F0F
+    d = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2).to(tl.float32)
+    dmin = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2 + 1).to(tl.float32)
+    # 6-bit scale/min of sub-blocks s_lo = 2*(chunk%4) and s_hi = s_lo + 1 (ggml's get_scale_min_k4)
+    sbase = sc_ptr + rows[:, None] * (nb * 12) + blk[None, :] * 12
+    s_lo = (chunk % 4) * 2
+    s_hi = s_lo + 1
+    low = s_lo[None, :] < 4
+    a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
+    b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
+    c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
+    a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
+    b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
+    c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
+    sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
+    mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
+    sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
+    mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+    acc0 = _q4k_row(acc0, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 0, ROWS, DP4A)
+    acc1 = _q4k_row(acc1, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 1, ROWS, DP4A)
+    acc2 = _q4k_row(acc2, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 2, ROWS, DP4A)
+    acc3 = _q4k_row(acc3, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 3, ROWS, DP4A)
+    acc4 = _q4k_row(acc4, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 4, ROWS, DP4A)
+    acc5 = _q4k_row(acc5, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 5, ROWS, DP4A)
+    acc6 = _q4k_row(acc6, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 6, ROWS, DP4A)
+    acc7 = _q4k_row(acc7, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 7, ROWS, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+# Q6_K, per K step of BLOCKS blocks: H = BLOCKS*4 quarters. Quarter h = 2*gh + hh of half-block
+# gh (128 elements), word tt (0..3): ql words gh*16 + hh*4 + tt (parts 0 and 2 of the half, low
+# and high nibbles) and +8 (parts 1 and 3); qh word gh*8 + hh*4 + tt holds 2 bits of each part.
+# Part p's 4 elements are gh*128 + p*32 + hh*16 + 4tt..: x word gh*32 + p*8 + hh*4 + tt, scale
+# and code-sum index gh*8 + p*2 + hh, d8 index gh*4 + p.
+@triton.jit
+def _q6k_part(v, sc, d8_ptr, xq_ptr, xs_ptr, xword, sidx, gh, ok, p: tl.constexpr, DP4A: tl.constexpr):
+    x = tl.load(xq_ptr + xword + p * 8, mask=ok[:, None], other=0)  # (H, 4)
+    xs = tl.load(xs_ptr + sidx + p * 2, mask=ok, other=0)[None, :]
+    d8 = tl.load(d8_ptr + gh * 4 + p, mask=ok, other=0.0).to(tl.float32)[None, :]
+    sumi = tl.sum(_dp4a(v, x[None, :, :], DP4A), axis=2) - 32 * xs  # sum (q - 32) * xq, exact
+    return d8 * (sumi * sc).to(tl.float32)
+
+
+@triton.jit
+def _q6k_row(acc, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok,
+             r: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    if r < ROWS:
+        xq = xq_ptr + r * (K // 4)
+        xs = xs_ptr + r * (K // 16)
+        d8 = d8_ptr + r * (K // 32)
+        xword = (gh * 32 + hh * 4)[:, None] + tt[None, :]
+        sidx = gh * 8 + hh
+        s = _q6k_part(v0, sc0, d8, xq, xs, xword, sidx, gh, ok, 0, DP4A)
+        s += _q6k_part(v1, sc1, d8, xq, xs, xword, sidx, gh, ok, 1, DP4A)
+        s += _q6k_part(v2, sc2, d8, xq, xs, xword, sidx, gh, ok, 2, DP4A)
+        s += _q6k_part(v3, sc3, d8, xq, xs, xword, sidx, gh, ok, 3, DP4A)
+        acc += d * s
+    return acc
+
+
+@triton.jit
+def _q6k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ql_ptr, qh_ptr, sc_ptr, d_ptr, xq_ptr, d8_ptr, xs_ptr,
+              rows, kb, nb, kend, K, H: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    h = kb * 4 + tl.arange(0, H)
+    tt = tl.arange(0, 4)
+    ok = h < kend * 4
+    h = tl.where(ok, h, 0)
+    gh = h // 2
+    hh = h % 2
+    m3 = ok[None, :, None]
+    lw = ql_ptr + rows[:, None, None] * (nb * 32) + (gh * 16 + hh * 4)[None, :, None] + tt[None, None, :]
+    a = tl.load(lw, mask=m3, other=0)
+    b = tl.load(lw + 8, mask=m3, other=0)
+    qh = tl.load(qh_ptr + rows[:, None, None] * (nb * 16) + (gh * 8 + hh * 4)[None, :, None] + tt[None, None, :],
+                 mask=m3, other=0)
+    v0 = (a & 0x0F0F0F0F) | ((qh << 4) & 0x30303030)  # codes 0..63, one per byte
+    v1 = (b & 0x0F0F0F0F) | ((qh << 2) & 0x30303030)
+    v2 = ((a >> 4) & 0x0F0F0F0F) | (qh & 0x30303030)
+    v3 = ((b >> 4) & 0x0F0F0F0F) | ((qh >> 2) & 0x30303030)
+    srow = sc_ptr + rows[:, None] * (nb * 16) + (gh * 8 + hh)[None, :]
+    sc0 = tl.load(srow).to(tl.int32)
+    sc1 = tl.load(srow + 2).to(tl.int32)
+    sc2 = tl.load(srow + 4).to(tl.int32)
+    sc3 = tl.load(srow + 6).to(tl.int32)
+    d = tl.load(d_ptr + rows[:, None] * nb + (gh // 2)[None, :]).to(tl.float32)
+    acc0 = _q6k_row(acc0, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 0, ROWS, DP4A)
+    acc1 = _q6k_row(acc1, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 1, ROWS, DP4A)
+    acc2 = _q6k_row(acc2, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 2, ROWS, DP4A)
+    acc3 = _q6k_row(acc3, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 3, ROWS, DP4A)
+    acc4 = _q6k_row(acc4, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 4, ROWS, DP4A)
+    acc5 = _q6k_row(acc5, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 5, ROWS, DP4A)
+    acc6 = _q6k_row(acc6, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 6, ROWS, DP4A)
+    acc7 = _q6k_row(acc7, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr, K, gh, hh, tt, ok, 7, ROWS, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+# Q8_0, per K step of BLOCKS blocks of 32 int8 codes (8 words): y += (d * d8) * sumi per block,
+# as vec_dot_q8_0_q8_1.
+@triton.jit
+def _q80_row(acc, w, d, xq_ptr, d8_ptr, K, blk, t, ok, r: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    if r < ROWS:
+        x = tl.load(xq_ptr + r * (K // 4) + blk[:, None] * 8 + t[None, :], mask=ok[:, None], other=0)
+        d8 = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0).to(tl.float32)[None, :]
+        sumi = tl.sum(_dp4a(w, x[None, :, :], DP4A), axis=2)
+        acc += (d * d8) * sumi.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _q80_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, xq_ptr, d8_ptr,
+              rows, kb, nb, kend, K, G: tl.constexpr, ROWS: tl.constexpr, DP4A: tl.constexpr):
+    blk = kb + tl.arange(0, G)
+    t = tl.arange(0, 8)
+    ok = blk < kend
+    blk = tl.where(ok, blk, 0)
+    w = tl.load(qs_ptr + rows[:, None, None] * (nb * 8) + blk[None, :, None] * 8 + t[None, None, :],
+                mask=ok[None, :, None], other=0)
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
+    acc0 = _q80_row(acc0, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 0, ROWS, DP4A)
+    acc1 = _q80_row(acc1, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 1, ROWS, DP4A)
+    acc2 = _q80_row(acc2, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 2, ROWS, DP4A)
+    acc3 = _q80_row(acc3, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 3, ROWS, DP4A)
+    acc4 = _q80_row(acc4, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 4, ROWS, DP4A)
+    acc5 = _q80_row(acc5, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 5, ROWS, DP4A)
+    acc6 = _q80_row(acc6, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 6, ROWS, DP4A)
+    acc7 = _q80_row(acc7, w, d, xq_ptr, d8_ptr, K, blk, t, ok, 7, ROWS, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit
+def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
+    if r < ROWS:
+        tl.store(y_ptr + r * stride_ym + rows, tl.sum(acc, axis=1), mask=row_ok)
+
+
+@triton.jit
+def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
+                 QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                 STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
+                 PDL: tl.constexpr):
+    # G: Q4_K chunks / Q6_K quarters (BLOCKS * 4) or Q8_0 blocks (BLOCKS) per K step.
+    # QT 0: Q4_K (p0 qs words, p1 scales, p2 dm), 1: Q6_K (p0 ql words, p1 qh words, p2 sc, p3 d),
+    # 2: Q8_0 (p0 qs words, p1 d).
+    # Split K as quant_gemv: program (pid, ks) covers blocks [ks*split_blocks, ...), the last of a
+    # row tile's programs sums the partials in split order.
+    pid = tl.program_id(0)
+    ks = tl.program_id(1)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.minimum(rows, N - 1)
+    if WIDE:
+        rows = rows.to(tl.int64)  # a plane of >= 2^31 words
+    nb = K // BLOCK_K
+    kstart = ks * split_blocks
+    kend = tl.minimum(nb, kstart + split_blocks)
+    pdl.wait(PDL)
+    acc0 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc5 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc6 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc7 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for kb in tl.range(kstart, kend, BLOCKS, num_stages=STAGES):
+        if QT == 0:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q4k_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, xq_ptr, d8_ptr, xs_ptr,
+                rows, kb, nb, kend, K, G, ROWS, DP4A)
+        elif QT == 1:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q6k_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr,
+                rows, kb, nb, kend, K, G, ROWS, DP4A)
+        else:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q80_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, xq_ptr, d8_ptr,
+                rows, kb, nb, kend, K, G, ROWS, DP4A)
+    if SPLIT == 1:
+        out, out_stride = y_ptr, stride_ym
+    else:
+        out, out_stride = part_ptr + ks * (ROWS * N), N
+    _store(out, out_stride, rows, row_ok, acc0, 0, ROWS)
+    _store(out, out_stride, rows, row_ok, acc1, 1, ROWS)
+    _store(out, out_stride, rows, row_ok, acc2, 2, ROWS)
+    _store(out, out_stride, rows, row_ok, acc3, 3, ROWS)
+    _store(out, out_stride, rows, row_ok, acc4, 4, ROWS)
+    _store(out, out_stride, rows, row_ok, acc5, 5, ROWS)
+    _store(out, out_stride, rows, row_ok, acc6, 6, ROWS)
+    _store(out, out_stride, rows, row_ok, acc7, 7, ROWS)
+    if SPLIT > 1:
+        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
+            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d")}
+_WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh"), "Q8_0": ("qs",)}
+_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32}  # elements per GGUF block
+_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1}  # tile groups per block  # planes read as int32 words
+
+
+def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A). A first guess, to be
+    replaced by the H200 sweep of scripts/gpu_mmvq.py: row tiles that fill the 132 SMs, K split
+    where they do not."""
+    block_n, blocks = 8, (16 if qtype == "Q8_0" else 2)
+    tiles = triton.cdiv(n, block_n)
+    split = 1
+    while tiles * split < 264 and split < 8 and split * 2 <= k // 512:
+        split *= 2
+    return (block_n, blocks, 1, 1, split, True)
+
+
+def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """y (M, N) float32 = the integer-dot product of a quantized x with W (Q4_K or Q6_K)."""
+    if w.qtype not in MMVQ_TYPES:
+        raise ValueError(f"No MMVQ kernel for {w.qtype} (have: {', '.join(MMVQ_TYPES)}).")
+    m_rows, k = xq.qs.shape
+    if k != w.k:
+        raise ValueError(f"mmvq: x has K={k}, the weight wants K={w.k}.")
+    if not 1 <= m_rows <= 8:
+        raise ValueError(f"mmvq takes 1 to 8 rows, got {m_rows}.")
+    dev = xq.qs.device
+    if out is None:
+        out = torch.empty((m_rows, w.n), dtype=torch.float32, device=dev)
+    cfg = tuple(config) if config is not None else mmvq_config(w.qtype, w.n, w.k)
+    block_n, blocks, warps, stages, split = cfg[:5]
+    dp4a = bool(cfg[5]) if len(cfg) > 5 else True
+    if INTERPRETED or dev.type != "cuda":
+        dp4a = False  # inline PTX needs a compiled kernel; the portable dot gives the same integers
+    tiles = triton.cdiv(w.n, block_n)
+    nb = w.k // _BLOCK[w.qtype]
+    split = max(1, min(split, triton.cdiv(nb, blocks))) if tiles <= TICKET_SLOTS else 1
+    split_blocks = triton.cdiv(triton.cdiv(nb, split), blocks) * blocks
+    split = triton.cdiv(nb, split_blocks)
+    if split > 1:
+        part = torch.empty((split, m_rows, w.n), dtype=torch.float32, device=dev)
+        tickets = _tickets(dev)
+    else:
+        part = tickets = out  # unused
+    planes = [w.planes[name].view(torch.int32) if name in _WORDS[w.qtype] else w.planes[name]
+              for name in _PLANES[w.qtype]]
+    planes += [planes[0]] * (4 - len(planes))
+    wide = max(p.numel() for p in planes) >= 2**31
+    _mmvq_kernel[(tiles, split)](
+        *planes, xq.qs.view(torch.int32), xq.d, xq.isum, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
+        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype],
+        SPLIT=split,
+        DP4A=dp4a, WIDE=wide, num_warps=warps, **pdl.launch(dev))
+    return out
+
+
+def mmvq(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None, config=None,
+         scratch: Q8Act | None = None) -> torch.Tensor:
+    """y = x @ W^T with x quantized to Q8_1 first (two launches). x (M, K) or (K,), M <= 8."""
+    squeeze = x.ndim == 1
+    y = mmvq_q8(quantize_q8_1(x, out=scratch), w, out=out, config=config)
+    return y.reshape(w.n) if squeeze else y
+
+
+def _weight_codes(w: PlaneWeight):
+    """Integer codes and scales of the weight, grouped by the scale they share:
+    Q8_0: q (N, nb, 32), d (N, nb);  Q4_K: q (N, nb, 8, 32) 0..15, sc/mn (N, nb, 8), d/dmin (N, nb);  Q6_K: q (N, nb, 16, 16)
+    -32..31, sc (N, nb, 16), d (N, nb)."""
+    n, p = w.n, w.planes
+    nb = w.k // _BLOCK[w.qtype]
+    if w.qtype == "Q8_0":
+        return p["qs"].to(torch.int32).reshape(n, nb, 32), None, None, p["d"].float().reshape(n, nb), None
+    if w.qtype == "Q4_K":
+        dm = p["dm"].float().reshape(n, nb, 2)
+        s = p["scales"].to(torch.int32).reshape(n, nb, 12)
+        a, b, c = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+        sc = torch.cat([a & 63, (c & 15) | ((a >> 2) & 48)], dim=2)
+        mn = torch.cat([b & 63, (c >> 4) | ((b >> 2) & 48)], dim=2)
+        return _nib(p["qs"], n, nb, 32).reshape(n, nb, 8, 32), sc, mn, dm[..., 0], dm[..., 1]
+    lo = _nib(p["ql"], n, nb, 64).reshape(n, nb, 8, 32)
+    qh = p["qh"].to(torch.int32).reshape(n, nb, 2, 1, 32)
+    hi = ((qh >> torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=qh.device).view(1, 1, 1, 4, 1)) & 3)
+    q = ((lo | (hi.reshape(n, nb, 8, 32) << 4)) - 32).reshape(n, nb, 16, 16)
+    return q, p["sc"].to(torch.int32).reshape(n, nb, 16), None, p["d"].float().reshape(n, nb), None
+
+
+def mmvq_reference(x: torch.Tensor, w: PlaneWeight, xq: Q8Act | None = None) -> torch.Tensor:
+    """The same arithmetic in torch, float64: integer dot products per scale group (exact: float64
+    holds every partial), then d * sum d8 * sumi * sc (- dmin * sum d8 * xsum * mn) -> (M, N)."""
+    xq = xq if xq is not None else quantize_q8_1_reference(x)
+    m_rows, k = xq.qs.shape
+    q, sc, mn, d, dmin = _weight_codes(w)
+    if w.qtype == "Q8_0":
+        xc = xq.qs.double().reshape(m_rows, k // 32, 32)
+        sumi = torch.einsum("nbj,mbj->mnb", q.double(), xc)
+        return ((d.double()[None] * xq.d.double()[:, None]) * sumi).sum(-1)
+    nb = k // 256
+    d8 = xq.d.double().reshape(m_rows, nb, 8)
+    if w.qtype == "Q4_K":
+        xc = xq.qs.double().reshape(m_rows, nb, 8, 32)
+        sumi = torch.einsum("nbsj,mbsj->mnbs", q.double(), xc)
+        xsum = xc.sum(-1)  # (M, nb, 8)
+        t_d = (d8[:, None] * (sumi * sc.double()[None])).sum(-1)
+        t_m = (d8[:, None] * (xsum[:, None] * mn.double()[None])).sum(-1)
+        return (d.double()[None] * t_d - dmin.double()[None] * t_m).sum(-1)
+    xc = xq.qs.double().reshape(m_rows, nb, 16, 16)
+    sumi = torch.einsum("nbtj,mbtj->mnbt", q.double(), xc)
+    d8t = d8.repeat_interleave(2, dim=2)  # per 16-element group
+    return (d.double()[None] * (d8t[:, None] * sumi * sc.double()[None]).sum(-1)).sum(-1)
