@@ -3,6 +3,7 @@
 # twin measured by tallow and by llama-bench one right after the other, in the same call.
 #   bash scripts/gpu_same_run.sh STEP...
 # Steps: prepare (llama.cpp built in the background while the twins are written; waits for both),
+#        llama-bg / llama-wait (the build alone in the background, and waiting for it), mmvq (scripts/gpu_mmvq.sh),
 #        check (smollm2 twin: graph vs eager decode and top-1 against the CPU fp32 reference),
 #        table T... (tallow `-p 33,512 -n 128 -r 3`, then llama-bench `-p 33,512 -n 128 -r 5`, per twin),
 #        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
@@ -57,6 +58,10 @@ for step in "$@"; do
       say "twins written"; wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log
       [ -x $LLAMA ] || { tail -20 $OUT/llama_build.log $OUT/llama_cmake.log; exit 1; }
       $LLAMA --version 2>&1 | tail -2 | tee -a $OUT/steps.log ;;
+    llama-bg) say "llama.cpp build started in the background"
+      (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 & ;;
+    llama-wait) wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log; [ -x $LLAMA ] || exit 1 ;;
+    mmvq) say "mmvq"; bash scripts/gpu_mmvq.sh > /dev/null 2>&1; tail -40 $OUT/gpu_mmvq.log ;;
     check) say "check"
       python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tail -3 | tee $OUT/parity.txt ;;
     smollm2-135m|gemma3-270m|qwen25-1.5b|qwen3-4b|gemma4-e2b|gemma4-e4b) say "table $step"
