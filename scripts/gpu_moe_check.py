@@ -30,7 +30,8 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from tiny_models import write_tiny_model  # noqa: E402
 
 import tallow  # noqa: E402
-import tallow.models.qwen3moe as qwen3moe  # noqa: E402
+from tallow.kernels.cpu.moe import ExpertBank  # noqa: E402
+from tallow.kernels.gpu.moe import GPUExpertBank  # noqa: E402
 from tallow import switches  # noqa: E402
 from tallow.gguf_file import GGUFFile  # noqa: E402
 from tallow.memory.kv_pool import KVPool  # noqa: E402
@@ -53,23 +54,28 @@ def check(ok: bool, line: str) -> None:
 
 
 def routed(model, spec, steps) -> tuple[torch.Tensor, list]:
-    """Logits of `steps` [(tokens, start)] in turn on one pool, and every route_softmax's ids."""
+    """Logits of `steps` [(tokens, start)] in turn on one pool, and every routing's ids (the banks'
+    `route`: route_softmax on the CPU, the Triton router on the GPU)."""
     calls = []
-    real = qwen3moe.route_softmax
+    real = {bank: bank.route for bank in (ExpertBank, GPUExpertBank)}
 
-    def record(logits, k):
-        w, ids = real(logits, k)
-        calls.append(ids.cpu().tolist())
-        ROUTER_LOGITS.append(logits.detach().float().cpu())
-        return w, ids
+    def recorder(bank):
+        def record(self, logits, k):
+            w, ids = real[bank](self, logits, k)
+            calls.append(ids.cpu().tolist())
+            ROUTER_LOGITS.append(logits.detach().float().cpu())
+            return w, ids
+        return record
 
-    qwen3moe.route_softmax = record
+    for bank in real:
+        bank.route = recorder(bank)
     ROUTER_LOGITS.clear()
     try:
         kv = KVPool(spec, 64, torch.float32, device=model.device)
         out = [model.forward(toks, start, kv, all_logits=True).float().cpu() for toks, start in steps]
     finally:
-        qwen3moe.route_softmax = real
+        for bank, method in real.items():
+            bank.route = method
     return torch.cat(out), calls
 
 

@@ -50,7 +50,7 @@ python3 -c "import gguf, tallow" || { echo "tallow or gguf does not import: carr
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv,noheader
 LLAMA_OPT=()
 if [ -n "$LLAMA_BENCH" ]; then
-  if [ -x "$LLAMA_BENCH" ]; then LLAMA_OPT=(--llama-bench "$LLAMA_BENCH" --llama-args "$LLAMA_ARGS")
+  if [ -x "$LLAMA_BENCH" ]; then LLAMA_OPT=(--llama-bench "$LLAMA_BENCH" "--llama-args=$LLAMA_ARGS")
   else say "no executable llama-bench at $LLAMA_BENCH: tallow's figures only"; fi
 fi
 
