@@ -586,6 +586,6 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",
     "tallow.kernels.block_ops:TorchOps", "tallow.kernels.block_ops:LazyInput", "tallow.kernels.block_ops:block_ops",
     "tallow.kernels.block_ops:triton_ops_enabled", "tallow.kernels.block_ops:gemv_prologue_enabled",
-    "tallow.kernels.gpu.linear:Scratch",
+    "tallow.kernels.gpu.linear:Scratch", "tallow.kernels.gpu.linear:mmvq_wins",  # a shape rule (test_gpu_layers.py)
     "tallow.kernels.dispatch:LinearGroup", "tallow.kernels.dispatch:Placement",
 })

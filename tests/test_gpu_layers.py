@@ -87,3 +87,33 @@ def test_linear_group_of_mixed_types_writes_each_part_in_place(tmp_path, rows):
     x = torch.randn(rows, a.n_cols, generator=torch.Generator().manual_seed(3))
     expected = torch.cat([p(x) for p in parts], dim=-1)
     assert torch.equal(LinearGroup(parts)(x), expected)
+
+
+def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
+    """TALLOW_GEMV_MMVQ=1: a matrix mmvq_wins picks decodes through mmvq (its own numbers, x rounded
+    to Q8_1) and says so in its kind, so speculation does not assume the fp32 GEMV's row exactness;
+    a stacked layer decides again for its own shape; without the switch the fp32 GEMV runs."""
+    from test_quant_reference import random_rows
+
+    from tallow.gguf_file import TensorInfo
+    from tallow.kernels.gpu import linear as gpu_linear
+    from tallow.kernels.triton.mmvq import mmvq
+
+    raw = random_rows(QT.Q4_K, 64, 256, seed=3)
+    t = TensorInfo("w", QT.Q4_K, (256, 64), 0, raw.nbytes, raw)
+    cpu = torch.device("cpu")
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(5))
+    fp32 = GPULinear(t, None, cpu, Scratch(cpu))
+    assert fp32.kind == "triton_q4_k" and not fp32.use_mmvq
+    monkeypatch.setenv("TALLOW_GEMV_MMVQ", "1")
+    narrow = GPULinear(t, None, cpu, Scratch(cpu))
+    assert narrow.kind == "triton_q4_k"  # 64 x 256 is not a shape mmvq wins on
+    monkeypatch.setattr(gpu_linear, "mmvq_wins", lambda qtype, n, k: n >= 128)
+    layer = GPULinear(t, None, cpu, Scratch(cpu))
+    assert layer.kind == "triton_q4_k"
+    stacked = GPULinear.stacked([layer, layer])
+    assert stacked.kind == "mmvq_q4_k" and stacked.use_mmvq
+    y = stacked(x)
+    assert torch.equal(y, mmvq(x, stacked.planes))
+    ref = torch.cat([fp32(x)] * 2, dim=-1)
+    assert 0 < float((y - ref).norm() / ref.norm()) < 2e-2  # Q8_1 activations: near, not equal

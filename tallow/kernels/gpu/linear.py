@@ -5,6 +5,12 @@ once. Prefill dequantizes the weight to bf16 in one scratch buffer shared by all
 cuBLAS (measured 3-5x faster than the fused tensor-core kernel on the H200, see
 docs/performance.md). Types without a Triton kernel are dequantized once at load to fp16.
 
+With TALLOW_GEMV_MMVQ=1 (opt-in) the wide matrices' decode products (`mmvq_wins`) take the
+integer-dot GEMV instead (kernels/triton/mmvq.py: x rounded to Q8_1 as llama.cpp's CUDA build
+does, then int8 dot products): other numbers than the fp32 GEMV's, so these layers say
+kind "mmvq_*" and speculative decoding stays off by default (engine/speculate.py) until its rows
+are proven bit for bit their one-row products on the GPU.
+
 Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too.
 """
 
@@ -19,6 +25,7 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
 from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
+from ..triton.mmvq import MMVQ_TYPES, mmvq
 from ..triton.planes import QTYPES, PlaneWeight, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 from ..triton.quant_gemv import quant_gemv
@@ -29,6 +36,20 @@ PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-r
 
 def _switch_on(name: str) -> bool:
     return switches.enabled(name)
+
+
+def mmvq_wins(qtype: str, n: int, k: int) -> bool:
+    """Where the integer-dot GEMV beat quant_gemv on the H200 with its x quantization counted
+    (scripts/gpu_mmvq.py, docs/performance.md): the wide matrices (Q+K, gate+up, the output
+    projection); narrow ones with a long K (down, o, V) tied or lost."""
+    return qtype in MMVQ_TYPES and n >= 4096 and n >= k
+
+
+def _decode_kind(planes: PlaneWeight) -> tuple[str, bool]:
+    """(kind, whether decode takes the integer-dot GEMV) for a layer's planes."""
+    if _switch_on("TALLOW_GEMV_MMVQ") and mmvq_wins(planes.qtype, planes.n, planes.k):
+        return f"mmvq_{planes.qtype.lower()}", True
+    return f"triton_{planes.qtype.lower()}", False
 
 
 class Scratch:
@@ -61,14 +82,14 @@ class GPULinear:
         raw = torch.from_numpy(np.array(tensor.data))  # a writable copy of the mapped bytes
         if int(tensor.qtype) in QTYPES and QTYPES[int(tensor.qtype)][0] in GEMV_TYPES:
             self.planes = pack_planes(raw.to(device), tensor.qtype, tensor.n_cols)
-            self.kind = f"triton_{self.planes.qtype.lower()}"
+            self.kind, self.use_mmvq = _decode_kind(self.planes)
             scratch.reserve(self.out_features * self.in_features)
         else:
             # F32/F16/BF16 and the quant types without a kernel: dense.
             w = dequantize(tensor.data, tensor.qtype, tensor.n_cols)
             # F32/F16 stay exact in fp32; the rest in bf16 (fp16 could overflow the activations).
             self.dense = w.to(device, torch.float32 if int(tensor.qtype) in (0, 1) else torch.bfloat16)
-            self.kind = "dense"
+            self.kind, self.use_mmvq = "dense", False
         self.bias = None
         if bias is not None:
             self.bias = torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(device)
@@ -87,7 +108,7 @@ class GPULinear:
         layer.dense = None
         layer.planes = PlaneWeight(first.planes.qtype, layer.out_features, first.planes.k,
                                    {f: torch.cat([p.planes.planes[f] for p in parts]) for f in first.planes.planes})
-        layer.kind = first.kind
+        layer.kind, layer.use_mmvq = _decode_kind(layer.planes)
         layer.use_gemv = first.use_gemv
         layer.bias = None
         if any(p.bias is not None for p in parts):
@@ -110,14 +131,15 @@ class GPULinear:
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
         if isinstance(x, LazyInput):
             # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
-            if self.dense is None and self.use_gemv and x.shape[0] <= GEMV_MAX_ROWS and self.out_features <= PROLOGUE_MAX_N:
+            if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
+                    and self.out_features <= PROLOGUE_MAX_N):
                 y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
                 return y.add_(self.bias) if self.bias is not None else y
             x = x.materialize()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.dense is None and x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
-            y = quant_gemv(x2, self.planes, out=out)
+            y = (mmvq if self.use_mmvq else quant_gemv)(x2, self.planes, out=out)
         else:
             if self.dense is not None:
                 y = torch.matmul(x2.to(self.dense.dtype), self.dense.T)
