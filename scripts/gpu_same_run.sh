@@ -8,7 +8,8 @@
 #        table T... (tallow `-p 33,512 -n 128 -r 3`, then llama-bench `-p 33,512 -n 128 -r 5`, per twin),
 #        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
 #        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), moe-ab (gpu_moe_check --quick, then tallow
-#        on that twin with and without TALLOW_MOE_ROUTE_TRITON), pack (llama-bench.xz into $OUT).
+#        on that twin with and without TALLOW_MOE_ROUTE_TRITON), moe-check (gpu_moe_check --quick alone),
+#        mmvq-ab (E2B and qwen3-4b tg128 with and without TALLOW_GEMV_MMVQ), pack (llama-bench.xz into $OUT).
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
 # llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
@@ -82,6 +83,11 @@ for step in "$@"; do
       [ -s $f ] || python3 scripts/make_moe_twin.py qwen3-30b-a3b $f --layers 8 > $OUT/moe_twin.log 2>&1 || say "moe twin FAILED"
       timeout 120 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -8 | tee -a $OUT/moe_check.txt
       python3 scripts/gpu_ab.py --work /root/twins --twins qwen3-30b-a3b-cut8 --tests "-p 0 -n 128 -r 3" base TALLOW_MOE_ROUTE_TRITON=0 2>&1 | tee -a $OUT/moe_ab.txt ;;
+    mmvq-ab) say "mmvq-ab: TALLOW_GEMV_MMVQ in the engine (speculation off in both variants)"
+      for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
+      python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b,qwen3-4b --tests "-p 0 -n 128 -r 3" \
+        TALLOW_SPECULATE=0 TALLOW_SPECULATE=0,TALLOW_GEMV_MMVQ=1 2>&1 | tee -a $OUT/mmvq_ab.txt ;;
+    moe-check) say "moe-check"; timeout 120 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -12 | tee -a $OUT/moe_check.txt ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
     *) say "unknown step $step" ;;
   esac
