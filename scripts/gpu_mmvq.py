@@ -50,9 +50,11 @@ OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q
 # smollm2-135m's Q4_1 matrices (gate+up, down) are outside this kernel (Q4_K, Q6_K, Q8_0).
 
 # (BLOCK_N, BLOCKS, warps, stages); K splits are chosen per shape (_split)
-# Fewer warps with more words per thread reuse each x word across rows in registers: sm_90 PTX of
-# the K loop, per weight (triton.compile offline): mmvq 3.1-3.4 instructions at 1-2 warps, 5.5 at
-# 4 warps (BLOCK_N 8); quant_gemv 8-13.
+# Fewer warps with more words per thread reuse each x word across rows in registers. SASS of the
+# K loop per weight (sm_90, triton.compile + cuobjdump offline, /tmp/sass.py of 2026-12-02):
+# mmvq Q4_K 2.9 (8,2,1) / 4.4 (8,2,4) / 2.5 (16,2,2) / 2.4 (32,2,4), Q6_K 2.5 / 2.3 (16,2,2),
+# Q8_0 1.3 (8,16,1), the int32 multiply-reduce Q4_K 5.6; quant_gemv's defaults Q4_K 9.4, Q6_K 12.1,
+# Q8_0 5.9.
 CANDIDATES = [(8, 2, 1, 1), (8, 2, 4, 1), (4, 2, 1, 1), (16, 2, 2, 1), (16, 1, 1, 1), (32, 1, 2, 1),
               (8, 1, 1, 1), (8, 2, 1, 3), (32, 2, 4, 1)]
 RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
