@@ -51,7 +51,7 @@ OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q
 
 # (BLOCK_N, BLOCKS, warps, stages); K splits are chosen per shape (_split)
 # Fewer warps with more words per thread reuse each x word across rows in registers. SASS of the
-# K loop per weight (sm_90, triton.compile + cuobjdump offline, /tmp/sass.py of 2026-12-02):
+# K loop per weight (sm_90, offline: python scripts/gemv_sass_count.py, Triton 3.8, 2026-12-02):
 # mmvq Q4_K 2.9 (8,2,1) / 4.4 (8,2,4) / 2.5 (16,2,2) / 2.4 (32,2,4), Q6_K 2.5 / 2.3 (16,2,2),
 # Q8_0 1.3 (8,16,1), the int32 multiply-reduce Q4_K 5.6; quant_gemv's defaults Q4_K 9.4, Q6_K 12.1,
 # Q8_0 5.9.
