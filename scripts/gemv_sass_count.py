@@ -42,7 +42,8 @@ def _compile(fn, types: list[str], consts: dict, aligned: range, warps: int):
 def quant_gemv_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int):
     qt, bk, gper, j, terms, stride = QG._LAYOUT[qtype]
     planes = {"Q4_K": ["*u8", "*u8", "*fp16", "*u8"], "Q6_K": ["*u8", "*u8", "*i8", "*fp16"],
-              "Q8_0": ["*i8", "*fp16", "*u8", "*u8"]}[qtype]
+              "Q8_0": ["*i8", "*fp16", "*u8", "*u8"], "Q4_1": ["*u8", "*fp16", "*fp16", "*u8"],
+              "Q5_0": ["*u8", "*fp16", "*i32", "*u8"]}[qtype]
     types = (["*fp32"] + planes + ["*fp32", "i32", "i32", "i32", "i32", "*fp32", "*fp32", "*fp32", "i32", "i32",
                                    "fp32", "*fp32", "*i32", "i32"])
     consts = dict(PRO=0, WRITE_SUM=False, QT=qt, ROWS=1, BLOCK_N=bn, BLOCKS=blocks, STAGES=stages, BLOCK_K=bk,
@@ -52,12 +53,13 @@ def quant_gemv_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int)
 
 def mmvq_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int, dp4a: bool = True):
     planes = {"Q4_K": ["*i32", "*u8", "*fp16", "*i32"], "Q6_K": ["*i32", "*i32", "*i8", "*fp16"],
-              "Q8_0": ["*i32", "*fp16", "*i32", "*i32"]}[qtype]
-    types = planes + ["*i32", "*fp16", "*i32", "*fp32", "i32", "i32", "i32", "*fp32", "*i32", "i32"]
+              "Q8_0": ["*i32", "*fp16", "*i32", "*i32"], "Q4_0": ["*i32", "*fp16", "*i32", "*i32"],
+              "Q4_1": ["*i32", "*fp16", "*fp16", "*i32"], "Q5_0": ["*i32", "*fp16", "*i32", "*i32"]}[qtype]
+    types = planes + ["*i32", "*fp16", "*i32", "*fp16", "*fp32", "i32", "i32", "i32", "*fp32", "*i32", "i32"]
     bk = MV._BLOCK[qtype]
     consts = dict(QT=MV.MMVQ_TYPES.index(qtype), ROWS=1, BLOCK_N=bn, BLOCKS=blocks, STAGES=stages, BLOCK_K=bk,
                   G=blocks * MV._G_PER[qtype], SPLIT=1, DP4A=dp4a, WIDE=False, PDL=False)
-    return _compile(MV._mmvq_kernel, types, consts, range(13), warps), bn * blocks * bk
+    return _compile(MV._mmvq_kernel, types, consts, range(14), warps), bn * blocks * bk
 
 
 def loop_instructions(kernel) -> int:
@@ -78,9 +80,11 @@ def loop_instructions(kernel) -> int:
 
 def main() -> None:
     rows = [("quant_gemv", "Q4_K", (8, 2, 4, 3)), ("quant_gemv", "Q6_K", (8, 2, 4, 3)), ("quant_gemv", "Q8_0", (8, 8, 4, 1)),
+            ("quant_gemv", "Q4_1", (8, 8, 4, 1)), ("quant_gemv", "Q5_0", (8, 8, 4, 1)),
             ("mmvq", "Q4_K", (8, 2, 1, 1)), ("mmvq", "Q4_K", (8, 2, 4, 1)), ("mmvq", "Q4_K", (16, 2, 2, 1)),
             ("mmvq", "Q4_K", (32, 2, 4, 1)), ("mmvq", "Q6_K", (8, 2, 1, 1)), ("mmvq", "Q6_K", (16, 2, 2, 1)),
-            ("mmvq", "Q8_0", (8, 16, 1, 1)), ("mmvq int32-mul", "Q4_K", (8, 2, 1, 1))]
+            ("mmvq", "Q8_0", (8, 16, 1, 1)), ("mmvq", "Q4_0", (8, 16, 1, 1)), ("mmvq", "Q4_1", (8, 16, 1, 1)),
+            ("mmvq", "Q5_0", (8, 16, 1, 1)), ("mmvq int32-mul", "Q4_K", (8, 2, 1, 1))]
     print(f"triton {triton.__version__}, sm_90")
     for kind, qtype, (bn, blocks, warps, stages) in rows:
         if kind == "quant_gemv":

@@ -8,12 +8,13 @@ for bit (same integers, same fp32 combination), equals the float64 torch referen
 every partial sum is an integer below 2^24 (weight scales and x's d8 set to 1), stays within 1e-5
 of it with random scales, and row r of a 4-row product is its one-row product bit for bit.
 
-Then per shape (gemma4-e2b's, qwen3-4b's, qwen2.5-1.5b's, Q8_0 ones; random GGUF blocks, sane scales),
+Then per shape (qwen3-4b's, qwen2.5-1.5b's, gemma4-e2b's, then 32-element-block types: smollm2's Q4_1, gemma3-270m's
+Q5_0, Q8_0, Q4_0; random GGUF blocks, sane scales),
 timed with gpu_bench_kernels.py's harness (one CUDA graph over rotating weight copies > L2): the
 quant_gemv default config, the mmvq configs (DP4A and int32-multiply), the Q8_1 quantization of
 x on its own, and the errors vs the float64 integer reference and vs the fp32 dequantized product.
-One line per shape. A failing shape prints its error and the rest still run. Over the time
-budget, the remaining shapes time only the first configs.
+One line per shape. A failing shape prints its error and the rest still run. Past --budget-s
+the remaining shapes time only the first configs; past --stop-s they are listed, not run.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q
          ("qwen3-4b output", "Q6_K", 151936, 2560),
          ("qwen2.5 ffn_gate+up", "Q4_K", 17920, 1536), ("qwen2.5 ffn_down", "Q6_K", 1536, 8960),
          ("qwen2.5 attn_q+k", "Q4_K", 1792, 1536), ("qwen2.5 attn_o", "Q4_K", 1536, 1536),
-         ("qwen2.5 output", "Q6_K", 151936, 1536),
-         ("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8_0", 8960, 1536),
-         ("1536x8960 (Q8_0)", "Q8_0", 1536, 8960), ("qwen2.5 attn_q+k (Q8_0)", "Q8_0", 1792, 1536)]
-# smollm2-135m's Q4_1 matrices (gate+up, down) are outside this kernel (Q4_K, Q6_K, Q8_0).
+         ("qwen2.5 output", "Q6_K", 151936, 1536)]
+SMALL_BLOCKS = [("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8_0", 8960, 1536),
+                ("1536x8960 (Q8_0)", "Q8_0", 1536, 8960), ("qwen2.5 attn_q+k (Q8_0)", "Q8_0", 1792, 1536),
+                ("smollm2 gate+up", "Q4_1", 3072, 576), ("smollm2 down", "Q4_1", 576, 1536),
+                ("gemma3-270m gate+up", "Q5_0", 4096, 640), ("gemma3-270m down", "Q5_0", 640, 2048),
+                ("1536x8960 (Q5_0)", "Q5_0", 1536, 8960), ("8960x1536 (Q4_0)", "Q4_0", 8960, 1536)]
 
 # (BLOCK_N, BLOCKS, warps, stages); K splits are chosen per shape (_split)
 # Fewer warps with more words per thread reuse each x word across rows in registers. SASS of the
@@ -57,6 +60,7 @@ OTHER = [("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q
 # Q8_0 5.9.
 CANDIDATES = [(8, 2, 1, 1), (8, 2, 4, 1), (4, 2, 1, 1), (16, 2, 2, 1), (16, 1, 1, 1), (32, 1, 2, 1),
               (8, 1, 1, 1), (8, 2, 1, 3), (32, 2, 4, 1)]
+SMALL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")  # 32-element blocks
 RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
 
 
@@ -73,7 +77,7 @@ def _split(n: int, k: int, block_n: int, blocks: int, block_k: int = 256) -> int
 def _weight(qtype: str, n: int, k: int, seed: int, unit_scales: bool = False):
     w = kb.make_weight(qtype, n, k, seed)
     if unit_scales:
-        for name in ("dm", "d"):
+        for name in ("dm", "d", "m"):
             if name in w.planes:
                 w.planes[name].fill_(1.0)
     return w
@@ -88,13 +92,14 @@ def gate() -> bool:
     g = torch.Generator(device="cuda").manual_seed(5)
     for qtype, n, k, m in (("Q4_K", 300, 512, 1), ("Q6_K", 300, 512, 1), ("Q8_0", 300, 576, 1),
                            ("Q4_K", 1000, 2560, 4), ("Q6_K", 1000, 2560, 4), ("Q8_0", 1000, 1536, 4),
-                           ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2)):
+                           ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2), ("Q4_0", 300, 576, 1),
+                           ("Q4_1", 1000, 576, 3), ("Q5_0", 1000, 1536, 2)):
         for cfg in ((8, 2, 1, 1, 1), (16, 1, 4, 3, 4)):
-            if qtype == "Q8_0":
+            if qtype in SMALL_TYPES:
                 cfg = (cfg[0], cfg[1] * 8) + cfg[2:]
             # exact: unit weight scales, x integer with |x| <= 3 plus one 127 per 32 (so d8 = 1); at K 256
             # every partial is an integer below 2^24 (Q6_K: 16 groups x 32 x 172 x 127 < 2^24)
-            w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)
+            w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)  # (and Q4_1's min)
             x1 = torch.randint(-3, 4, (m, 256), device="cuda", generator=g).float()
             x1[:, ::32] = 127.0
             xq1 = quantize_q8_1(x1)
@@ -134,9 +139,9 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     y_qg = quant_gemv(x, w)
     rows = []
     cands = CANDIDATES[:2] if quick else CANDIDATES
-    if qtype == "Q8_0":  # 32-element blocks: 8 per K-quant block's worth of a step
+    if qtype in SMALL_TYPES:  # 32-element blocks: 8 per K-quant block's worth of a step
         cands = [(c[0], c[1] * 8) + c[2:] for c in cands]
-    block_k = 32 if qtype == "Q8_0" else 256
+    block_k = 32 if qtype in SMALL_TYPES else 256
     cfgs = [c + (_split(n, k, c[0], c[1], block_k), True) for c in cands]
     cfgs += [cfgs[0][:5] + (False,)]  # the int32 multiply-reduce variant
     for cfg in cfgs:
@@ -169,6 +174,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two configs per shape")
     ap.add_argument("--budget-s", type=float, default=170.0, help="past this, only the first configs")
+    ap.add_argument("--stop-s", type=float, default=240.0, help="past this, no more shapes")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_mmvq.json"))
     args = ap.parse_args()
     start = time.time()
@@ -180,8 +186,11 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         RESULTS["errors"].append(f"gate: {type(e).__name__}: {e}"[:400])
-    shapes = [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + OTHER
-    for label, qt, n, k in shapes:
+    shapes = OTHER + [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + SMALL_BLOCKS
+    for i, (label, qt, n, k) in enumerate(shapes):
+        if time.time() - start > args.stop_s:
+            print(f"out of time: {len(shapes) - i} shapes not run ({', '.join(s[0] for s in shapes[i:])})", flush=True)
+            break
         try:
             bench_shape(label, qt, n, k, bw, args.quick or time.time() - start > args.budget_s)
         except Exception as e:  # noqa: BLE001
@@ -192,6 +201,8 @@ def main() -> None:
             json.dump(RESULTS, f, indent=1)
     for label, qt, n, k in (("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728)):
         for m in (4, 8):
+            if time.time() - start > args.stop_s:
+                break
             try:
                 bench_shape(label, qt, n, k, bw, True, m=m)
             except Exception as e:  # noqa: BLE001
