@@ -140,7 +140,7 @@ def quantize_q8_1_reference(x: torch.Tensor) -> Q8Act:
     v = x2.reshape(m, k // 32, 32)
     amax = v.abs().amax(dim=2)
     d = amax / 127.0
-    q = torch.where(amax[..., None] == 0, torch.zeros((), dtype=torch.int32),
+    q = torch.where(amax[..., None] == 0, torch.zeros((), dtype=torch.int32, device=v.device),
                     _roundf_reference(v / torch.where(amax == 0, 1.0, d)[..., None]))
     s = v
     for width in (16, 8, 4, 2, 1):
