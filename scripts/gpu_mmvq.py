@@ -13,6 +13,8 @@ Q5_0, Q8_0, Q4_0; random GGUF blocks, sane scales),
 timed with gpu_bench_kernels.py's harness (one CUDA graph over rotating weight copies > L2): the
 quant_gemv default config, the mmvq configs (DP4A and int32-multiply), the Q8_1 quantization of
 x on its own, and the errors vs the float64 integer reference and vs the fp32 dequantized product.
+After qwen's shapes, a LAYER line: one qwen3-4b layer's five GEMVs in one graph, quant_gemv against
+mmvq with its four Q8_1 launches (bench_layer).
 One line per shape. A failing shape prints its error and the rest still run. Past --budget-s
 the remaining shapes time only the first configs; past --stop-s they are listed, not run.
 """
@@ -35,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpu_bench_kernels as kb  # noqa: E402
 from gpu_gemv_shapes import SHAPES  # noqa: E402
 
-from tallow.kernels.triton.mmvq import mmvq_q8, mmvq_reference, quantize_q8_1, quantize_q8_1_reference  # noqa: E402
+from tallow.kernels.triton.mmvq import (mmvq_config, mmvq_q8, mmvq_reference, quantize_q8_1,  # noqa: E402
+                                        quantize_q8_1_reference)
 from tallow.kernels.triton.planes import dequantize_planes  # noqa: E402
 from tallow.kernels.triton.quant_gemv import quant_gemv  # noqa: E402
 
@@ -170,6 +173,45 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     del ws, outs
 
 
+# qwen3-4b Q4_K_M's decode GEMVs of one layer: (name, type, N, K, input); q+k and v share x.
+LAYER = [("q+k", "Q4_K", 5120, 2560, "a"), ("v", "Q6_K", 1024, 2560, "a"), ("o", "Q4_K", 2560, 4096, "o"),
+         ("gate+up", "Q4_K", 19456, 2560, "f"), ("down", "Q6_K", 2560, 9728, "d")]
+
+
+def _best_config(qtype: str, n: int, k: int):
+    rows = [r for r in RESULTS["shapes"] if (r["qtype"], r["n"], r["k"]) == (qtype, n, k)]
+    return tuple(rows[0]["best"]["config"]) if rows else mmvq_config(qtype, n, k)
+
+
+def bench_layer(bw: float, layers: int = 8) -> None:
+    """One CUDA graph over `layers` distinct copies of a qwen3-4b layer's five GEMVs (> L2): the
+    fp32 GEMV's five launches against mmvq's four Q8_1 quantizations + five integer GEMVs, with
+    the best configs of this run's sweep. (The norms, RoPE and attention between are left out.)"""
+    xs = {"a": torch.randn(1, 2560, device="cuda"), "o": torch.randn(1, 4096, device="cuda"),
+          "f": torch.randn(1, 2560, device="cuda"), "d": torch.randn(1, 9728, device="cuda")}
+    qx = {key: quantize_q8_1(x) for key, x in xs.items()}
+    base = {name: _weight(qt, n, k, seed=n + k) for name, qt, n, k, _ in LAYER}
+    stack = [{name: type(w)(w.qtype, w.n, w.k, {f: t.clone() for f, t in w.planes.items()}) for name, w in base.items()}
+             for _ in range(layers)]
+    outs = {name: torch.empty(1, n, device="cuda") for name, _, n, _, _ in LAYER}
+    cfgs = {name: _best_config(qt, n, k) for name, qt, n, k, _ in LAYER}
+    qg_calls, mm_calls = [], []
+    for ws in stack:
+        for name, _, _, _, src in LAYER:
+            qg_calls.append(lambda x=xs[src], w=ws[name], o=outs[name]: quant_gemv(x, w, out=o))
+        for name, _, _, _, src in LAYER:
+            if name != "v":  # v reuses q+k's quantized x
+                mm_calls.append(lambda x=xs[src], q=qx[src]: quantize_q8_1(x, out=q))
+            mm_calls.append(lambda q=qx[src], w=ws[name], o=outs[name], c=cfgs[name]: mmvq_q8(q, w, out=o, config=c))
+    nbytes = sum(w.nbytes for w in base.values())
+    t_qg = kb.graph_time_us(qg_calls) * len(qg_calls) / layers
+    t_mm = kb.graph_time_us(mm_calls) * len(mm_calls) / layers
+    RESULTS["layer"] = dict(model="qwen3-4b", bytes=nbytes, quant_gemv_us=t_qg, mmvq_us=t_mm, configs=cfgs)
+    print(f"LAYER qwen3-4b (5 GEMVs, {nbytes / 1e6:.1f} MB, {layers} distinct copies): quant_gemv {t_qg:7.2f} us "
+          f"({nbytes / t_qg / 1e3:4.0f} GB/s) | mmvq + 4 Q8_1 launches {t_mm:7.2f} us ({nbytes / t_mm / 1e3:4.0f} GB/s) "
+          f"| x{t_qg / t_mm:.2f}  configs {cfgs}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two configs per shape")
@@ -188,6 +230,12 @@ def main() -> None:
         RESULTS["errors"].append(f"gate: {type(e).__name__}: {e}"[:400])
     shapes = OTHER + [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + SMALL_BLOCKS
     for i, (label, qt, n, k) in enumerate(shapes):
+        if i == len(OTHER):  # after qwen's shapes: their best configs in one layer
+            try:
+                bench_layer(bw)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                RESULTS["errors"].append(f"layer: {type(e).__name__}: {e}"[:400])
         if time.time() - start > args.stop_s:
             print(f"out of time: {len(shapes) - i} shapes not run ({', '.join(s[0] for s in shapes[i:])})", flush=True)
             break
