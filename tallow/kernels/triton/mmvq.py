@@ -1,8 +1,9 @@
 """Decode GEMV with integer inner products, llama.cpp's CUDA MMVQ arithmetic: y = x @ W^T, M <= 8.
 
 Why. quant_gemv.py rebuilds every weight as fp32 (unpack, int->float, scale fma, min) before its
-fp32 fma with x: ~6-10 instructions per weight, so on the H200 it is instruction-bound, well
-under the memory bandwidth (docs/performance.md). ggml's CUDA backend instead quantizes x once
+fp32 fma with x: 6-14 SASS instructions per weight in its K loop (scripts/gemv_sass_count.py),
+so on the H200 it is instruction-bound, well under the memory bandwidth (docs/performance.md);
+the integer dots here take 1.3-4. ggml's CUDA backend instead quantizes x once
 per product to Q8_1 (32-element blocks of int8 codes with an fp16 scale) and takes integer dot
 products of weight codes with x codes (dp4a: 4 int8 products and their sum in one instruction),
 applying the weight's sub-block scale and min once per 32 elements (16 for Q6_K).
@@ -472,9 +473,10 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, st
 
 _PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),
            "Q4_0": ("qs", "d"), "Q4_1": ("qs", "d", "m"), "Q5_0": ("qs", "d", "qh")}
+# planes read as int32 words (their rows are whole multiples of 4 bytes)
 _WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh"), "Q8_0": ("qs",), "Q4_0": ("qs",), "Q4_1": ("qs",), "Q5_0": ("qs",)}
 _BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32}  # elements per GGUF block
-_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1}  # tile groups per block  # planes read as int32 words
+_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1}  # tile groups per block
 
 
 def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
@@ -490,7 +492,7 @@ def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bo
 
 
 def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
-    """y (M, N) float32 = the integer-dot product of a quantized x with W (Q4_K or Q6_K)."""
+    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES)."""
     if w.qtype not in MMVQ_TYPES:
         raise ValueError(f"No MMVQ kernel for {w.qtype} (have: {', '.join(MMVQ_TYPES)}).")
     m_rows, k = xq.qs.shape
@@ -522,9 +524,9 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     wide = max(p.numel() for p in planes) >= 2**31
     _mmvq_kernel[(tiles, split)](
         *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
-        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype],
-        SPLIT=split,
-        DP4A=dp4a, WIDE=wide, num_warps=warps, **pdl.launch(dev))
+        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages,
+        BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype], SPLIT=split, DP4A=dp4a, WIDE=wide,
+        num_warps=warps, **pdl.launch(dev))
     return out
 
 
