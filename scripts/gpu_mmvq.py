@@ -61,8 +61,10 @@ SMALL_BLOCKS = [("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8
 # mmvq Q4_K 2.9 (8,2,1) / 4.4 (8,2,4) / 2.5 (16,2,2) / 2.4 (32,2,4), Q6_K 2.5 / 2.3 (16,2,2),
 # Q8_0 1.3 (8,16,1), the int32 multiply-reduce Q4_K 5.6; quant_gemv's defaults Q4_K 9.4, Q6_K 12.1,
 # Q8_0 5.9.
-CANDIDATES = [(8, 2, 1, 1), (8, 2, 4, 1), (4, 2, 1, 1), (16, 2, 2, 1), (16, 1, 1, 1), (32, 1, 2, 1),
-              (8, 1, 1, 1), (8, 2, 1, 3), (32, 2, 4, 1)]
+# Deeper K steps (BLOCKS 4) and cp.async stages put more bytes in flight per warp: the
+# 2026-12-01 ledger found the earlier low-instruction GEMV (v2) latency-bound (few warps in flight).
+CANDIDATES = [(8, 2, 1, 1), (16, 2, 2, 1), (8, 2, 4, 1), (4, 2, 1, 1), (32, 1, 2, 1), (8, 2, 1, 3),
+              (32, 2, 4, 1), (8, 4, 1, 3), (16, 4, 2, 3), (4, 4, 1, 3), (16, 1, 1, 1)]
 SMALL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")  # 32-element blocks
 RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
 
@@ -93,40 +95,40 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def gate() -> bool:
     ok_all = True
     g = torch.Generator(device="cuda").manual_seed(5)
-    for qtype, n, k, m in (("Q4_K", 300, 512, 1), ("Q6_K", 300, 512, 1), ("Q8_0", 300, 576, 1),
-                           ("Q4_K", 1000, 2560, 4), ("Q6_K", 1000, 2560, 4), ("Q8_0", 1000, 1536, 4),
-                           ("Q4_K", 4100, 1536, 3), ("Q6_K", 2560, 9728, 2), ("Q4_0", 300, 576, 1),
-                           ("Q4_1", 1000, 576, 3), ("Q5_0", 1000, 1536, 2)):
-        for cfg in ((8, 2, 1, 1, 1), (16, 1, 4, 3, 4)):
-            if qtype in SMALL_TYPES:
-                cfg = (cfg[0], cfg[1] * 8) + cfg[2:]
-            # exact: unit weight scales, x integer with |x| <= 3 plus one 127 per 32 (so d8 = 1); at K 256
-            # every partial is an integer below 2^24 (Q6_K: 16 groups x 32 x 172 x 127 < 2^24)
-            w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)  # (and Q4_1's min)
-            x1 = torch.randint(-3, 4, (m, 256), device="cuda", generator=g).float()
-            x1[:, ::32] = 127.0
-            xq1 = quantize_q8_1(x1)
-            ref1 = mmvq_reference(x1, w1)
-            y1 = mmvq_q8(xq1, w1, config=cfg + (True,))
-            exact = torch.equal(y1.double(), ref1)
-            # random scales: dp4a == int32-mul bit for bit; vs the float64 reference
-            w = _weight(qtype, n, k, seed=n * 3 + k)
-            x = torch.randn(m, k, device="cuda", generator=g)
-            xq = quantize_q8_1(x)
-            qref = quantize_q8_1_reference(x)
-            q_same = all(torch.equal(a, b) for a, b in zip(xq.__dict__.values(), qref.__dict__.values()))
-            yd = mmvq_q8(xq, w, config=cfg + (True,))
-            yi = mmvq_q8(xq, w, config=cfg + (False,))
-            same = torch.equal(yd, yi)
-            err = rel(yd, mmvq_reference(x, w, xq))
-            rows = all(torch.equal(yd[r], mmvq_q8(quantize_q8_1(x[r:r + 1]), w, config=cfg + (True,))[0])
-                       for r in range(m))
-            ok = exact and same and err < 1e-5 and rows and q_same
-            ok_all &= ok
-            RESULTS["gate"].append(dict(qtype=qtype, n=n, k=k, m=m, config=cfg, exact=exact, dp4a_eq_int=same,
-                                        rel_err=err, rows_bitwise=rows, q8_1_eq_ref=q_same, ok=ok))
-            print(f"gate {qtype} {n}x{k} M={m} cfg {cfg}: exact {exact} dp4a==int32 {same} rel {err:.1e} "
-                  f"rows {rows} q8_1==ref {q_same} -> {'ok' if ok else 'FAIL'}", flush=True)
+    # one config each (compiles are the cost here): unsplit, and split K with cp.async stages
+    for qtype, n, k, m, cfg in (("Q4_K", 300, 512, 2, (8, 2, 1, 1, 1)), ("Q6_K", 300, 512, 2, (8, 2, 1, 1, 1)),
+                                ("Q4_K", 4100, 1536, 3, (16, 1, 4, 3, 4)), ("Q6_K", 2560, 9728, 1, (16, 1, 4, 3, 4)),
+                                ("Q8_0", 1000, 1536, 4, (8, 2, 1, 1, 1)), ("Q4_0", 300, 576, 1, (8, 2, 1, 1, 1)),
+                                ("Q4_1", 1000, 576, 3, (16, 1, 4, 3, 4)), ("Q5_0", 1000, 1536, 2, (8, 2, 1, 1, 2))):
+        if qtype in SMALL_TYPES:
+            cfg = (cfg[0], cfg[1] * 8) + cfg[2:]
+        # exact: unit weight scales, x integer with |x| <= 3 plus one 127 per 32 (so d8 = 1); at K 256
+        # every partial is an integer below 2^24 (Q6_K: 16 groups x 32 x 172 x 127 < 2^24)
+        w1 = _weight(qtype, n, 256, seed=n + 1, unit_scales=True)  # (and Q4_1's min)
+        x1 = torch.randint(-3, 4, (m, 256), device="cuda", generator=g).float()
+        x1[:, ::32] = 127.0
+        xq1 = quantize_q8_1(x1)
+        ref1 = mmvq_reference(x1, w1)
+        y1 = mmvq_q8(xq1, w1, config=cfg + (True,))
+        exact = torch.equal(y1.double(), ref1)
+        # random scales: dp4a == int32-mul bit for bit; vs the float64 reference
+        w = _weight(qtype, n, k, seed=n * 3 + k)
+        x = torch.randn(m, k, device="cuda", generator=g)
+        xq = quantize_q8_1(x)
+        qref = quantize_q8_1_reference(x)
+        q_same = all(torch.equal(a, b) for a, b in zip(xq.__dict__.values(), qref.__dict__.values()))
+        yd = mmvq_q8(xq, w, config=cfg + (True,))
+        yi = mmvq_q8(xq, w, config=cfg + (False,))
+        same = torch.equal(yd, yi)
+        err = rel(yd, mmvq_reference(x, w, xq))
+        rows = all(torch.equal(yd[r], mmvq_q8(quantize_q8_1(x[r:r + 1]), w, config=cfg + (True,))[0])
+                   for r in range(m))
+        ok = exact and same and err < 1e-5 and rows and q_same
+        ok_all &= ok
+        RESULTS["gate"].append(dict(qtype=qtype, n=n, k=k, m=m, config=cfg, exact=exact, dp4a_eq_int=same,
+                                    rel_err=err, rows_bitwise=rows, q8_1_eq_ref=q_same, ok=ok))
+        print(f"gate {qtype} {n}x{k} M={m} cfg {cfg}: exact {exact} dp4a==int32 {same} rel {err:.1e} "
+              f"rows {rows} q8_1==ref {q_same} -> {'ok' if ok else 'FAIL'}", flush=True)
     return ok_all
 
 
@@ -146,6 +148,9 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
         cands = [(c[0], c[1] * 8) + c[2:] for c in cands]
     block_k = 32 if qtype in SMALL_TYPES else 256
     cfgs = [c + (_split(n, k, c[0], c[1], block_k), True) for c in cands]
+    boosted = cfgs[0][:4] + (min(8, cfgs[0][4] * 2), True)  # twice the K splits: more programs in flight
+    if boosted[4] <= max(1, (k // block_k) // cfgs[0][1]) and boosted not in cfgs:
+        cfgs.append(boosted)
     cfgs += [cfgs[0][:5] + (False,)]  # the int32 multiply-reduce variant
     for cfg in cfgs:
         try:
