@@ -13,10 +13,12 @@ Q5_0, Q8_0, Q4_0; random GGUF blocks, sane scales),
 timed with gpu_bench_kernels.py's harness (one CUDA graph over rotating weight copies > L2): the
 quant_gemv default config, the mmvq configs (DP4A and int32-multiply), the Q8_1 quantization of
 x on its own, and the errors vs the float64 integer reference and vs the fp32 dequantized product.
-After qwen's shapes, a LAYER line: one qwen3-4b layer's five GEMVs in one graph, quant_gemv against
-mmvq with its four Q8_1 launches (bench_layer).
-One line per shape. A failing shape prints its error and the rest still run. Past --budget-s
-the remaining shapes time only the first configs; past --stop-s they are listed, not run.
+The LAYER line: one qwen3-4b layer's five GEMVs in one graph, quant_gemv against mmvq with its
+four Q8_1 launches (bench_layer).
+One line per shape: qwen's with all configs, then the LAYER line and M = 4/8, then gemma4-e2b's
+and the 32-element-block types with the first two configs (--full: all). A failing shape prints
+its error and the rest still run. Past --budget-s the remaining shapes time only the first
+configs; past --stop-s they are listed, not run.
 """
 
 from __future__ import annotations
@@ -220,6 +222,7 @@ def bench_layer(bw: float, layers: int = 8) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two configs per shape")
+    ap.add_argument("--full", action="store_true", help="the whole sweep on every shape (past the 4-minute plan)")
     ap.add_argument("--budget-s", type=float, default=170.0, help="past this, only the first configs")
     ap.add_argument("--stop-s", type=float, default=240.0, help="past this, no more shapes")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_mmvq.json"))
@@ -233,34 +236,33 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         RESULTS["errors"].append(f"gate: {type(e).__name__}: {e}"[:400])
-    shapes = OTHER + [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + SMALL_BLOCKS
-    for i, (label, qt, n, k) in enumerate(shapes):
-        if i == len(OTHER):  # after qwen's shapes: their best configs in one layer
-            try:
-                bench_layer(bw)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                RESULTS["errors"].append(f"layer: {type(e).__name__}: {e}"[:400])
+    # qwen's shapes with the whole sweep, then one layer of them, M = 4/8, then the rest with the
+    # first two configs (unless --full): the order of what matters if time runs out
+    rest = [("e2b " + lab, qt, n, k) for lab, qt, n, k in SHAPES["gemma4-e2b"]] + SMALL_BLOCKS
+    plan = [("shape", s_, False) for s_ in OTHER] + [("layer", None, False)]
+    plan += [("rows", (label, qt, n, k, m), True) for label, qt, n, k in
+             (("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728)) for m in (4, 8)]
+    plan += [("shape", s_, not args.full) for s_ in rest]
+    for i, (kind, what, quick) in enumerate(plan):
         if time.time() - start > args.stop_s:
-            print(f"out of time: {len(shapes) - i} shapes not run ({', '.join(s[0] for s in shapes[i:])})", flush=True)
+            left = [w[0] if isinstance(w, tuple) else kind_ for kind_, w, _ in plan[i:]]
+            print(f"out of time: {len(left)} items not run ({', '.join(map(str, left))})", flush=True)
             break
         try:
-            bench_shape(label, qt, n, k, bw, args.quick or time.time() - start > args.budget_s)
+            if kind == "layer":
+                bench_layer(bw)
+            elif kind == "rows":
+                label, qt, n, k, m = what
+                bench_shape(label, qt, n, k, bw, True, m=m)
+            else:
+                label, qt, n, k = what
+                bench_shape(label, qt, n, k, bw, quick or args.quick or time.time() - start > args.budget_s)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            RESULTS["errors"].append(f"{label} {qt} {n}x{k}: {type(e).__name__}: {e}"[:400])
+            RESULTS["errors"].append(f"{kind} {what}: {type(e).__name__}: {e}"[:400])
             torch.cuda.synchronize()
         with open(args.out, "w") as f:
             json.dump(RESULTS, f, indent=1)
-    for label, qt, n, k in (("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728)):
-        for m in (4, 8):
-            if time.time() - start > args.stop_s:
-                break
-            try:
-                bench_shape(label, qt, n, k, bw, True, m=m)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                RESULTS["errors"].append(f"M={m} {label}: {type(e).__name__}: {e}"[:400])
     with open(args.out, "w") as f:
         json.dump(RESULTS, f, indent=1)
     print(f"done in {time.time() - start:.0f} s, {len(RESULTS['errors'])} errors", flush=True)
