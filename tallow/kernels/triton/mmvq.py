@@ -25,7 +25,8 @@ Arithmetic per row n and x row m, as vecdotq.cuh combines it:
   Q8_0, block b (32 int8 codes, fp16 d):  (d * d8) * sumi
   Q4_0 / Q5_0 (codes 0..15 / 0..31, offset 8 / 16):  d * (sumi * d8 - offset * s8), s8 = x's fp32
       block sum (as fp16);  Q4_1:  sumi * fp16(d * d8) + fp16(m * s8)
-The integer parts are exact; the combination is fp32 in a fixed order; the split-K merge (as
+The integer parts are exact; the combination is fp32 in a fixed order with explicit fmas (never
+left to the compiler's contraction, whose choice varied with ROWS); the split-K merge (as
 quant_gemv's, ticketed, in split order) keeps results deterministic and row m of an M-row product
 bit for bit its one-row product.
 
@@ -184,9 +185,12 @@ def _q4k_row(acc, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, x
         srow = xs_ptr + r * (K // 16) + chunk * 4
         sl = (tl.load(srow, mask=ok, other=0) + tl.load(srow + 1, mask=ok, other=0))[None, :]
         sh = (tl.load(srow + 2, mask=ok, other=0) + tl.load(srow + 3, mask=ok, other=0))[None, :]
-        sum_d = d8l * (il * sc_lo).to(tl.float32) + d8h * (ih * sc_hi).to(tl.float32)
-        sum_m = d8l * (sl * mn_lo).to(tl.float32) + d8h * (sh * mn_hi).to(tl.float32)
-        acc += d * sum_d - dmin * sum_m
+        # explicit fmas: a sum of two products left to the compiler's contraction may fuse either
+        # one, and did so differently for different ROWS (row r of an M-row product then missed
+        # its one-row product on the H200)
+        sum_d = tl.fma(d8l, (il * sc_lo).to(tl.float32), d8h * (ih * sc_hi).to(tl.float32))
+        sum_m = tl.fma(d8l, (sl * mn_lo).to(tl.float32), d8h * (sh * mn_hi).to(tl.float32))
+        acc += tl.fma(d, sum_d, -(dmin * sum_m))
     return acc
 
 
@@ -237,12 +241,15 @@ def _q4k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, sc_ptr, dm
 # Part p's 4 elements are gh*128 + p*32 + hh*16 + 4tt..: x word gh*32 + p*8 + hh*4 + tt, scale
 # and code-sum index gh*8 + p*2 + hh, d8 index gh*4 + p.
 @triton.jit
-def _q6k_part(v, sc, d8_ptr, xq_ptr, xs_ptr, xword, sidx, gh, ok, p: tl.constexpr, DP4A: tl.constexpr):
+def _q6k_part(s, v, sc, d8_ptr, xq_ptr, xs_ptr, xword, sidx, gh, ok, p: tl.constexpr, DP4A: tl.constexpr):
+    """s + d8 * (sumi * sc) for part p (an explicit fma: see _q4k_row); part 0 starts the sum."""
     x = tl.load(xq_ptr + xword + p * 8, mask=ok[:, None], other=0)  # (H, 4)
     xs = tl.load(xs_ptr + sidx + p * 2, mask=ok, other=0)[None, :]
     d8 = tl.load(d8_ptr + gh * 4 + p, mask=ok, other=0.0).to(tl.float32)[None, :]
     sumi = tl.sum(_dp4a(v, x[None, :, :], DP4A), axis=2) - 32 * xs  # sum (q - 32) * xq, exact
-    return d8 * (sumi * sc).to(tl.float32)
+    if p == 0:
+        return d8 * (sumi * sc).to(tl.float32)
+    return tl.fma(d8, (sumi * sc).to(tl.float32), s)
 
 
 @triton.jit
@@ -254,11 +261,11 @@ def _q6k_row(acc, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr,
         d8 = d8_ptr + r * (K // 32)
         xword = (gh * 32 + hh * 4)[:, None] + tt[None, :]
         sidx = gh * 8 + hh
-        s = _q6k_part(v0, sc0, d8, xq, xs, xword, sidx, gh, ok, 0, DP4A)
-        s += _q6k_part(v1, sc1, d8, xq, xs, xword, sidx, gh, ok, 1, DP4A)
-        s += _q6k_part(v2, sc2, d8, xq, xs, xword, sidx, gh, ok, 2, DP4A)
-        s += _q6k_part(v3, sc3, d8, xq, xs, xword, sidx, gh, ok, 3, DP4A)
-        acc += d * s
+        s = _q6k_part(acc, v0, sc0, d8, xq, xs, xword, sidx, gh, ok, 0, DP4A)
+        s = _q6k_part(s, v1, sc1, d8, xq, xs, xword, sidx, gh, ok, 1, DP4A)
+        s = _q6k_part(s, v2, sc2, d8, xq, xs, xword, sidx, gh, ok, 2, DP4A)
+        s = _q6k_part(s, v3, sc3, d8, xq, xs, xword, sidx, gh, ok, 3, DP4A)
+        acc = tl.fma(d, s, acc)
     return acc
 
 
@@ -306,7 +313,7 @@ def _q80_row(acc, w, d, xq_ptr, d8_ptr, K, blk, t, ok, r: tl.constexpr, ROWS: tl
         x = tl.load(xq_ptr + r * (K // 4) + blk[:, None] * 8 + t[None, :], mask=ok[:, None], other=0)
         d8 = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0).to(tl.float32)[None, :]
         sumi = tl.sum(_dp4a(w, x[None, :, :], DP4A), axis=2)
-        acc += (d * d8) * sumi.to(tl.float32)
+        acc = tl.fma(d * d8, sumi.to(tl.float32), acc)
     return acc
 
 
@@ -353,10 +360,11 @@ def _q4x_row(acc, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok,
         d8h = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0)[None, :]
         s8h = tl.load(s8_ptr + r * (K // 32) + blk, mask=ok, other=0.0)[None, :]
         if VARIANT == 1:
-            acc += sumi.to(tl.float32) * (d * d8h).to(tl.float32) + (aux * s8h).to(tl.float32)
-        else:
+            acc += tl.fma(sumi.to(tl.float32), (d * d8h).to(tl.float32), (aux * s8h).to(tl.float32))
+        else:  # explicit fmas: see _q4k_row
             off = 8.0 if VARIANT == 0 else 16.0
-            acc += d.to(tl.float32) * (sumi.to(tl.float32) * d8h.to(tl.float32) - off * s8h.to(tl.float32))
+            inner = tl.fma(sumi.to(tl.float32), d8h.to(tl.float32), -(off * s8h.to(tl.float32)))
+            acc = tl.fma(d.to(tl.float32), inner, acc)
     return acc
 
 
