@@ -1,6 +1,8 @@
 """Instructions per weight in the K loop of the decode GEMVs, from their sm_90 SASS, with no GPU.
 
-    python scripts/gemv_sass_count.py
+    python scripts/gemv_sass_count.py            the table below
+    python scripts/gemv_sass_count.py --check    mmvq's row-exactness guard (exit 1 on a finding,
+                                                 3 where nothing compiles for sm_90)
 
 Compiles quant_gemv.py's and mmvq.py's kernels for an H200 (triton.compile with a GPUTarget, the
 ptxas and cuobjdump Triton bundles), finds the K loop (the longest backward branch) and divides
@@ -51,13 +53,13 @@ def quant_gemv_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int)
     return _compile(QG._gemv_kernel, types, consts, range(16), warps), bn * blocks * bk
 
 
-def mmvq_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int, dp4a: bool = True):
+def mmvq_kernel(qtype: str, bn: int, blocks: int, warps: int, stages: int, dp4a: bool = True, rows: int = 1):
     planes = {"Q4_K": ["*i32", "*u8", "*fp16", "*i32"], "Q6_K": ["*i32", "*i32", "*i8", "*fp16"],
               "Q8_0": ["*i32", "*fp16", "*i32", "*i32"], "Q4_0": ["*i32", "*fp16", "*i32", "*i32"],
               "Q4_1": ["*i32", "*fp16", "*fp16", "*i32"], "Q5_0": ["*i32", "*fp16", "*i32", "*i32"]}[qtype]
     types = planes + ["*i32", "*fp16", "*i32", "*fp16", "*fp32", "i32", "i32", "i32", "*fp32", "*i32", "i32"]
     bk = MV._BLOCK[qtype]
-    consts = dict(QT=MV.MMVQ_TYPES.index(qtype), ROWS=1, BLOCK_N=bn, BLOCKS=blocks, STAGES=stages, BLOCK_K=bk,
+    consts = dict(QT=MV.MMVQ_TYPES.index(qtype), ROWS=rows, BLOCK_N=bn, BLOCKS=blocks, STAGES=stages, BLOCK_K=bk,
                   G=blocks * MV._G_PER[qtype], SPLIT=1, DP4A=dp4a, WIDE=False, PDL=False)
     return _compile(MV._mmvq_kernel, types, consts, range(14), warps), bn * blocks * bk
 
@@ -78,7 +80,38 @@ def loop_instructions(kernel) -> int:
     return best
 
 
+def sums_of_two_products(llir: str) -> list[str]:
+    """fadd/fsub lines of LLVM IR whose two operands are both fmul results: fma contraction may
+    fuse either product, and the choice can differ between kernels of different ROWS (it did for
+    mmvq's Q4_K on the H200: row r of an M-row product then missed its one-row product)."""
+    defs = dict(re.findall(r"(%\w+) = (\w+) ", llir))
+    found = []
+    for line in llir.splitlines():
+        m = re.match(r"\s*%\w+ = f(?:add|sub) [^%]*(%\w+), (%\w+)", line)
+        if m and defs.get(m.group(1)) == "fmul" and defs.get(m.group(2)) == "fmul":
+            found.append(line.strip())
+    return found
+
+
+def check() -> int:
+    """mmvq for every type at ROWS 2: no sum left to contraction. 0 clean, 1 a finding."""
+    bad = 0
+    for qtype in MV.MMVQ_TYPES:
+        blocks = 2 if MV._BLOCK[qtype] == 256 else 16
+        kernel, _ = mmvq_kernel(qtype, 8, blocks, 1, 1, rows=2)
+        found = sums_of_two_products(kernel.asm["llir"])
+        bad += len(found)
+        print(f"{qtype}: {len(found)} sums of two products" + "".join(f"\n  {f}" for f in found[:3]), flush=True)
+    return 1 if bad else 0
+
+
 def main() -> None:
+    if "--check" in sys.argv[1:]:
+        try:
+            sys.exit(check())
+        except Exception as e:  # noqa: BLE001  (no offline compile here: not a finding)
+            print(f"cannot compile for sm_90 here: {type(e).__name__}: {e}", file=sys.stderr)
+            sys.exit(3)
     rows = [("quant_gemv", "Q4_K", (8, 2, 4, 3)), ("quant_gemv", "Q6_K", (8, 2, 4, 3)), ("quant_gemv", "Q8_0", (8, 8, 4, 1)),
             ("quant_gemv", "Q4_1", (8, 8, 4, 1)), ("quant_gemv", "Q5_0", (8, 8, 4, 1)),
             ("mmvq", "Q4_K", (8, 2, 1, 1)), ("mmvq", "Q4_K", (8, 2, 4, 1)), ("mmvq", "Q4_K", (16, 2, 2, 1)),
