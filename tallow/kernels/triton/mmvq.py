@@ -487,16 +487,29 @@ _BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 
 _G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1}  # tile groups per block
 
 
-def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
-    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A). A first guess, to be
-    replaced by the H200 sweep of scripts/gpu_mmvq.py: row tiles that fill the 132 SMs, K split
-    where they do not."""
-    block_n, blocks = 8, (16 if _BLOCK[qtype] == 32 else 2)
-    tiles = triton.cdiv(n, block_n)
-    split = 1
-    while tiles * split < 264 and split < 8 and split * 2 <= k // 512:
+def _fill_split(n: int, k: int, block_n: int, blocks: int, block_k: int, programs: int = 264) -> int:
+    """The fewest power-of-two K splits (<= 8) giving `programs` programs (two per SM), or as many
+    as the K steps allow."""
+    tiles, steps, split = triton.cdiv(n, block_n), max(1, (k // block_k) // blocks), 1
+    while tiles * split < programs and split < 8 and split * 2 <= steps:
         split *= 2
-    return (block_n, blocks, 1, 1, split, True)
+    return split
+
+
+def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A): the best of the H200
+    sweep by shape class (scripts/gpu_mmvq.py at ac3bdff, 2026-12-02, docs/performance.md). One
+    warp per program and few rows: many programs in flight; wide Q4_K products 8 rows; the long-K
+    downs over 1536 rows want K splits."""
+    if _BLOCK[qtype] == 32:
+        if n >= 32768:
+            return (8, 8, 1, 1, 1, True)
+        return (8, 16, 4, 1, _fill_split(n, k, 8, 16, 32), True)
+    if 12288 <= n < 65536 and qtype == "Q4_K":
+        return (8, 2, 1, 1, 1, True)
+    if k >= 6144 and n <= 1536:
+        return (16, 2, 2, 1, 4, True) if qtype == "Q4_K" else (8, 2, 1, 1, 2, True)
+    return (4, 2, 1, 1, _fill_split(n, k, 4, 2, 256), True)
 
 
 def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
