@@ -68,6 +68,13 @@ SMALL_BLOCKS = [("smollm2 output", "Q8_0", 49152, 576), ("8960x1536 (Q8_0)", "Q8
 CANDIDATES = [(8, 2, 1, 1), (16, 2, 2, 1), (8, 2, 4, 1), (4, 2, 1, 1), (32, 1, 2, 1), (8, 2, 1, 3),
               (32, 2, 4, 1), (8, 4, 1, 3), (16, 4, 2, 3), (4, 4, 1, 3), (16, 1, 1, 1)]
 SMALL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")  # 32-element blocks
+# --short: the shapes the first H200 run (ac3bdff, 2026-12-02) found mmvq losing or tying on, and the
+# configs that run did not have (more bytes in flight per warp)
+LOST = [("qwen3-4b ffn_down", "Q6_K", 2560, 9728), ("qwen3-4b ffn_down", "Q4_K", 2560, 9728),
+        ("qwen3-4b attn_v", "Q6_K", 1024, 2560), ("qwen3-4b attn_o", "Q4_K", 2560, 4096),
+        ("e2b down", "Q6_K", 1536, 6144), ("e2b global o", "Q4_K", 1536, 4096), ("e2b sliding v", "Q6_K", 256, 1536),
+        ("qwen2.5 ffn_down", "Q6_K", 1536, 8960)]
+DEEP = [(4, 2, 1, 1), (8, 4, 1, 3), (16, 4, 2, 3), (4, 4, 1, 3), (8, 2, 1, 3), (4, 2, 2, 3)]
 RESULTS: dict = {"gate": [], "shapes": [], "m": [], "errors": []}
 
 
@@ -134,7 +141,7 @@ def gate() -> bool:
     return ok_all
 
 
-def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, m: int = 1) -> None:
+def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, m: int = 1, cands=None) -> None:
     w = _weight(qtype, n, k, seed=n * 7 + k)
     x = torch.randn(m, k, device="cuda")
     xq = quantize_q8_1(x)
@@ -145,7 +152,8 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     t_qg = kb.graph_time_us([(lambda wi=wi, oi=oi: quant_gemv(x, wi, out=oi)) for wi, oi in zip(ws, outs)])
     y_qg = quant_gemv(x, w)
     rows = []
-    cands = CANDIDATES[:2] if quick else CANDIDATES
+    if cands is None:
+        cands = CANDIDATES[:2] if quick else CANDIDATES
     if qtype in SMALL_TYPES:  # 32-element blocks: 8 per K-quant block's worth of a step
         cands = [(c[0], c[1] * 8) + c[2:] for c in cands]
     block_k = 32 if qtype in SMALL_TYPES else 256
@@ -154,6 +162,9 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     if boosted[4] <= max(1, (k // block_k) // cfgs[0][1]) and boosted not in cfgs:
         cfgs.append(boosted)
     cfgs += [cfgs[0][:5] + (False,)]  # the int32 multiply-reduce variant
+    default = mmvq_config(qtype, n, k)
+    if default not in cfgs:
+        cfgs.insert(0, default)
     for cfg in cfgs:
         try:
             y = mmvq_q8(xq, w, config=cfg)
@@ -168,10 +179,12 @@ def bench_shape(label: str, qtype: str, n: int, k: int, bw: float, quick: bool, 
     dp = [r for r in rows if r["config"][5]]
     best = min(dp, key=lambda r: r["us"])
     imul = [r for r in rows if not r["config"][5]]
+    dflt = [r for r in rows if r["config"] == default]
     rec = dict(label=label, qtype=qtype, n=n, k=k, m=m, bytes=w.nbytes, quant_gemv_us=t_qg, q8_1_us=t_q,
                quant_gemv_rel_err_fp32=rel(y_qg, fp), mmvq=rows, best=best, copy_gbs=bw)
     RESULTS["shapes" if m == 1 else "m"].append(rec)
     im = f"int32-mul {imul[0]['us']:7.2f}" if imul else "int32-mul    n/a"
+    im += f" | mmvq_config {dflt[0]['us']:7.2f}" if dflt else ""
     print(f"{label:22s} {qtype} {n:6d}x{k:<5d} M={m} {w.nbytes / 1e6:7.2f} MB | quant_gemv {t_qg:7.2f} us "
           f"{w.nbytes / t_qg / 1e3:5.0f} GB/s | mmvq {best['us']:7.2f} us {best['gbs']:5.0f} GB/s "
           f"({best['gbs'] / bw * 100:3.0f}%) {best['config']} | {im} | q8_1 {t_q:5.2f} us | "
@@ -223,6 +236,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two configs per shape")
     ap.add_argument("--full", action="store_true", help="the whole sweep on every shape (past the 4-minute plan)")
+    ap.add_argument("--short", action="store_true", help="gate, LAYER, M=4 and the shapes mmvq lost or tied on the "
+                    "first run, with the deeper-pipeline configs (estimated 2 minutes)")
     ap.add_argument("--budget-s", type=float, default=170.0, help="past this, only the first configs")
     ap.add_argument("--stop-s", type=float, default=240.0, help="past this, no more shapes")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_mmvq.json"))
@@ -243,6 +258,9 @@ def main() -> None:
     plan += [("rows", (label, qt, n, k, m), True) for label, qt, n, k in
              (("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560), ("qwen3-4b ffn_down", "Q6_K", 2560, 9728)) for m in (4, 8)]
     plan += [("shape", s_, not args.full) for s_ in rest]
+    if args.short:
+        plan = [("layer", None, False), ("rows", ("qwen3-4b ffn_gate+up", "Q4_K", 19456, 2560, 4), True)]
+        plan += [("deep", s_, False) for s_ in LOST]
     for i, (kind, what, quick) in enumerate(plan):
         if time.time() - start > args.stop_s:
             left = [w[0] if isinstance(w, tuple) else kind_ for kind_, w, _ in plan[i:]]
@@ -251,6 +269,9 @@ def main() -> None:
         try:
             if kind == "layer":
                 bench_layer(bw)
+            elif kind == "deep":
+                label, qt, n, k = what
+                bench_shape(label, qt, n, k, bw, False, cands=DEEP)
             elif kind == "rows":
                 label, qt, n, k, m = what
                 bench_shape(label, qt, n, k, bw, True, m=m)
