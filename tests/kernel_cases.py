@@ -184,7 +184,7 @@ register(op="quant_gemv", impl="tallow.kernels.triton.quant_gemv:quant_gemv", ne
 # arithmetic, 1e-6 (fp32 combination of exact integer dots; tests/test_triton_mmvq.py holds the
 # exact, Q8_1 and fp32-product bounds).
 register(op="mmvq", impl="tallow.kernels.triton.mmvq:mmvq", needs="triton", tol=1e-6,
-         inputs=_plane_inputs, shapes=(("Q4_K", 12, 512, 2), ("Q6_K", 12, 512, 2), ("Q8_0", 12, 512, 2)),
+         inputs=_plane_inputs, shapes=tuple((t, 12, 512, 2) for t in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")),
          run=lambda a: _triton("mmvq", "mmvq")(a["x"], a["w"], out=torch.full((a["x"].shape[0], a["w"].n), float("nan"))),
          reference=lambda a: _triton("mmvq", "mmvq_reference")(a["x"], a["w"]))
 

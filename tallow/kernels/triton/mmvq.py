@@ -1,8 +1,9 @@
 """Decode GEMV with integer inner products, llama.cpp's CUDA MMVQ arithmetic: y = x @ W^T, M <= 8.
 
 Why. quant_gemv.py rebuilds every weight as fp32 (unpack, int->float, scale fma, min) before its
-fp32 fma with x: ~6-10 instructions per weight, so on the H200 it is instruction-bound, well
-under the memory bandwidth (docs/performance.md). ggml's CUDA backend instead quantizes x once
+fp32 fma with x: 6-14 SASS instructions per weight in its K loop (scripts/gemv_sass_count.py),
+so on the H200 it is instruction-bound, well under the memory bandwidth (docs/performance.md);
+the integer dots here take 1.3-4. ggml's CUDA backend instead quantizes x once
 per product to Q8_1 (32-element blocks of int8 codes with an fp16 scale) and takes integer dot
 products of weight codes with x codes (dp4a: 4 int8 products and their sum in one instruction),
 applying the weight's sub-block scale and min once per 32 elements (16 for Q6_K).
@@ -11,7 +12,8 @@ Two launches:
   quantize_q8_1  x (M, K) fp32 -> Q8Act: codes int8 (M, K), d fp16 (M, K/32) and ggml's fp32
                  sum (as fp16) per 32, plus the integer code sums per 16 (what the min and
                  offset terms below multiply; ggml recomputes them with a dp4a against 0x01010101).
-  mmvq_q8        the GEMV over the byte planes (planes.py) read as int32 words: Q4_K, Q6_K, Q8_0.
+  mmvq_q8        the GEMV over the byte planes (planes.py) read as int32 words: Q4_K, Q6_K, Q8_0,
+                 Q4_0, Q4_1, Q5_0.
 
 Arithmetic per row n and x row m, as vecdotq.cuh combines it:
   Q4_K, block b, sub-block s (32 elements, 6-bit scale sc and min mn):
@@ -21,7 +23,10 @@ Arithmetic per row n and x row m, as vecdotq.cuh combines it:
       d * sum_t d8_t * (sumi_t * sc_t),  sumi_t = sum_j (q_j - 32) * xq_j
       computed as sum_j q_j * xq_j - 32 * xsum_t (q 0..63 fits a signed byte, so one dp4a)
   Q8_0, block b (32 int8 codes, fp16 d):  (d * d8) * sumi
-The integer parts are exact; the combination is fp32 in a fixed order; the split-K merge (as
+  Q4_0 / Q5_0 (codes 0..15 / 0..31, offset 8 / 16):  d * (sumi * d8 - offset * s8), s8 = x's fp32
+      block sum (as fp16);  Q4_1:  sumi * fp16(d * d8) + fp16(m * s8)
+The integer parts are exact; the combination is fp32 in a fixed order with explicit fmas (never
+left to the compiler's contraction, whose choice varied with ROWS); the split-K merge (as
 quant_gemv's, ticketed, in split order) keeps results deterministic and row m of an M-row product
 bit for bit its one-row product.
 
@@ -51,7 +56,7 @@ from .quant_gemv import TICKET_SLOTS, _split_merge, _tickets
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
 
-MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
 
 
 @dataclass
@@ -137,7 +142,7 @@ def quantize_q8_1_reference(x: torch.Tensor) -> Q8Act:
     v = x2.reshape(m, k // 32, 32)
     amax = v.abs().amax(dim=2)
     d = amax / 127.0
-    q = torch.where(amax[..., None] == 0, torch.zeros((), dtype=torch.int32),
+    q = torch.where(amax[..., None] == 0, torch.zeros((), dtype=torch.int32, device=v.device),
                     _roundf_reference(v / torch.where(amax == 0, 1.0, d)[..., None]))
     s = v
     for width in (16, 8, 4, 2, 1):
@@ -180,9 +185,12 @@ def _q4k_row(acc, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, x
         srow = xs_ptr + r * (K // 16) + chunk * 4
         sl = (tl.load(srow, mask=ok, other=0) + tl.load(srow + 1, mask=ok, other=0))[None, :]
         sh = (tl.load(srow + 2, mask=ok, other=0) + tl.load(srow + 3, mask=ok, other=0))[None, :]
-        sum_d = d8l * (il * sc_lo).to(tl.float32) + d8h * (ih * sc_hi).to(tl.float32)
-        sum_m = d8l * (sl * mn_lo).to(tl.float32) + d8h * (sh * mn_hi).to(tl.float32)
-        acc += d * sum_d - dmin * sum_m
+        # explicit fmas: a sum of two products left to the compiler's contraction may fuse either
+        # one, and did so differently for different ROWS (row r of an M-row product then missed
+        # its one-row product on the H200)
+        sum_d = tl.fma(d8l, (il * sc_lo).to(tl.float32), d8h * (ih * sc_hi).to(tl.float32))
+        sum_m = tl.fma(d8l, (sl * mn_lo).to(tl.float32), d8h * (sh * mn_hi).to(tl.float32))
+        acc += tl.fma(d, sum_d, -(dmin * sum_m))
     return acc
 
 
@@ -233,12 +241,15 @@ def _q4k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, sc_ptr, dm
 # Part p's 4 elements are gh*128 + p*32 + hh*16 + 4tt..: x word gh*32 + p*8 + hh*4 + tt, scale
 # and code-sum index gh*8 + p*2 + hh, d8 index gh*4 + p.
 @triton.jit
-def _q6k_part(v, sc, d8_ptr, xq_ptr, xs_ptr, xword, sidx, gh, ok, p: tl.constexpr, DP4A: tl.constexpr):
+def _q6k_part(s, v, sc, d8_ptr, xq_ptr, xs_ptr, xword, sidx, gh, ok, p: tl.constexpr, DP4A: tl.constexpr):
+    """s + d8 * (sumi * sc) for part p (an explicit fma: see _q4k_row); part 0 starts the sum."""
     x = tl.load(xq_ptr + xword + p * 8, mask=ok[:, None], other=0)  # (H, 4)
     xs = tl.load(xs_ptr + sidx + p * 2, mask=ok, other=0)[None, :]
     d8 = tl.load(d8_ptr + gh * 4 + p, mask=ok, other=0.0).to(tl.float32)[None, :]
     sumi = tl.sum(_dp4a(v, x[None, :, :], DP4A), axis=2) - 32 * xs  # sum (q - 32) * xq, exact
-    return d8 * (sumi * sc).to(tl.float32)
+    if p == 0:
+        return d8 * (sumi * sc).to(tl.float32)
+    return tl.fma(d8, (sumi * sc).to(tl.float32), s)
 
 
 @triton.jit
@@ -250,11 +261,11 @@ def _q6k_row(acc, v0, v1, v2, v3, sc0, sc1, sc2, sc3, d, xq_ptr, d8_ptr, xs_ptr,
         d8 = d8_ptr + r * (K // 32)
         xword = (gh * 32 + hh * 4)[:, None] + tt[None, :]
         sidx = gh * 8 + hh
-        s = _q6k_part(v0, sc0, d8, xq, xs, xword, sidx, gh, ok, 0, DP4A)
-        s += _q6k_part(v1, sc1, d8, xq, xs, xword, sidx, gh, ok, 1, DP4A)
-        s += _q6k_part(v2, sc2, d8, xq, xs, xword, sidx, gh, ok, 2, DP4A)
-        s += _q6k_part(v3, sc3, d8, xq, xs, xword, sidx, gh, ok, 3, DP4A)
-        acc += d * s
+        s = _q6k_part(acc, v0, sc0, d8, xq, xs, xword, sidx, gh, ok, 0, DP4A)
+        s = _q6k_part(s, v1, sc1, d8, xq, xs, xword, sidx, gh, ok, 1, DP4A)
+        s = _q6k_part(s, v2, sc2, d8, xq, xs, xword, sidx, gh, ok, 2, DP4A)
+        s = _q6k_part(s, v3, sc3, d8, xq, xs, xword, sidx, gh, ok, 3, DP4A)
+        acc = tl.fma(d, s, acc)
     return acc
 
 
@@ -302,7 +313,7 @@ def _q80_row(acc, w, d, xq_ptr, d8_ptr, K, blk, t, ok, r: tl.constexpr, ROWS: tl
         x = tl.load(xq_ptr + r * (K // 4) + blk[:, None] * 8 + t[None, :], mask=ok[:, None], other=0)
         d8 = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0).to(tl.float32)[None, :]
         sumi = tl.sum(_dp4a(w, x[None, :, :], DP4A), axis=2)
-        acc += (d * d8) * sumi.to(tl.float32)
+        acc = tl.fma(d * d8, sumi.to(tl.float32), acc)
     return acc
 
 
@@ -327,6 +338,68 @@ def _q80_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, xq_
     return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
 
+# Q4_0 / Q4_1 / Q5_0, per K step of BLOCKS blocks of 32 elements in 16 code bytes (4 words): word t
+# holds elements 4t.. in its low nibbles (x word t) and 16 + 4t.. in its high ones (x word 4 + t);
+# Q5_0's fifth bits are bits 4t.. and 16 + 4t.. of qh. The code offset (8, 16) or Q4_1's min
+# multiplies ggml's fp32 sum of the block's x (Q8Act.s), as vec_dot_q4_0/q4_1/q5_0_q8_1 do; Q4_1
+# takes d*d8 and m*s8 as fp16 products (ggml's __hmul2 where fast fp16 exists, as on the H200).
+@triton.jit
+def _q5_bits(hb):
+    """Bits 0..3 of hb -> bit 4 of bytes 0..3."""
+    return ((hb << 4) & 0x10) | ((hb << 11) & 0x1000) | ((hb << 18) & 0x100000) | ((hb << 25) & 0x10000000)
+
+
+@triton.jit
+def _q4x_row(acc, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok,
+             r: tl.constexpr, ROWS: tl.constexpr, VARIANT: tl.constexpr, DP4A: tl.constexpr):
+    if r < ROWS:
+        xrow = xq_ptr + r * (K // 4) + blk[:, None] * 8 + t[None, :]
+        xl = tl.load(xrow, mask=ok[:, None], other=0)
+        xh = tl.load(xrow + 4, mask=ok[:, None], other=0)
+        sumi = tl.sum(_dp4a(wl, xl[None, :, :], DP4A) + _dp4a(wh, xh[None, :, :], DP4A), axis=2)
+        d8h = tl.load(d8_ptr + r * (K // 32) + blk, mask=ok, other=0.0)[None, :]
+        s8h = tl.load(s8_ptr + r * (K // 32) + blk, mask=ok, other=0.0)[None, :]
+        if VARIANT == 1:
+            acc += tl.fma(sumi.to(tl.float32), (d * d8h).to(tl.float32), (aux * s8h).to(tl.float32))
+        else:  # explicit fmas: see _q4k_row
+            off = 8.0 if VARIANT == 0 else 16.0
+            inner = tl.fma(sumi.to(tl.float32), d8h.to(tl.float32), -(off * s8h.to(tl.float32)))
+            acc = tl.fma(d.to(tl.float32), inner, acc)
+    return acc
+
+
+@triton.jit
+def _q4x_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, aux_ptr, xq_ptr, d8_ptr, s8_ptr,
+              rows, kb, nb, kend, K, G: tl.constexpr, ROWS: tl.constexpr, VARIANT: tl.constexpr, DP4A: tl.constexpr):
+    # VARIANT 0: Q4_0, 1: Q4_1 (aux = m fp16), 2: Q5_0 (aux = qh int32)
+    blk = kb + tl.arange(0, G)
+    t = tl.arange(0, 4)
+    ok = blk < kend
+    blk = tl.where(ok, blk, 0)
+    w = tl.load(qs_ptr + rows[:, None, None] * (nb * 4) + blk[None, :, None] * 4 + t[None, None, :],
+                mask=ok[None, :, None], other=0)
+    wl = w & 0x0F0F0F0F
+    wh = (w >> 4) & 0x0F0F0F0F
+    sidx = rows[:, None] * nb + blk[None, :]
+    d = tl.load(d_ptr + sidx)  # fp16 (BN, G)
+    aux = d
+    if VARIANT == 1:
+        aux = tl.load(aux_ptr + sidx)
+    elif VARIANT == 2:
+        qh = tl.load(aux_ptr + sidx)[:, :, None]  # int32 (BN, G, 1)
+        wl |= _q5_bits(qh >> (t * 4)[None, None, :])
+        wh |= _q5_bits(qh >> (16 + t * 4)[None, None, :])
+    acc0 = _q4x_row(acc0, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 0, ROWS, VARIANT, DP4A)
+    acc1 = _q4x_row(acc1, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 1, ROWS, VARIANT, DP4A)
+    acc2 = _q4x_row(acc2, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 2, ROWS, VARIANT, DP4A)
+    acc3 = _q4x_row(acc3, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 3, ROWS, VARIANT, DP4A)
+    acc4 = _q4x_row(acc4, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 4, ROWS, VARIANT, DP4A)
+    acc5 = _q4x_row(acc5, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 5, ROWS, VARIANT, DP4A)
+    acc6 = _q4x_row(acc6, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 6, ROWS, VARIANT, DP4A)
+    acc7 = _q4x_row(acc7, wl, wh, d, aux, xq_ptr, d8_ptr, s8_ptr, K, blk, t, ok, 7, ROWS, VARIANT, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
 @triton.jit
 def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
     if r < ROWS:
@@ -334,13 +407,13 @@ def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.conste
 
 
 @triton.jit
-def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
+def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
                  PDL: tl.constexpr):
     # G: Q4_K chunks / Q6_K quarters (BLOCKS * 4) or Q8_0 blocks (BLOCKS) per K step.
     # QT 0: Q4_K (p0 qs words, p1 scales, p2 dm), 1: Q6_K (p0 ql words, p1 qh words, p2 sc, p3 d),
-    # 2: Q8_0 (p0 qs words, p1 d).
+    # 2: Q8_0 (p0 qs words, p1 d), 3/4/5: Q4_0/Q4_1/Q5_0 (p0 qs words, p1 d, p2 m or qh).
     # Split K as quant_gemv: program (pid, ks) covers blocks [ks*split_blocks, ...), the last of a
     # row tile's programs sums the partials in split order.
     pid = tl.program_id(0)
@@ -371,10 +444,14 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym,
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q6k_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr,
                 rows, kb, nb, kend, K, G, ROWS, DP4A)
-        else:
+        elif QT == 2:
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q80_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, xq_ptr, d8_ptr,
                 rows, kb, nb, kend, K, G, ROWS, DP4A)
+        else:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q4x_step(
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, xq_ptr, d8_ptr, s8_ptr,
+                rows, kb, nb, kend, K, G, ROWS, QT - 3, DP4A)
     if SPLIT == 1:
         out, out_stride = y_ptr, stride_ym
     else:
@@ -402,26 +479,41 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, y_ptr, N, K, stride_ym,
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
-_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d")}
-_WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh"), "Q8_0": ("qs",)}
-_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32}  # elements per GGUF block
-_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1}  # tile groups per block  # planes read as int32 words
+_PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),
+           "Q4_0": ("qs", "d"), "Q4_1": ("qs", "d", "m"), "Q5_0": ("qs", "d", "qh")}
+# planes read as int32 words (their rows are whole multiples of 4 bytes)
+_WORDS = {"Q4_K": ("qs",), "Q6_K": ("ql", "qh"), "Q8_0": ("qs",), "Q4_0": ("qs",), "Q4_1": ("qs",), "Q5_0": ("qs",)}
+_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32}  # elements per GGUF block
+_G_PER = {"Q4_K": 4, "Q6_K": 4, "Q8_0": 1, "Q4_0": 1, "Q4_1": 1, "Q5_0": 1}  # tile groups per block
+
+
+def _fill_split(n: int, k: int, block_n: int, blocks: int, block_k: int, programs: int = 264) -> int:
+    """The fewest power-of-two K splits (<= 8) giving `programs` programs (two per SM), or as many
+    as the K steps allow."""
+    tiles, steps, split = triton.cdiv(n, block_n), max(1, (k // block_k) // blocks), 1
+    while tiles * split < programs and split < 8 and split * 2 <= steps:
+        split *= 2
+    return split
 
 
 def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
-    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A). A first guess, to be
-    replaced by the H200 sweep of scripts/gpu_mmvq.py: row tiles that fill the 132 SMs, K split
-    where they do not."""
-    block_n, blocks = 8, (16 if qtype == "Q8_0" else 2)
-    tiles = triton.cdiv(n, block_n)
-    split = 1
-    while tiles * split < 264 and split < 8 and split * 2 <= k // 512:
-        split *= 2
-    return (block_n, blocks, 1, 1, split, True)
+    """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A): the best of the H200
+    sweep by shape class (scripts/gpu_mmvq.py at ac3bdff, 2026-12-02, docs/performance.md). One
+    warp per program and few rows: many programs in flight; wide Q4_K products 8 rows; the long-K
+    downs over 1536 rows want K splits."""
+    if _BLOCK[qtype] == 32:
+        if n >= 32768:
+            return (8, 8, 1, 1, 1, True)
+        return (8, 16, 4, 1, _fill_split(n, k, 8, 16, 32), True)
+    if 12288 <= n < 65536 and qtype == "Q4_K":
+        return (8, 2, 1, 1, 1, True)
+    if k >= 6144 and n <= 1536:
+        return (16, 2, 2, 1, 4, True) if qtype == "Q4_K" else (8, 2, 1, 1, 2, True)
+    return (4, 2, 1, 1, _fill_split(n, k, 4, 2, 256), True)
 
 
 def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
-    """y (M, N) float32 = the integer-dot product of a quantized x with W (Q4_K or Q6_K)."""
+    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES)."""
     if w.qtype not in MMVQ_TYPES:
         raise ValueError(f"No MMVQ kernel for {w.qtype} (have: {', '.join(MMVQ_TYPES)}).")
     m_rows, k = xq.qs.shape
@@ -452,10 +544,10 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     planes += [planes[0]] * (4 - len(planes))
     wide = max(p.numel() for p in planes) >= 2**31
     _mmvq_kernel[(tiles, split)](
-        *planes, xq.qs.view(torch.int32), xq.d, xq.isum, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
-        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype],
-        SPLIT=split,
-        DP4A=dp4a, WIDE=wide, num_warps=warps, **pdl.launch(dev))
+        *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
+        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages,
+        BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype], SPLIT=split, DP4A=dp4a, WIDE=wide,
+        num_warps=warps, **pdl.launch(dev))
     return out
 
 
@@ -469,12 +561,19 @@ def mmvq(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None, confi
 
 def _weight_codes(w: PlaneWeight):
     """Integer codes and scales of the weight, grouped by the scale they share:
-    Q8_0: q (N, nb, 32), d (N, nb);  Q4_K: q (N, nb, 8, 32) 0..15, sc/mn (N, nb, 8), d/dmin (N, nb);  Q6_K: q (N, nb, 16, 16)
+    Q8_0: q (N, nb, 32), d (N, nb);  Q4_0/Q4_1/Q5_0: q (N, nb, 32) 0..15 / 0..31, Q4_1's m as mn,
+    d (N, nb) fp16;  Q4_K: q (N, nb, 8, 32) 0..15, sc/mn (N, nb, 8), d/dmin (N, nb);  Q6_K: q (N, nb, 16, 16)
     -32..31, sc (N, nb, 16), d (N, nb)."""
     n, p = w.n, w.planes
     nb = w.k // _BLOCK[w.qtype]
     if w.qtype == "Q8_0":
         return p["qs"].to(torch.int32).reshape(n, nb, 32), None, None, p["d"].float().reshape(n, nb), None
+    if w.qtype in ("Q4_0", "Q4_1", "Q5_0"):  # codes without their offset (8, 16) or min: see mmvq_reference
+        q = _nib(p["qs"], n, nb, 16).reshape(n, nb, 32)
+        if w.qtype == "Q5_0":
+            bits = torch.arange(32, dtype=torch.int32, device=q.device)
+            q = q | (((p["qh"].reshape(n, nb, 1) >> bits) & 1) << 4)
+        return q, None, p.get("m"), p["d"].reshape(n, nb), None
     if w.qtype == "Q4_K":
         dm = p["dm"].float().reshape(n, nb, 2)
         s = p["scales"].to(torch.int32).reshape(n, nb, 12)
@@ -499,6 +598,16 @@ def mmvq_reference(x: torch.Tensor, w: PlaneWeight, xq: Q8Act | None = None) -> 
         xc = xq.qs.double().reshape(m_rows, k // 32, 32)
         sumi = torch.einsum("nbj,mbj->mnb", q.double(), xc)
         return ((d.double()[None] * xq.d.double()[:, None]) * sumi).sum(-1)
+    if w.qtype in ("Q4_0", "Q4_1", "Q5_0"):
+        nb = k // 32
+        sumi = torch.einsum("nbj,mbj->mnb", q.double(), xq.qs.double().reshape(m_rows, nb, 32))
+        d8, s8 = xq.d[:, None], xq.s[:, None]  # fp16 (M, 1, nb)
+        if w.qtype == "Q4_1":  # fp16 products, as ggml's __hmul2
+            dd = (d[None].to(d8.device) * d8).double()
+            ms = (mn.reshape(w.n, nb)[None] * s8).double()
+            return (sumi * dd + ms).sum(-1)
+        off = 8.0 if w.qtype == "Q4_0" else 16.0
+        return (d.double()[None] * (sumi * d8.double() - off * s8.double())).sum(-1)
     nb = k // 256
     d8 = xq.d.double().reshape(m_rows, nb, 8)
     if w.qtype == "Q4_K":
