@@ -21,15 +21,16 @@
  * (__builtin_cpu_supports), so one build runs on any x86-64. Build with -ffp-contract=off: a
  * multiply-add is fused exactly where ggml fuses it, nowhere else.
  *
- * Threads: a small pool of pthreads (the caller passes torch's thread count); workers spin for
- * about a millisecond between calls (decode calls come every few tens of microseconds), then sleep.
+ * Threads: OpenMP (see run_job), as many as the caller passes (torch's thread count); built
+ * without OpenMP it runs on the calling thread.
  */
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -375,35 +376,68 @@ TGT static float dot_q6_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb)
     return hsum8_v(acc);
 }
 
-TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+/* Q4_K's AVX-512 code reads the activations in a prepared layout (prep_q4_k): per super-block the
+ * Q8_K scale, its codes reordered so that one 64-byte load meets the low (or high) nibbles of two
+ * 32-byte groups, and the eight 32-value sums. Integer results are the same; only loads change. */
+#define XP_BYTES 320 /* float d | 28 pad | 256 codes | 8 int16 sums | 16 pad */
+
+static void prep_q4_k(const uint8_t *x, uint8_t *xp, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += Q8_K_BYTES, xp += XP_BYTES) {
+        memcpy(xp, x, 4);
+        const uint8_t *q = x + 4;
+        uint8_t *o = xp + 32;
+        for (int pair = 0; pair < 2; pair++) /* groups 2p, 2p+1: [lo 2p | lo 2p+1], [hi 2p | hi 2p+1] */
+            for (int half = 0; half < 2; half++)
+                for (int g = 0; g < 2; g++, o += 32) memcpy(o, q + 64 * (2 * pair + g) + 32 * half, 32);
+        int16_t bs[16], s8[8];
+        memcpy(bs, x + 4 + QKK, sizeof bs);
+        for (int j = 0; j < 8; j++) s8[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        memcpy(xp + 288, s8, sizeof s8);
+    }
+}
+
+/* the 8 six-bit scales (bytes 0..7) and mins (8..15) of a Q4_K block's 12 packed bytes */
+static inline void q4_k_unpack(const uint8_t *q, uint32_t u[4]) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    const uint32_t six = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    u[0] = a[0] & six;                                      /* scales 0..3 */
+    u[1] = (a[2] & low4) | (((a[0] >> 6) & top2) << 4);     /* scales 4..7 */
+    u[2] = a[1] & six;                                      /* mins 0..3 */
+    u[3] = ((a[2] >> 4) & low4) | (((a[1] >> 6) & top2) << 4); /* mins 4..7 */
+}
+
+TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
     float acc = 0.0f, accmin = 0.0f;
     const __m512i m4 = _mm512_set1_epi8(15);
-    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+    /* int16 lane t (0..31) of a group pair's products takes scale 2*(2p + t/16) + half */
+    const __m512i i00 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i one = _mm512_set1_epi16(1), four = _mm512_set1_epi16(4);
+    for (int64_t b = 0; b < nb; b++, w += 144, xp += XP_BYTES) {
         float dx;
-        memcpy(&dx, x, 4);
-        uint8_t sc[8], mn[8];
-        q4_k_scales(w + 4, sc, mn);
-        const uint8_t *qs = w + 16;
-        __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j += 2) { /* groups j, j+1: 32 bytes each, low nibbles then high */
-            __m512i raw = _mm512_loadu_si512((const void *)(qs + 32 * j));
-            __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            /* lo: sub-blocks 2j (bytes 0..31) and 2j+2 (32..63); hi: 2j+1 and 2j+3 */
-            __m512i ylo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 4 + 64 * j))),
-                                             _mm256_loadu_si256((const __m256i *)(x + 4 + 64 * j + 64)), 1);
-            __m512i yhi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 4 + 64 * j + 32))),
-                                             _mm256_loadu_si256((const __m256i *)(x + 4 + 64 * j + 96)), 1);
-            __m512i plo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo);
-            __m512i phi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, yhi);
-            __m512i slo = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * j]), _mm256_set1_epi32(sc[2 * j + 2]), 1);
-            __m512i shi = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * j + 1]), _mm256_set1_epi32(sc[2 * j + 3]), 1);
-            isum = _mm512_add_epi32(isum, _mm512_add_epi32(_mm512_mullo_epi32(plo, slo), _mm512_mullo_epi32(phi, shi)));
-        }
-        int16_t bs[16];
-        memcpy(bs, x + 4 + QKK, sizeof bs);
-        int imin = 0;
-        for (int j = 0; j < 8; j++) imin += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
-        const int is = _mm512_reduce_add_epi32(isum);
+        memcpy(&dx, xp, 4);
+        uint32_t u[4];
+        q4_k_unpack(w + 4, u);
+        const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)); /* scales as int16 */
+        const __m512i sc = _mm512_castsi128_si512(sm16);
+        const __m512i raw0 = _mm512_loadu_si512((const void *)(w + 16)), raw1 = _mm512_loadu_si512((const void *)(w + 80));
+        const uint8_t *y = xp + 32;
+        __m512i t0 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw0, m4), _mm512_loadu_si512((const void *)y)),
+                                       _mm512_permutexvar_epi16(i00, sc));
+        __m512i t1 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4),
+                                                            _mm512_loadu_si512((const void *)(y + 64))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, one), sc));
+        __m512i t2 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw1, m4), _mm512_loadu_si512((const void *)(y + 128))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, four), sc));
+        __m512i t3 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
+                                                            _mm512_loadu_si512((const void *)(y + 192))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, _mm512_add_epi16(four, one)), sc));
+        const int is = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3)));
+        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+        __m128i mm = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
+        const int imin = _mm_cvtsi128_si32(mm);
         acc = fmaf((float)is, _cvtsh_ss(rd16(w)) * dx, acc);
         accmin = fmaf((float)imin, _cvtsh_ss(rd16(w + 2)) * dx, accmin);
     }
@@ -438,7 +472,7 @@ static row_dot_fn pick(int type, int simd) {
         case T_Q5_0: return dot_q5_0_avx512;
         case T_Q8_0: return dot_q8_0_avx512;
         case T_Q6_K: return dot_q6_k_avx512;
-        case T_Q4_K: return dot_q4_k_avx512;
+        case T_Q4_K: return dot_q4_k_avx512; /* reads prep_q4_k's layout */
         }
     }
 #endif
@@ -456,7 +490,7 @@ static int act_type(int type) { return type == T_Q4_1 ? T_Q8_1 : (type == T_Q4_K
 static int act_block(int atype) { return atype == T_Q8_K ? QKK : QK; }
 static int act_bytes(int atype) { return atype == T_Q8_K ? Q8_K_BYTES : atype == T_Q8_1 ? Q8_1_BYTES : Q8_0_BYTES; }
 
-/* ---------------------------------------------------------------- thread pool */
+/* ---------------------------------------------------------------- threads */
 
 typedef struct {
     row_dot_fn fn;
@@ -466,82 +500,33 @@ typedef struct {
     int64_t xq_stride, m;
     float *y;
     int64_t y_stride;
-    int parts;
 } job_t;
 
-#define MAX_WORKERS 63
-static job_t g_job;
-static atomic_int g_gen, g_done;
-static int g_workers;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-static int g_sleepers;
-
-static void run_part(const job_t *j, int part) {
-    int64_t per = (j->n + j->parts - 1) / j->parts;
-    per = (per + 15) / 16 * 16;
-    int64_t r0 = per * part, r1 = r0 + per < j->n ? r0 + per : j->n;
-    for (int64_t r = r0; r < r1; r++)
+static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) /* a weight row stays in L1 across the m activation rows */
         for (int64_t i = 0; i < j->m; i++)
             j->y[i * j->y_stride + r] = j->fn(j->w + r * j->row_bytes, j->xq + i * j->xq_stride, j->nb);
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-static int g_start_gen[MAX_WORKERS + 1]; /* the generation each worker was started at */
-
-static void *worker(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    int seen = g_start_gen[index]; /* not a fresh load: the call that started it may have moved on */
-    for (;;) {
-        double start = now_s();
-        int spins = 0;
-        while (atomic_load_explicit(&g_gen, memory_order_acquire) == seen) {
-#if TG_X86
-            _mm_pause();
-#endif
-            if (++spins % 1024 == 0 && now_s() - start > 1e-3) {
-                pthread_mutex_lock(&g_mu);
-                g_sleepers++;
-                while (atomic_load(&g_gen) == seen) pthread_cond_wait(&g_cv, &g_mu);
-                g_sleepers--;
-                pthread_mutex_unlock(&g_mu);
-            }
+/* Rows split in equal 16-row-aligned parts, one per thread. OpenMP, because torch's CPU wheels
+ * ship libgomp.so.1 and this library, loaded after torch, binds to that same runtime: its threads
+ * are torch's intra-op threads, not a second pool spinning against them on the same cores. */
+static void run_job(const job_t *j, int parts) {
+#ifdef _OPENMP
+    if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            int64_t per = (j->n + nt - 1) / nt;
+            per = (per + 15) / 16 * 16;
+            const int64_t r0 = per * t < j->n ? per * t : j->n, r1 = r0 + per < j->n ? r0 + per : j->n;
+            run_rows(j, r0, r1);
         }
-        seen = atomic_load(&g_gen);
-        if (index < g_job.parts) run_part(&g_job, index);
-        atomic_fetch_add_explicit(&g_done, 1, memory_order_release);
+        return;
     }
-    return 0;
-}
-
-static void reset_after_fork(void) { /* the child has no workers; fresh primitives */
-    g_workers = 0;
-    g_sleepers = 0;
-    pthread_mutex_init(&g_mu, 0);
-    pthread_cond_init(&g_cv, 0);
-}
-
-static int ensure_workers(int want) {
-    static int atfork = 0;
-    if (!atfork) { pthread_atfork(0, 0, reset_after_fork); atfork = 1; }
-    if (want > MAX_WORKERS) want = MAX_WORKERS;
-    while (g_workers < want) {
-        pthread_t t;
-        pthread_attr_t a;
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        g_start_gen[g_workers + 1] = atomic_load(&g_gen);
-        int rc = pthread_create(&t, &a, worker, (void *)(intptr_t)(g_workers + 1));
-        pthread_attr_destroy(&a);
-        if (rc) break;
-        g_workers++;
-    }
-    return g_workers;
+#endif
+    (void)parts;
+    run_rows(j, 0, j->n);
 }
 
 /* ---------------------------------------------------------------- exported API */
@@ -583,29 +568,25 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
     row_dot_fn fn = pick(type, tg_simd());
     const int a = act_type(type);
     if (!fn || k % act_block(a)) return -1;
-    job_t j = {fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq,
-               k / act_block(a) * act_bytes(a), m, y, n, 1};
-    int parts = nthreads < 1 ? 1 : nthreads;
-    if (n * m < 64) parts = 1; /* too little work to hand out */
-    if (parts > 1 && 1 + ensure_workers(parts - 1) < parts) parts = 1 + g_workers; /* fewer threads started */
-    if (parts == 1) {
-        j.parts = 1;
-        run_part(&j, 0);
-        return 0;
-    }
-    j.parts = parts;
-    g_job = j;
-    atomic_store(&g_done, 0);
-    atomic_fetch_add_explicit(&g_gen, 1, memory_order_release);
-    pthread_mutex_lock(&g_mu);
-    if (g_sleepers) pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
-    run_part(&g_job, 0);
-    while (atomic_load_explicit(&g_done, memory_order_acquire) < g_workers) {
+    int64_t xq_stride = k / act_block(a) * act_bytes(a);
 #if TG_X86
-        _mm_pause();
-#endif
+    if (type == T_Q4_K && tg_simd()) {
+        static __thread uint8_t *prep;
+        static __thread int64_t prep_size;
+        const int64_t need = m * (k / QKK) * XP_BYTES;
+        if (need > prep_size) {
+            free(prep);
+            prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
+            prep_size = prep ? need : 0;
+            if (!prep) return -2;
+        }
+        for (int64_t i = 0; i < m; i++) prep_q4_k(xq + i * xq_stride, prep + i * (k / QKK) * XP_BYTES, k / QKK);
+        xq = prep;
+        xq_stride = (k / QKK) * XP_BYTES;
     }
+#endif
+    job_t j = {fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
+    run_job(&j, n * m < 64 ? 1 : nthreads); /* too little work to hand out below 64 outputs */
     return 0;
 }
 

@@ -28,7 +28,7 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
-__all__ = ["TYPES", "available", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
+__all__ = ["TYPES", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
            "linear", "GgmlDotLinear"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
@@ -71,6 +71,12 @@ def _load() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return _load() is not None
+
+
+def usable() -> bool:
+    """Whether make_linear should use the C kernel: built, and with its AVX-512 VNNI code (the
+    portable code gives the same numbers but is slower than the torch paths)."""
+    return available() and simd()
 
 
 def unavailable_reason() -> str:
@@ -141,7 +147,7 @@ def linear(w: torch.Tensor, qtype: QT, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False):
             _scratch = torch.empty(need, dtype=torch.uint8)
     y = torch.empty(m, w.shape[0], dtype=torch.float32)
-    _lib.tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m, _scratch.data_ptr(),
+    (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m, _scratch.data_ptr(),
                    y.data_ptr(), _threads())
     return y
 
@@ -159,16 +165,16 @@ class GgmlDotLinear(Linear):
             raise ValueError(f"{tensor.name}: the C kernel does not take {QT(tensor.qtype).name}")
         self.qtype = QT(tensor.qtype)
         self.weight = _as_uint8_tensor(tensor.data)  # (N, row bytes): a view of the file map, no copy
-        self.fallback = fallback
+        self.fallback = [fallback] if fallback is not None else []  # a list: memory/weight_cache.py restores lists
 
     def _tensors(self) -> list[torch.Tensor]:
-        extra = self.fallback._tensors() if self.fallback is not None else []
+        extra = self.fallback[0]._tensors() if self.fallback else []
         return [self.weight, *extra, *super()._tensors()]
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.fallback is not None and x2.shape[0] > self.MAX_ROWS:
-            return self.fallback._mm(x2)
-        return linear(self.weight, self.qtype, x2.float().contiguous())
+        if self.fallback and (x2.shape[0] > self.MAX_ROWS or _lib is None and not available()):
+            return self.fallback[0]._mm(x2)  # prefill, or a cached layer restored where the library is missing
+        return linear(self.weight, QT(self.qtype), x2.float().contiguous())
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
         return self._mm(xc)
