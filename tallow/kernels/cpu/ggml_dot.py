@@ -11,7 +11,9 @@ GgmlDotLinear (kind "ggml_dot") runs one-row products (decode) in C. Products of
 `fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM), or under
 TALLOW_NUMERICS=ggml the C kernel row by row (the file's bytes only, ggml's arithmetic per row).
 
-Switch: TALLOW_CPU_GGML_DOT=0 (read at load) keeps every layer on the torch paths.
+Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only
+(in the default mode it is opt-in: it adds the file's bytes to the torch layer it wraps, and its
+decode speed against that layer is in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
-__all__ = ["TYPES", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
+__all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
            "linear", "GgmlDotLinear"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
@@ -67,6 +69,15 @@ def _load() -> ctypes.CDLL | None:
         f.restype = i32
     _lib, _reason = lib, ""
     return lib
+
+
+def wanted() -> bool:
+    """TALLOW_CPU_GGML_DOT: =1 on, =0 off, unset: on under TALLOW_NUMERICS=ggml only."""
+    from ... import switches
+    from ...numerics import ggml_enabled
+
+    forced = switches.value("TALLOW_CPU_GGML_DOT")
+    return forced if forced is not None else ggml_enabled()
 
 
 def available() -> bool:
