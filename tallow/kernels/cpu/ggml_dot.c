@@ -586,7 +586,9 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
     }
 #endif
     job_t j = {fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
-    run_job(&j, n * m < 64 ? 1 : nthreads); /* too little work to hand out below 64 outputs */
+    /* Below ~1 MiB of weight reads (tens of microseconds on one core) a parallel region's fork and
+     * join costs more than it saves, and on a busy machine each join can wait for a descheduled thread. */
+    run_job(&j, (double)n * (double)row_bytes * (double)m < (double)(1 << 20) ? 1 : nthreads);
     return 0;
 }
 
