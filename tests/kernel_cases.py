@@ -572,7 +572,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.interpreter_compat:apply",
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
-    "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
+    "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
