@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -146,20 +147,20 @@ def gemv_quantized(raw: np.ndarray | torch.Tensor, qtype: QT, k: int, xq: np.nda
     return y
 
 
-_scratch = torch.empty(0, dtype=torch.uint8)
+_local = threading.local()  # the quantized activations' buffer, one per calling thread
 
 
 def linear(w: torch.Tensor, qtype: QT, x: torch.Tensor) -> torch.Tensor:
     """x (M, K) float32 contiguous, w (N, row bytes) uint8 -> x @ W^T (M, N) float32, in one C call."""
-    global _scratch
     m, k = x.shape
     need = m * _act_row_bytes(qtype, k)
-    if _scratch.numel() < need:
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None or scratch.numel() < need:
         with torch.inference_mode(False):
-            _scratch = torch.empty(need, dtype=torch.uint8)
+            scratch = _local.scratch = torch.empty(need, dtype=torch.uint8)
     y = torch.empty(m, w.shape[0], dtype=torch.float32)
-    (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m, _scratch.data_ptr(),
-                   y.data_ptr(), _threads())
+    (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m, scratch.data_ptr(),
+                                y.data_ptr(), _threads())
     return y
 
 
