@@ -191,3 +191,25 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     err_c = (d_steps - r_steps).abs().max()
     err_torch = (t_steps - r_steps).abs().max()
     assert err_c <= max(2 * err_torch, 1e-3 * r_steps.abs().max())
+
+
+@needs_c
+def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
+    """TALLOW_CPU_GGML_DOT=1 with the weight cache: a warm load maps GgmlDotLinear (its bytes and the
+    torch layer it wraps) and decodes the same logits as the cold load."""
+    import tallow
+    from tallow import switches
+    from tiny_models import write_tiny_model
+
+    monkeypatch.setenv("TALLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    switches.refresh()
+    path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q4_1)
+    logits = []
+    for expect in ("written", "hit"):
+        llm = tallow.LLM(str(path), ctx=64, device="cpu")
+        assert llm.stats.load.weight_cache == expect
+        assert llm.model.layers[0].attn_output.kind == "ggml_dot"
+        llm.engine.reset()
+        logits.append(llm.engine.decode_step(5).clone())
+    assert torch.equal(logits[0], logits[1])
