@@ -5,11 +5,12 @@ the torch paths run) quantizes the activations to Q8_0/Q8_1/Q8_K exactly as ggml
 and takes the integer block dot products of Q4_1, Q5_0, Q8_0, Q6_K and Q4_K rows, combining the
 block sums in the float order llama.cpp b11434 runs on x86 (vec_dot's eight lanes; the repacked
 gemv for Q4_K): the same bits as libggml-cpu (scripts/cpudot_vs_ggml.py). It reads the weight
-where it lies in the file map, so a layer costs the file's bytes and nothing else.
+where it lies in the file map: the kernel itself costs the file's bytes and nothing else.
 
-GgmlDotLinear (kind "ggml_dot") runs one-row products (decode) in C. Products of more rows go to
-`fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM), or under
-TALLOW_NUMERICS=ggml the C kernel row by row (the file's bytes only, ggml's arithmetic per row).
+GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
+more rows go to `fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM;
+its weights are held beside the file's bytes), or under TALLOW_NUMERICS=ggml (no fallback) the C
+kernel row by row: the file's bytes only, ggml's arithmetic per row.
 
 Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only
 (in the default mode it is opt-in: it adds the file's bytes to the torch layer it wraps, and its
