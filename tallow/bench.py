@@ -73,6 +73,16 @@ def bench_decode(llm, n: int, depth: int, generator: torch.Generator) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _cpu_kernel(llm) -> str | None:
+    """Whether CPU decode products run in the C kernel (kernels/cpu/ggml_dot.py), for the record."""
+    if str(llm.model.device) != "cpu":
+        return None
+    from .kernels.cpu import ggml_dot
+
+    return ggml_dot.status() + ("; in use" if ggml_dot.wanted() and ggml_dot.usable() else
+                                "; not in use (TALLOW_CPU_GGML_DOT=1 turns it on)")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from .api import load
 
@@ -90,6 +100,8 @@ def run_bench(args: argparse.Namespace) -> int:
                reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
                kv_dtype=getattr(args, "kv_dtype", None))
     generator = torch.Generator().manual_seed(0)
+    if not args.json and _cpu_kernel(llm):
+        print(f"  C kernel: {_cpu_kernel(llm)}", file=sys.stderr)
     rows = []
     tests = [("pp", n, d, bench_prefill) for n in prompts for d in depths] + [("tg", n, d, bench_decode) for n in gens for d in depths]
     for kind, n, depth, fn in tests:
@@ -110,6 +122,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 "threads": torch.get_num_threads(),
                 "device": str(llm.model.device),
                 "machine": platform.processor() or platform.machine(),
+                "cpu_kernel": _cpu_kernel(llm),
                 "state": machine_state(llm.model.device),  # clocks, temperature, power, load, read right after
             }
         )

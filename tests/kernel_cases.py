@@ -289,6 +289,28 @@ for _impl, _mode, _types, _needs in (("Int4Linear", "int4", ("Q4_0", "Q4_K"), "i
              run=lambda a, cls=_impl: _checked_kind(_linear(a), cls)(a["x"]), reference=_linear_reference)
 
 
+# The C kernel (ggml_dot.c) against GgmlLinear: the same arithmetic over fp32 dequantized weights,
+# differing only in float summation order (measured ~2e-7 relative); libggml-cpu's own outputs, bit
+# for bit, are tests/test_ggml_dot.py's.
+def _ggml_dot(a):
+    from tallow.kernels.cpu.ggml_dot import GgmlDotLinear
+
+    return GgmlDotLinear(a["t"])(a["x"])
+
+
+def _ggml_fp32(a):
+    from tallow.kernels.cpu.ggml_linear import GgmlLinear
+
+    return GgmlLinear(a["t"])(a["x"])
+
+
+register(op="linear:ggml_dot", impl="tallow.kernels.cpu.ggml_dot:GgmlDotLinear", needs="ggml_dot", tol=2e-6,
+         inputs=_linear_inputs, shapes=(("Q4_K", "auto", 48, 512, 1), ("Q6_K", "auto", 40, 256, 2),
+                                        ("Q4_1", "auto", 64, 256, 1), ("Q5_0", "auto", 64, 128, 3),
+                                        ("Q8_0", "auto", 80, 64, 1)),
+         run=_ggml_dot, reference=_ggml_fp32)
+
+
 def _experts_inputs(shape, dtype, g):
     """Routed experts: (type, n_experts, k, dim, width, rows); gate/up as one 3-D tensor."""
     from gguf import GGMLQuantizationType as QT
@@ -543,6 +565,10 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.q8_activations:quantize_q8_k": "tests/test_ggml_numerics.py",
     "tallow.kernels.cpu.q8_activations:round_activations": "tests/test_ggml_numerics.py",
     "tallow.kernels.gpu.moe:GPUExpertBank": "tests/test_moe_gpu.py",
+    # the C kernel's entry points: bit for bit against libggml-cpu's recorded outputs
+    "tallow.kernels.cpu.ggml_dot:quantize": "tests/test_ggml_dot.py",
+    "tallow.kernels.cpu.ggml_dot:gemv_quantized": "tests/test_ggml_dot.py",
+    "tallow.kernels.cpu.ggml_dot:linear": "tests/test_ggml_dot.py",
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -581,6 +607,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.interpreter_compat:apply",
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
+    "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
+    "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
     "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",

@@ -28,6 +28,10 @@ def _available(needs: str) -> bool:
         from tallow.quant import pack
 
         return pack.HAS_INT4_OPS if needs == "int4ops" else pack.HAS_INT8_OPS
+    if needs == "ggml_dot":  # the optional C library, built at install
+        from tallow.kernels.cpu import ggml_dot
+
+        return ggml_dot.available()
     return True
 
 

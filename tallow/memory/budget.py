@@ -139,6 +139,25 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
     return n_rows * n_cols * 4  # dense_f32, reference
 
 
+def _c_kernel_bytes(t, linear_mode: str | None) -> int | None:
+    """The C kernel (kernels/cpu/ggml_dot.py) reads a wrapped weight from the file map: its file
+    bytes, instead of (TALLOW_NUMERICS=ggml) or on top of (=1 in the default mode) the torch layer."""
+    if linear_mode not in (None, "auto") or len(t.shape) != 2 or t.n_rows <= 1 or t.qtype not in _C_KERNEL_TYPES:
+        return None
+    forced = switches.value("TALLOW_CPU_GGML_DOT")  # ggml_dot.wanted(), without importing torch
+    ggml = str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml"
+    if not (forced if forced is not None else ggml):
+        return None
+    from ..kernels.cpu import ggml_dot  # wanted: weights are about to be loaded, torch is there
+
+    if not ggml_dot.usable():
+        return None
+    return t.n_bytes if ggml else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+
+
+_C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # ggml_dot.TYPES
+
+
 def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     """Bytes of every weight as resident after loading (embedding in the map: 0)."""
     tied, roles = is_tied(header.tensors), model_roles(header.tensors)
@@ -150,7 +169,8 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
         if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
             total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
         elif len(t.shape) >= 2 and t.n_rows > 1:
-            total += linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+            c_bytes = _c_kernel_bytes(t, linear_mode)
+            total += c_bytes if c_bytes is not None else linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
             total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32
     return total

@@ -69,7 +69,8 @@ _PAGE = 4096
 # The code whose output the file holds (relative to the tallow package): a change to any of it
 # must never be served stale packs.
 PACKING_SOURCES = ("quant/pack.py", "quant/reference.py", "kernels/cpu/linear.py", "kernels/cpu/fused_linear.py",
-                   "kernels/cpu/dequant_matmul.py", "kernels/dispatch.py", "models/*.py", "memory/weight_cache.py")
+                   "kernels/cpu/dequant_matmul.py", "kernels/dispatch.py", "models/*.py", "memory/weight_cache.py",
+                   "kernels/cpu/ggml_dot.py")
 _TENSOR_DTYPES = {str(d).removeprefix("torch."): d for d in
                   (torch.uint8, torch.int8, torch.int32, torch.bfloat16, torch.float16, torch.float32)}
 
@@ -97,9 +98,11 @@ def default_dir() -> Path:
 def _restorable() -> dict[str, type]:
     """The only classes a cache file may name: the CPU linear layers."""
     from ..kernels.cpu.fused_linear import FusedLinear
+    from ..kernels.cpu.ggml_dot import GgmlDotLinear
     from ..kernels.cpu.linear import DenseLinear, GroupInt8Linear, Int4Linear, Int8Linear, ReferenceLinear
 
-    return {c.__name__: c for c in (Int4Linear, GroupInt8Linear, Int8Linear, DenseLinear, ReferenceLinear, FusedLinear)}
+    return {c.__name__: c for c in (Int4Linear, GroupInt8Linear, Int8Linear, DenseLinear, ReferenceLinear, FusedLinear,
+                                    GgmlDotLinear)}
 
 
 # ------------------------------------------------------------------------------ the key

@@ -1,0 +1,162 @@
+"""Check tallow's C kernel (tallow/kernels/cpu/ggml_dot.c) against libggml-cpu b11434's own functions,
+bit for bit, on random blocks (dev only: CI has no ggml; tests/test_ggml_dot.py checks the fixture
+this writes with --write).
+
+  mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
+  PYTHONPATH=$PWD python scripts/cpudot_vs_ggml.py /tmp/llama [--rows 4096] [--write]
+
+What llama.cpp runs for a one-token product on this machine (AVX-512, its REPACK buffer on):
+Q4_K weights are repacked (ggml_repack_get_optimal_repack_type: q4_K_8x8_q8_K when AVX2 and rows % 8
+== 0) and multiplied by ggml_gemv_q4_K_8x8_q8_K; Q4_1, Q5_0, Q8_0 and Q6_K are not repacked on
+x86 and take type_traits_cpu[type].vec_dot per row (llamafile's sgemm declines one-row products).
+Activations: from_float of the vec_dot_type (Q8_K / Q8_1 / Q8_0). This script calls exactly those,
+repacking Q4_K into block_q4_Kx8 the way repack.cpp's make_block_q4_Kx8 lays it out.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+
+from tallow.kernels.cpu import ggml_dot
+
+ACT = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ggml_dot.json"
+
+
+class _Traits(ctypes.Structure):
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+
+_FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+_VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def random_weight(qtype: QT, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    if qtype in (QT.Q4_K, QT.Q6_K):  # random codes and scales, sane fp16 super-block scales
+        bb = GGML_QUANT_SIZES[qtype][1]
+        raw = rng.integers(0, 256, size=(n, k // 256, bb), dtype=np.uint8)
+        half = lambda: (rng.uniform(0.2, 2.0, size=(n, k // 256)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, k // 256, 2)
+        if qtype == QT.Q6_K:
+            raw[..., 208:210] = half()
+        else:
+            raw[..., 0:2], raw[..., 2:4] = half(), half()
+        return raw.reshape(n, -1)
+    return quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), qtype)
+
+
+def activations(k: int, rng: np.random.Generator, variant: int) -> np.ndarray:
+    """Heavy-tailed like a residual stream; variant 1 adds an outlier and a zero block, variant 2 ties of
+    the largest magnitude with both signs, variant 3 is plain normal."""
+    x = (rng.standard_normal(k) * rng.standard_normal(k) ** 2).astype(np.float32)
+    if variant == 1:
+        x[32:64] = 0
+        x[300 % k] = 900.0
+    elif variant == 2:
+        x[67], x[73] = -40.0, 40.0
+    elif variant == 3:
+        x = rng.standard_normal(k).astype(np.float32)
+    return x
+
+
+def repack_q4_k_8x8(raw: np.ndarray) -> np.ndarray:
+    """(N, nb*144) Q4_K rows -> block_q4_Kx8 bytes (N/8 groups x nb blocks x 1152), as repack.cpp."""
+    n, row_bytes = raw.shape
+    nb = row_bytes // 144
+    blocks = raw.reshape(n // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # (groups, nb, 8 rows, 144)
+    out = np.zeros((n // 8, nb, 1152), np.uint8)
+    out[..., 0:16] = blocks[..., 0:2].reshape(n // 8, nb, 16)
+    out[..., 16:32] = blocks[..., 2:4].reshape(n // 8, nb, 16)
+    sc = blocks[..., 4:16].astype(np.int32)  # (g, nb, 8, 12)
+    qs = blocks[..., 16:144]  # (g, nb, 8, 128)
+    # qs: 8-byte pieces taken round-robin from the 8 rows
+    out[..., 128:] = qs.reshape(n // 8, nb, 8, 16, 8).transpose(0, 1, 3, 2, 4).reshape(n // 8, nb, 1024)
+    s = np.zeros((n // 8, nb, 96), np.int32)
+    for i in range(4):
+        for half, (sv, mv) in enumerate((
+                (sc[..., i] & 63, sc[..., i + 4] & 63),
+                (((sc[..., i] & 192) >> 2) | (sc[..., i + 8] & 15), ((sc[..., i + 4] & 192) >> 2) | ((sc[..., i + 8] & 240) >> 4)))):
+            base = i * 12 + 48 * half
+            for j in range(4):
+                s[..., base + j] = (sv[..., j] & 63) + ((sv[..., j + 4] & 48) << 2)
+                s[..., base + 4 + j] = (mv[..., j] & 63) + ((mv[..., j + 4] & 48) << 2)
+                s[..., base + 8 + j] = (sv[..., j + 4] & 15) + ((mv[..., j + 4] & 15) << 4)
+    out[..., 32:128] = (s & 255).astype(np.uint8)
+    return out.reshape(-1)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    lib_dir = Path(args[0]) if args and not args[0].startswith("--") else Path("/tmp/llama")
+    rows = int(args[args.index("--rows") + 1]) if "--rows" in args else 2048
+    write = "--write" in args
+    lib = ctypes.CDLL(str(next(p for p in (lib_dir / "libggml-cpu.so", lib_dir / "libggml-cpu.so.0") if p.exists())))
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_Traits)
+    lib.ggml_cpu_init()
+    gemv_q4k = lib.ggml_gemv_q4_K_8x8_q8_K
+    gemv_q4k.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    if not ggml_dot.available():
+        sys.exit(f"the C kernel is not built: {ggml_dot.unavailable_reason()}")
+    rng = np.random.default_rng(8)
+    k = 1536
+    fixture_cases = []
+    worst = 0
+    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K):
+        raw = random_weight(qtype, rows, k, rng)
+        traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
+        vt = QT(traits.vec_dot_type)
+        vt_traits = lib.ggml_get_type_traits_cpu(int(vt)).contents
+        packed = repack_q4_k_8x8(raw) if qtype == QT.Q4_K else None
+        stats = {"quant_bytes_differ": 0, "bits_differ": {}, "max_rel": {}}
+        for variant in range(4):
+            x = activations(k, rng, variant)
+            xq = np.zeros(k // ACT[vt][0] * ACT[vt][1], np.uint8)
+            _FROM_FLOAT(vt_traits.from_float)(x.ctypes.data, xq.ctypes.data, k)
+            ours_q = ggml_dot.quantize(x[None], qtype).reshape(-1)
+            stats["quant_bytes_differ"] += int((ours_q != xq).sum())
+            ref = np.zeros(rows, np.float32)
+            if packed is not None:
+                gemv_q4k(k, ref.ctypes.data, 0, packed.ctypes.data, xq.ctypes.data, 1, rows)
+            else:
+                vd = _VEC_DOT(traits.vec_dot)
+                for r in range(rows):
+                    row = raw[r]
+                    vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
+            for simd in (1, 0):
+                ggml_dot.set_simd(bool(simd))
+                ours = ggml_dot.gemv_quantized(raw, qtype, k, xq[None]).reshape(-1)
+                key = "avx512" if simd and ggml_dot.simd() else "portable"
+                diff = int((ours.view(np.uint32) != ref.view(np.uint32)).sum())
+                stats["bits_differ"][key] = stats["bits_differ"].get(key, 0) + diff
+                rel = float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+                stats["max_rel"][key] = max(stats["max_rel"].get(key, 0.0), rel)
+                worst = max(worst, diff)
+            ggml_dot.set_simd(True)
+            if variant == 1:
+                keep = min(rows, 16)
+                fixture_cases.append({"weight_type": qtype.name, "x": base64.b64encode(x.tobytes()).decode(),
+                                      "x_quantized": base64.b64encode(xq.tobytes()).decode(),
+                                      "weight": base64.b64encode(np.ascontiguousarray(raw[:keep]).tobytes()).decode(),
+                                      "dots": base64.b64encode(ref[:keep].tobytes()).decode()})
+        print(f"{qtype.name:5s} x {vt.name}: {rows} rows x 4 activations, K={k}: activation bytes differing "
+              f"{stats['quant_bytes_differ']}, outputs differing in any bit {stats['bits_differ']}, "
+              f"max |diff|/max|y| {stats['max_rel']}")
+    if write:
+        FIXTURE.write_text(json.dumps({"source": f"libggml-cpu b11434 ({lib_dir}); scripts/cpudot_vs_ggml.py", "K": k,
+                                       "cases": fixture_cases}) + "\n")
+        print(f"wrote {FIXTURE}")
+    sys.exit(1 if worst else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The optional C kernel (tallow/kernels/cpu/ggml_dot.c): everything else is in pyproject.toml.
+
+A failed build never fails the install: without OpenMP the library is built single-threaded,
+without a C compiler it is skipped, and tallow runs its torch paths (`tallow info` says which).
+No -march flag: the AVX-512 code is chosen at run time, so the same build runs on any x86-64.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+OPENMP = ["-fopenmp"]
+
+
+class OptionalBuild(build_ext):
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+            return
+        except Exception as exc:  # noqa: BLE001 - any compiler or linker failure
+            first = exc
+        if OPENMP[0] in ext.extra_compile_args:
+            ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in OPENMP]
+            ext.extra_link_args = [a for a in ext.extra_link_args if a not in OPENMP]
+            try:
+                super().build_extension(ext)
+                print("tallow: the C kernel was built without OpenMP (one thread)", file=sys.stderr)
+                return
+            except Exception:  # noqa: BLE001
+                pass
+        print(f"tallow: the optional C kernel was not built ({first}); the torch paths will run", file=sys.stderr)
+
+
+unix = sys.platform != "win32"
+setup(
+    ext_modules=[Extension(
+        "tallow.kernels.cpu._ggml_dot",
+        sources=["tallow/kernels/cpu/ggml_dot.c"],
+        extra_compile_args=["-O2", "-ffp-contract=off", "-fno-math-errno", *OPENMP] if unix else [],
+        extra_link_args=list(OPENMP) if unix else [],
+        libraries=["m"] if unix else [],
+    )],
+    cmdclass={"build_ext": OptionalBuild},
+)

@@ -1,0 +1,600 @@
+/* Block dot products over a GGUF file's own bytes, with llama.cpp b11434's x86 arithmetic.
+ *
+ * What it computes (loaded through ctypes by ggml_dot.py; no Python API used):
+ *   - activation quantization to Q8_0 / Q8_1 / Q8_K, the bytes ggml's x86 from_float writes:
+ *     Q8_0/Q8_1: d = fp16(amax / 127), codes = round-half-even(x * (127 / amax)),
+ *                Q8_1's s = fp16((amax / 127) * sum(codes));
+ *     Q8_K:      the first value of largest magnitude m, iscale = -127 / m,
+ *                codes = min(127, round-half-even(x * iscale)), d = 1 / iscale, 16-value sums.
+ *   - y[r] = dot(weight row r, quantized activations) for Q4_1, Q5_0, Q8_0, Q6_K (ggml_vec_dot_*:
+ *     eight float lanes, lane l holding values 4l..4l+3 of every 32, one fused multiply-add per block
+ *     and lane, then ggml's horizontal sum ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))), and Q4_K in the
+ *     order of the repacked decode kernel llama.cpp uses for it on AVX2 machines
+ *     (ggml_gemv_q4_K_8x8_q8_K: per column acc += isum * (d*dx), accmin += imin * (dmin*dx), one fused
+ *     multiply-add per super-block each, then acc - accmin).
+ *   Integer sums are exact, so only the float steps above fix the result; the scalar code and the
+ *   AVX-512 VNNI code below perform the same float operations in the same order and give the same
+ *   bits (tests/test_ggml_dot.py checks that, and scripts/cpudot_vs_ggml.py checks both against
+ *   libggml-cpu itself).
+ *
+ * No -march flag: the AVX-512 functions carry target attributes and are chosen at run time
+ * (__builtin_cpu_supports), so one build runs on any x86-64. Build with -ffp-contract=off: a
+ * multiply-add is fused exactly where ggml fuses it, nowhere else.
+ *
+ * Threads: OpenMP (see run_job), as many as the caller passes (torch's thread count); built
+ * without OpenMP it runs on the calling thread.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TG_X86 1
+#else
+#define TG_X86 0
+#endif
+
+/* ggml type ids (ggml.h's enum ggml_type) */
+enum { T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14, T_Q8_K = 15 };
+
+#define QK 32
+#define QKK 256
+#define Q8_0_BYTES 34
+#define Q8_1_BYTES 36
+#define Q8_K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
+
+/* ---------------------------------------------------------------- fp16 */
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* round to nearest even, as F16C's vcvtps2ph with imm 0 (ggml's GGML_CPU_FP32_TO_FP16 here) */
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
+    if (ax > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to infinity */
+    if (ax >= 0x38800000) {                                /* normal half */
+        uint32_t r = ax - 0x38000000;
+        r = (r + 0xfff + ((r >> 13) & 1)) >> 13;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t e = ax >> 23;
+    if (e < 102) return (uint16_t)sign; /* below 2^-25: zero */
+    uint32_t m = (ax & 0x7fffff) | 0x800000, shift = 126 - e;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1))) q++;
+    return (uint16_t)(sign | q);
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline float rdh(const uint8_t *p) { return f16_to_f32(rd16(p)); }
+
+/* ggml's hsum_float_8 */
+static inline float hsum8(const float a[8]) {
+    float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    float t0 = s0 + s2, t1 = s1 + s3;
+    return t0 + t1;
+}
+
+/* ---------------------------------------------------------------- activation quantization */
+
+static void quantize_q8_01(const float *x, uint8_t *out, int64_t k, int with_sum) {
+    const int bytes = with_sum ? Q8_1_BYTES : Q8_0_BYTES;
+    for (int64_t b = 0; b < k / QK; b++, x += QK, out += bytes) {
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) {
+            float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.f;
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        int8_t *qs = (int8_t *)(out + (with_sum ? 4 : 2));
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            int v = (int)nearbyintf(x[i] * id);
+            v = v > 127 ? 127 : (v < -128 ? -128 : v);
+            qs[i] = (int8_t)v;
+            sum += v;
+        }
+        uint16_t dh = f32_to_f16(d);
+        memcpy(out, &dh, 2);
+        if (with_sum) {
+            uint16_t sh = f32_to_f16(d * (float)sum);
+            memcpy(out + 2, &sh, 2);
+        }
+    }
+}
+
+static void quantize_q8_k(const float *x, uint8_t *out, int64_t k) {
+    for (int64_t b = 0; b < k / QKK; b++, x += QKK, out += Q8_K_BYTES) {
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < QKK; i++) {
+            float a = fabsf(x[i]);
+            if (a > amax) { amax = a; max = x[i]; }
+        }
+        int8_t *qs = (int8_t *)(out + 4);
+        int16_t bsums[16];
+        float d = 0.0f;
+        if (amax == 0.0f) {
+            memset(qs, 0, QKK);
+            memset(bsums, 0, sizeof bsums);
+        } else {
+            const float iscale = -127.f / max;
+            for (int i = 0; i < QKK; i++) {
+                int v = (int)nearbyintf(iscale * x[i]);
+                qs[i] = (int8_t)(v > 127 ? 127 : v);
+            }
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += qs[16 * j + i];
+                bsums[j] = (int16_t)s;
+            }
+            d = 1 / iscale;
+        }
+        memcpy(out, &d, 4);
+        memcpy(out + 4 + QKK, bsums, sizeof bsums);
+    }
+}
+
+/* ---------------------------------------------------------------- scalar row dots */
+
+/* Q4_1 x Q8_1: 20-byte blocks d, m, qs[16] */
+static float dot_q4_1_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc[8] = {0}, summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
+        const float d = rdh(w) * rdh(x);
+        summs = fmaf(rdh(w + 2), rdh(x + 2), summs); /* ggml's `summs += m * s`, contracted by its build */
+        const int8_t *q8 = (const int8_t *)(x + 4);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) {
+                int q = i < 16 ? (w[4 + i] & 15) : (w[4 + i - 16] >> 4);
+                s += q * q8[i];
+            }
+            acc[l] = fmaf(d, (float)s, acc[l]);
+        }
+    }
+    return hsum8(acc) + summs;
+}
+
+static inline int q5_0_value(const uint8_t *w, int i) {
+    uint32_t qh;
+    memcpy(&qh, w + 2, 4);
+    int lo = i < 16 ? (w[6 + i] & 15) : (w[6 + i - 16] >> 4);
+    return (lo | (int)(((qh >> i) & 1) << 4)) - 16;
+}
+
+/* Q5_0 x Q8_0: 22-byte blocks d, qh[4], qs[16]; Q8_0 x Q8_0: 34-byte blocks d, qs[32] */
+static float dot_q5_0_q8_0_scalar(int type, const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc[8] = {0};
+    const int wb = type == T_Q5_0 ? 22 : 34;
+    for (int64_t b = 0; b < nb; b++, w += wb, x += Q8_0_BYTES) {
+        const float d = rdh(w) * rdh(x);
+        const int8_t *q8 = (const int8_t *)(x + 2);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++)
+                s += (type == T_Q5_0 ? q5_0_value(w, i) : (int)(int8_t)w[2 + i]) * q8[i];
+            acc[l] = fmaf(d, (float)s, acc[l]);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* Q6_K: 210-byte blocks ql[128], qh[64], scales[16] (int8), d */
+static inline int q6_value(const uint8_t *w, int e) { /* 0..63, unbiased value minus 32 */
+    const uint8_t *ql = w, *qh = w + 128;
+    int j = e / 128, c = (e % 128) / 32, b = e % 32;
+    int low = c & 1 ? ql[64 * j + 32 + b] : ql[64 * j + b];
+    low = c >= 2 ? low >> 4 : low & 15;
+    int high = (qh[32 * j + b] >> (2 * c)) & 3;
+    return low | (high << 4);
+}
+
+static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc[8] = {0};
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        const float d = dx * rdh(w + 208);
+        const int8_t *q8 = (const int8_t *)(x + 4), *sc = (const int8_t *)(w + 192);
+        int16_t bs[16];
+        memcpy(bs, x + 4 + QKK, sizeof bs);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int chunk = 0; chunk < 8; chunk++) { /* 32-value chunks; lane l holds values 4l..4l+3 */
+                int scale = sc[2 * chunk + (l >= 4)];
+                int p = 0;
+                for (int i = 4 * l; i < 4 * l + 4; i++) p += q6_value(w, 32 * chunk + i) * q8[32 * chunk + i];
+                s += scale * p;
+            }
+            s -= 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
+            acc[l] = fmaf(d, (float)s, acc[l]);
+        }
+    }
+    return hsum8(acc);
+}
+
+/* Q4_K: 144-byte blocks d, dmin, scales[12], qs[128] */
+static inline void q4_k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 15) | ((q[j] >> 6) << 4);
+        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f, accmin = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        uint8_t sc[8], mn[8];
+        q4_k_scales(w + 4, sc, mn);
+        const int8_t *q8 = (const int8_t *)(x + 4);
+        int16_t bs[16];
+        memcpy(bs, x + 4 + QKK, sizeof bs);
+        const uint8_t *qs = w + 16;
+        int isum = 0, imin = 0;
+        for (int j = 0; j < 4; j++) {
+            int s0 = 0, s1 = 0;
+            for (int i = 0; i < 32; i++) {
+                s0 += (qs[32 * j + i] & 15) * q8[64 * j + i];
+                s1 += (qs[32 * j + i] >> 4) * q8[64 * j + 32 + i];
+            }
+            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+        }
+        for (int j = 0; j < 8; j++) imin += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+        acc = fmaf((float)isum, rdh(w) * dx, acc);
+        accmin = fmaf((float)imin, rdh(w + 2) * dx, accmin);
+    }
+    return acc - accmin;
+}
+
+/* ---------------------------------------------------------------- AVX-512 VNNI row dots */
+#if TG_X86
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+TGT static inline float hsum8_v(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    return hsum8(a);
+}
+
+/* sum of x[i]*y[i] per 4 bytes (signed x signed), as ggml's mul_sum_i8_pairs_float with VNNI */
+TGT static inline __m256i dot_i8_lanes(__m256i x, __m256i y) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
+        __m128i t = _mm_loadu_si128((const __m128i *)(w + 4));
+        __m256i qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
+        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+    }
+    return hsum8_v(acc) + summs;
+}
+
+TGT static float dot_q5_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        uint32_t qh;
+        memcpy(&qh, w + 2, 4);
+        __m128i t = _mm_loadu_si128((const __m128i *)(w + 6));
+        __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+        /* byte i gets 0xF0 where bit i of qh is clear: lo | 0xF0 = lo - 16 as int8 */
+        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
+        __m256i qx = _mm256_or_si256(lo, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(qx, qy)), acc);
+    }
+    return hsum8_v(acc);
+}
+
+TGT static float dot_q8_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(w + 2));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(qx, qy)), acc);
+    }
+    return hsum8_v(acc);
+}
+
+TGT static float dot_q6_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
+    const __m512i sh_a = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0), sh_b = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
+    /* lane t of a 64-byte pair of chunks takes scale 2*chunk + t/4 (chunk = t/8 of the pair) */
+    const __m512i idx0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        const float d = dx * _cvtsh_ss(rd16(w + 208));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
+        const __m512i sc32 = _mm512_cvtepi8_epi32(sc8);
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = 0; j < 2; j++) {
+            __m512i ql = _mm512_loadu_si512((const void *)(w + 64 * j));
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * j)));
+            __m512i h01 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_a), m3), 4);
+            __m512i h23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_b), m3), 4);
+            __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+            __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+            __m512i y01 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j));
+            __m512i y23 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j + 64));
+            __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, y01);
+            __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, y23);
+            __m512i s01 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j)), sc32);
+            __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j + 4)), sc32);
+            sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_mullo_epi32(p01, s01), _mm512_mullo_epi32(p23, s23)));
+        }
+        __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+        __m256i bsums = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
+        __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(sc8)), 5);
+        lanes = _mm256_sub_epi32(lanes, sub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+    }
+    return hsum8_v(acc);
+}
+
+/* Q4_K's AVX-512 code reads the activations in a prepared layout (prep_q4_k): per super-block the
+ * Q8_K scale, its codes reordered so that one 64-byte load meets the low (or high) nibbles of two
+ * 32-byte groups, and the eight 32-value sums. Integer results are the same; only loads change. */
+#define XP_BYTES 320 /* float d | 28 pad | 256 codes | 8 int16 sums | 16 pad */
+
+static void prep_q4_k(const uint8_t *x, uint8_t *xp, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += Q8_K_BYTES, xp += XP_BYTES) {
+        memcpy(xp, x, 4);
+        const uint8_t *q = x + 4;
+        uint8_t *o = xp + 32;
+        for (int pair = 0; pair < 2; pair++) /* groups 2p, 2p+1: [lo 2p | lo 2p+1], [hi 2p | hi 2p+1] */
+            for (int half = 0; half < 2; half++)
+                for (int g = 0; g < 2; g++, o += 32) memcpy(o, q + 64 * (2 * pair + g) + 32 * half, 32);
+        int16_t bs[16], s8[8];
+        memcpy(bs, x + 4 + QKK, sizeof bs);
+        for (int j = 0; j < 8; j++) s8[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        memcpy(xp + 288, s8, sizeof s8);
+    }
+}
+
+/* the 8 six-bit scales (bytes 0..7) and mins (8..15) of a Q4_K block's 12 packed bytes */
+static inline void q4_k_unpack(const uint8_t *q, uint32_t u[4]) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    const uint32_t six = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+    u[0] = a[0] & six;                                      /* scales 0..3 */
+    u[1] = (a[2] & low4) | (((a[0] >> 6) & top2) << 4);     /* scales 4..7 */
+    u[2] = a[1] & six;                                      /* mins 0..3 */
+    u[3] = ((a[2] >> 4) & low4) | (((a[1] >> 6) & top2) << 4); /* mins 4..7 */
+}
+
+TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
+    float acc = 0.0f, accmin = 0.0f;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    /* int16 lane t (0..31) of a group pair's products takes scale 2*(2p + t/16) + half */
+    const __m512i i00 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i one = _mm512_set1_epi16(1), four = _mm512_set1_epi16(4);
+    for (int64_t b = 0; b < nb; b++, w += 144, xp += XP_BYTES) {
+        float dx;
+        memcpy(&dx, xp, 4);
+        uint32_t u[4];
+        q4_k_unpack(w + 4, u);
+        const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)); /* scales as int16 */
+        const __m512i sc = _mm512_castsi128_si512(sm16);
+        const __m512i raw0 = _mm512_loadu_si512((const void *)(w + 16)), raw1 = _mm512_loadu_si512((const void *)(w + 80));
+        const uint8_t *y = xp + 32;
+        __m512i t0 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw0, m4), _mm512_loadu_si512((const void *)y)),
+                                       _mm512_permutexvar_epi16(i00, sc));
+        __m512i t1 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4),
+                                                            _mm512_loadu_si512((const void *)(y + 64))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, one), sc));
+        __m512i t2 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw1, m4), _mm512_loadu_si512((const void *)(y + 128))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, four), sc));
+        __m512i t3 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
+                                                            _mm512_loadu_si512((const void *)(y + 192))),
+                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, _mm512_add_epi16(four, one)), sc));
+        const int is = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3)));
+        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+        __m128i mm = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
+        const int imin = _mm_cvtsi128_si32(mm);
+        acc = fmaf((float)is, _cvtsh_ss(rd16(w)) * dx, acc);
+        accmin = fmaf((float)imin, _cvtsh_ss(rd16(w + 2)) * dx, accmin);
+    }
+    return acc - accmin;
+}
+#endif
+
+/* ---------------------------------------------------------------- dispatch */
+
+typedef float (*row_dot_fn)(const uint8_t *, const uint8_t *, int64_t);
+
+static float dot_q5_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q5_0, w, x, nb); }
+static float dot_q8_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q8_0, w, x, nb); }
+
+static int g_simd = -1; /* 0 scalar, 1 AVX-512 VNNI; forced to 0 by tg_set_simd(0) */
+
+static int simd_supported(void) {
+#if TG_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+static row_dot_fn pick(int type, int simd) {
+#if TG_X86
+    if (simd) {
+        switch (type) {
+        case T_Q4_1: return dot_q4_1_avx512;
+        case T_Q5_0: return dot_q5_0_avx512;
+        case T_Q8_0: return dot_q8_0_avx512;
+        case T_Q6_K: return dot_q6_k_avx512;
+        case T_Q4_K: return dot_q4_k_avx512; /* reads prep_q4_k's layout */
+        }
+    }
+#endif
+    switch (type) {
+    case T_Q4_1: return dot_q4_1_scalar;
+    case T_Q5_0: return dot_q5_0_s;
+    case T_Q8_0: return dot_q8_0_s;
+    case T_Q6_K: return dot_q6_k_scalar;
+    case T_Q4_K: return dot_q4_k_scalar;
+    }
+    return 0;
+}
+
+static int act_type(int type) { return type == T_Q4_1 ? T_Q8_1 : (type == T_Q4_K || type == T_Q6_K) ? T_Q8_K : T_Q8_0; }
+static int act_block(int atype) { return atype == T_Q8_K ? QKK : QK; }
+static int act_bytes(int atype) { return atype == T_Q8_K ? Q8_K_BYTES : atype == T_Q8_1 ? Q8_1_BYTES : Q8_0_BYTES; }
+
+/* ---------------------------------------------------------------- threads */
+
+typedef struct {
+    row_dot_fn fn;
+    const uint8_t *w;
+    int64_t row_bytes, n, nb;
+    const uint8_t *xq;
+    int64_t xq_stride, m;
+    float *y;
+    int64_t y_stride;
+} job_t;
+
+static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) /* a weight row stays in L1 across the m activation rows */
+        for (int64_t i = 0; i < j->m; i++)
+            j->y[i * j->y_stride + r] = j->fn(j->w + r * j->row_bytes, j->xq + i * j->xq_stride, j->nb);
+}
+
+/* Rows split in equal 16-row-aligned parts, one per thread. OpenMP, because torch's CPU wheels
+ * ship libgomp.so.1 and this library, loaded after torch, binds to that same runtime: its threads
+ * are torch's intra-op threads, not a second pool spinning against them on the same cores. */
+static void run_job(const job_t *j, int parts) {
+#ifdef _OPENMP
+    if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            int64_t per = (j->n + nt - 1) / nt;
+            per = (per + 15) / 16 * 16;
+            const int64_t r0 = per * t < j->n ? per * t : j->n, r1 = r0 + per < j->n ? r0 + per : j->n;
+            run_rows(j, r0, r1);
+        }
+        return;
+    }
+#endif
+    (void)parts;
+    run_rows(j, 0, j->n);
+}
+
+/* ---------------------------------------------------------------- exported API */
+
+int tg_abi_version(void) { return 1; }
+
+/* 1 when the AVX-512 VNNI kernels run, 0 for the portable code */
+int tg_simd(void) {
+    if (g_simd < 0) g_simd = simd_supported();
+    return g_simd;
+}
+
+/* force the portable code (0) or the detected best (1); returns the level now in use */
+int tg_set_simd(int on) {
+    g_simd = on ? simd_supported() : 0;
+    return g_simd;
+}
+
+int tg_supported(int type) { return pick(type, 0) != 0; }
+int tg_act_type(int type) { return act_type(type); }
+int64_t tg_act_row_bytes(int type, int64_t k) { int a = act_type(type); return k / act_block(a) * act_bytes(a); }
+
+/* x (m, k) float32 rows -> out (m, tg_act_row_bytes) bytes of `atype` (8 Q8_0, 9 Q8_1, 15 Q8_K) */
+int tg_quantize(int atype, const float *x, uint8_t *out, int64_t m, int64_t k) {
+    if (k % act_block(atype)) return -1;
+    const int64_t rb = k / act_block(atype) * act_bytes(atype);
+    for (int64_t i = 0; i < m; i++) {
+        if (atype == T_Q8_K) quantize_q8_k(x + i * k, out + i * rb, k);
+        else if (atype == T_Q8_0 || atype == T_Q8_1) quantize_q8_01(x + i * k, out + i * rb, k, atype == T_Q8_1);
+        else return -1;
+    }
+    return 0;
+}
+
+/* y[i, r] = dot(weight row r, quantized activation row i) for r < n, i < m.
+ * w: n rows of row_bytes; xq: m rows of tg_act_row_bytes(type, k); y: (m, n) float32. */
+int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const uint8_t *xq, int64_t m, float *y,
+              int nthreads) {
+    row_dot_fn fn = pick(type, tg_simd());
+    const int a = act_type(type);
+    if (!fn || k % act_block(a)) return -1;
+    int64_t xq_stride = k / act_block(a) * act_bytes(a);
+#if TG_X86
+    if (type == T_Q4_K && tg_simd()) {
+        static __thread uint8_t *prep;
+        static __thread int64_t prep_size;
+        const int64_t need = m * (k / QKK) * XP_BYTES;
+        if (need > prep_size) {
+            free(prep);
+            prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
+            prep_size = prep ? need : 0;
+            if (!prep) return -2;
+        }
+        for (int64_t i = 0; i < m; i++) prep_q4_k(xq + i * xq_stride, prep + i * (k / QKK) * XP_BYTES, k / QKK);
+        xq = prep;
+        xq_stride = (k / QKK) * XP_BYTES;
+    }
+#endif
+    job_t j = {fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
+    /* Below ~1 MiB of weight reads (tens of microseconds on one core) a parallel region's fork and
+     * join costs more than it saves, and on a busy machine each join can wait for a descheduled thread. */
+    run_job(&j, (double)n * (double)row_bytes * (double)m < (double)(1 << 20) ? 1 : nthreads);
+    return 0;
+}
+
+/* quantize x (m, k) into scratch (m * tg_act_row_bytes bytes) and run tg_gemv_q: one call per product */
+int tg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t m, uint8_t *scratch,
+              float *y, int nthreads) {
+    if (!pick(type, 0) || tg_quantize(act_type(type), x, scratch, m, k)) return -1;
+    return tg_gemv_q(type, w, row_bytes, n, k, scratch, m, y, nthreads);
+}
