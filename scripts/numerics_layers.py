@@ -48,6 +48,13 @@ def compare(name: str, ours, ref, rows: list | None = None) -> dict:
     return r
 
 
+def node_before(T: dict, name: str) -> np.ndarray:
+    """The last unnamed graph node (node_N) evaluated before the tensor `name`."""
+    keys = list(T)
+    nodes = [k for k in keys[: keys.index(name)] if k.startswith("node_") and " " not in k]
+    return T[nodes[-1]][0]
+
+
 def t(a) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
@@ -87,6 +94,12 @@ def main() -> None:
         for il in [int(x) for x in args.layers.split(",")]:
             print(f" layer {il}")
             layer_ops(model, spec, T, il, len(ids), rows)
+        from tallow.layers import rms_norm
+
+        print(" output")
+        last = T[f"l_out-{spec.n_layers - 1}"][0]
+        compare("result_norm", rms_norm(t(last), model.output_norm, spec.norm_eps), T["result_norm"][0], rows)
+        compare("result_output (linear)", model.output(t(T["result_norm"][0])), T["result_output"][0], rows)
     return rows
 
 
@@ -110,24 +123,29 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
     compare("Vcur (linear" + (" + bias)" if bias else ")"), v_lin, g("Vcur", 1 if bias else 0), rows)
     table = model.rope[layer.rope_key]
     table.ensure(n)
-    if arch == "gemma3":
-        qn = rms_norm(t(g("Qcur", 1)), w.get("attn_q_norm_w") if w.get("attn_q_norm_w") is not None else w.attn_qk_norm[0], eps)
-        compare("Qcur_normed", qn, T[f"Qcur_normed-{il}"][0], rows)
-        q_pre = T[f"Qcur_normed-{il}"][0]
+    if arch == "gemma3":  # per-head Q/K RMSNorm before RoPE, then Q scaled (node after "Qcur")
+        qk_norm = w.attn_qk_norm  # (nh + nkv, hd): Q heads' rows then K heads'
+        compare("Qcur_normed", rms_norm(t(g("Qcur", 1)).reshape(n, nh, hd), qk_norm[:nh], eps),
+                g("Qcur_normed").reshape(n, nh, hd), rows)
+        compare("Kcur_normed", rms_norm(t(g("Kcur", 1)).reshape(n, nkv, hd), qk_norm[nh:], eps),
+                g("Kcur_normed").reshape(n, nkv, hd), rows)
+        q_pre, k_pre = g("Qcur_normed"), g("Kcur_normed")
     else:
-        q_pre = g("Qcur", -2)
-    q_rot = table.apply_at(t(q_pre), 0)
-    compare("Qcur (rope)", q_rot, g("Qcur", -1) if arch != "gemma3" else T[f"Qcur-{il}"][-1], rows)
-    k_pre = g("Kcur", -2)
+        q_pre, k_pre = g("Qcur", -2), g("Kcur", -2)
+    compare("Qcur (rope)", table.apply_at(t(q_pre).reshape(n, nh, hd), 0), g("Qcur", -1).reshape(n, nh, hd), rows)
     compare("Kcur (rope)", table.apply_at(t(k_pre).reshape(n, nkv, hd), 0), g("Kcur", -1).reshape(n, nkv, hd), rows)
     # KQ = mul_mat(K f16 cache, Q): Q rounded to f16 (vec_dot_type of F16), llamafile's F16 sums.
     from tallow.numerics import ggml_attention, ggml_dot_f16
 
     kq_ref = g("kq")  # (nh, n, n_kv_padded)
     n_keys = kq_ref.shape[-1]
-    kcache = t(T[f"cache_k_l{il} (view) (permuted)"][0].astype(np.float32))  # (nkv, n_keys, hd)
-    vcache = t(T[f"cache_v_l{il} (view) (permuted)"][0].astype(np.float32))  # (nkv, hd, n_keys)
-    q_ref = t(T[f"Qcur-{il}"][-1]).reshape(n, nh, hd).transpose(0, 1)  # (nh, n, hd), roped (and scaled: gemma)
+    kcache = t(T[f"cache_k_l{il} (view) (permuted)"][0].astype(np.float32)).reshape(nkv, n_keys, hd)
+    vcache = t(T[f"cache_v_l{il} (view) (permuted)"][0].astype(np.float32)).reshape(nkv, -1, n_keys)  # (nkv, hd, keys)
+    q_ref = t(g("Qcur", -1)).reshape(n, nh, hd)  # roped
+    if model.ggml_prescaled_q:  # gemma3: ggml_scale(Qcur, f_attention_scale) before the attention
+        compare("Q * attention scale", q_ref * spec.attn_scale, node_before(T, f"kq-{il}"), rows)
+        q_ref = q_ref * spec.attn_scale
+    q_ref = q_ref.transpose(0, 1)  # (nh, n, hd)
     group = nh // nkv
     compare("kq (K f16 . Q f16)", ggml_dot_f16(q_ref, kcache.repeat_interleave(group, dim=0)), kq_ref, rows)
     mask = torch.arange(n_keys)[None, :] <= torch.arange(n)[:, None]
@@ -142,10 +160,23 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
                            spec.attn_logit_softcap)
     compare("kqv_out (ggml_attention)", whole, g("kqv_out"), rows)
     attn = w.attn_output(t(g("kqv_out")))
-    compare("attn_out (linear)", attn, g("attn_out") if arch != "gemma3" else T[f"attn_post_norm-{il}"][0] * 0 + 0, rows) \
-        if arch != "gemma3" else None
-    if arch == "gemma3":
+    if arch == "gemma3":  # sandwich norms: attn_post_norm, sa_out, ffn_norm, GeGLU, ffn_post_norm
+        wo = node_before(T, f"attn_post_norm-{il}")  # the unnamed wo product
+        compare("attn_out (linear)", attn, wo, rows)
+        compare("attn_post_norm", rms_norm(t(wo), w.post_attention_norm, eps), g("attn_post_norm"), rows)
+        compare("sa_out (residual add)", t(g("attn_post_norm")) + t(x_in), g("sa_out"), rows)
+        compare("ffn_norm", rms_norm(t(g("sa_out")), w.ffn_norm, eps), g("ffn_norm"), rows)
+        gu = w.ffn_gate_up(t(g("ffn_norm")))
+        f = gu.shape[-1] // 2
+        compare("ffn_gate (linear)", gu[:, :f], g("ffn_gate"), rows)
+        compare("ffn_up (linear)", gu[:, f:], g("ffn_up"), rows)
+        glu = model.ops.glu(torch.cat((t(g("ffn_gate")), t(g("ffn_up"))), dim=-1), "geglu")
+        compare("ffn_geglu", glu, g("ffn_geglu"), rows)
+        compare("ffn_out (linear)", w.ffn_down(t(g("ffn_geglu"))), g("ffn_out"), rows)
+        compare("ffn_post_norm", rms_norm(t(g("ffn_out")), w.post_ffw_norm, eps), g("ffn_post_norm"), rows)
+        compare("l_out (residual add)", t(g("ffn_post_norm")) + t(g("sa_out")), g("l_out"), rows)
         return
+    compare("attn_out (linear)", attn, g("attn_out"), rows)
     compare("ffn_inp (residual add)", t(g("attn_out")) + t(x_in), g("ffn_inp"), rows)
     compare("ffn_norm", rms_norm(t(g("ffn_inp")), w.ffn_norm, eps), g("ffn_norm"), rows)
     gu = w.ffn_gate_up(t(g("ffn_norm")))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import switches
-from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles, ggml_rope_cos_sin, ggml_rope_rotate, ggml_swiglu
+from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles, ggml_rope_cos_sin, ggml_geglu, ggml_rope_rotate, ggml_swiglu
 
 
 def fast_paths_enabled() -> bool:
@@ -261,6 +261,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     same keeps gemma's logits within 1e-4 of llama.cpp on F32 weights instead of 3e-3.
     (Beyond |x| >= 10 ggml returns x or 0, which gelu_tanh already equals in fp16.)
     """
+    if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own table, built with libm's tanhf
+        return ggml_geglu(gate, up)
     if fast_paths_enabled():
         # torch's fp16 GELU computes in fp32 and rounds once: bit-identical to the line below
         # for every finite fp16 input (tests/test_cpu_fastpaths.py), in 3 kernels instead of 6.

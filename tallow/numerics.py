@@ -149,6 +149,35 @@ def ggml_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return ggml_silu(gate) * up
 
 
+_GELU_TABLE = None
+
+
+def ggml_gelu_table() -> torch.Tensor:
+    """ggml_table_gelu_f16 (65536 float32 values, one per fp16 bit pattern), built as ggml_cpu_init
+    builds it: fp16(0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x)))) with libm's
+    tanhf and GCC's contraction of 1 + a*x*x into one fused multiply-add. Non-finite inputs give 0
+    (ggml never reads those entries: it answers |x| >= 10 without the table)."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+        x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+        a = torch.tensor(0.044715, dtype=torch.float32)
+        s = torch.tensor(0.79788456080286535587989211986876, dtype=torch.float32)
+        inner = (s * x) * fma(a * x, x, torch.ones_like(x))
+        _GELU_TABLE = (0.5 * x * (1.0 + libm_map("tanhf", inner))).half().float()
+    return _GELU_TABLE
+
+
+def ggml_geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ggml_vec_geglu_f32: 0 where gate <= -10, gate * up where gate >= 10, else the fp16 table's
+    GELU of fp16(gate) times up."""
+    idx = gate.half().view(torch.int16).to(torch.int64) & 0xFFFF
+    g = ggml_gelu_table().to(gate.device)[idx]
+    out = g * up
+    out = torch.where(gate >= 10.0, gate * up, out)
+    return torch.where(gate <= -10.0, torch.zeros_like(out), out)
+
+
 def _reduce16(v: torch.Tensor) -> torch.Tensor:
     """_mm512_reduce_add_ps over the last axis (16 lanes) in GCC's order: halves, quarters, pairs."""
     v = v[..., :8] + v[..., 8:]
