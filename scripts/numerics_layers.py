@@ -176,8 +176,9 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
         compare("ffn_post_norm", rms_norm(t(g("ffn_out")), w.post_ffw_norm, eps), g("ffn_post_norm"), rows)
         compare("l_out (residual add)", t(g("ffn_post_norm")) + t(g("sa_out")), g("l_out"), rows)
         return
-    compare("attn_out (linear)", attn, g("attn_out"), rows)
-    compare("ffn_inp (residual add)", t(g("attn_out")) + t(x_in), g("ffn_inp"), rows)
+    wo = T[f"attn_out-{il}"][0] if f"attn_out-{il}" in T else node_before(T, f"ffn_inp-{il}")  # qwen2: unnamed
+    compare("attn_out (linear)", attn, wo, rows)
+    compare("ffn_inp (residual add)", t(wo) + t(x_in), g("ffn_inp"), rows)
     compare("ffn_norm", rms_norm(t(g("ffn_inp")), w.ffn_norm, eps), g("ffn_norm"), rows)
     gu = w.ffn_gate_up(t(g("ffn_norm")))
     f = gu.shape[-1] // 2

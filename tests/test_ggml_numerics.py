@@ -184,3 +184,98 @@ def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
         tie = next((i for i, g in enumerate(case["gaps"][:GREEDY_TOKENS]) if g < GREEDY_NEAR_TIE), len(expected))
         ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
         assert ours[:tie] == expected[:tie], f"{case['mode']} {case['prompt']!r}: differs before llama.cpp's first near-tie ({tie})"
+
+
+# llama.cpp b11434's own tensors of layer 0 (scripts/numerics_op_fixtures.py: smollm2 and gemma3,
+# 6 tokens, cropped); each TALLOW_NUMERICS=ggml op fed llama.cpp's input must give its output
+# bit for bit.
+LAYER_OPS = json.loads((Path(__file__).parent / "fixtures" / "ggml_layer_ops.json").read_text())
+LAYER_CASES = {c["model"]: c for c in LAYER_OPS["cases"]}
+
+
+def _t(packed: dict) -> torch.Tensor:
+    a = np.frombuffer(base64.b64decode(packed["f32"]), np.float32).reshape(packed["shape"])
+    return torch.from_numpy(a.copy())
+
+
+def _bits_equal(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    same = ours == ref
+    assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} differ, max |d| {(ours - ref).abs().max():.3e}"
+
+
+@pytest.fixture
+def ggml_mode(monkeypatch):
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_layer_norms_are_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import rms_norm
+
+    c = LAYER_CASES[model]
+    op = c["rms_norm"]
+    _bits_equal(rms_norm(_t(op["x"]), _t(op["weight"]), c["eps"]), _t(op["out"]))
+    if "qk_norm" in c:  # gemma3's per-head Q norm
+        op = c["qk_norm"]
+        _bits_equal(rms_norm(_t(op["x"]), _t(op["weight"]), c["eps"]), _t(op["out"]))
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_rope_is_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import RotaryTables
+
+    c = LAYER_CASES[model]
+    table = RotaryTables(c["head_dim"], c["rope_base"], c["rope_style"])
+    table.ensure(8)
+    x = _t(c["rope"]["x"])
+    _bits_equal(table.apply_at(x, 0), _t(c["rope"]["out"]))
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_attention_is_llama_cpps_bits(model):
+    """KQ (llamafile's F16 lane order), softmax (ggml_v_expf, block sums in double) and KQV, each
+    from llama.cpp's own input, then the whole of ggml_attention from Q, K, V."""
+    from tallow.numerics import ggml_attention, ggml_dot_f16, ggml_softmax
+
+    c = LAYER_CASES[model]
+    a = c["attention"]
+    q, k, v = _t(a["q"]), _t(a["k"]), _t(a["v"])  # (group, n, hd), (1, keys, hd), (1, hd, keys)
+    group, n = q.shape[0], q.shape[1]
+    _bits_equal(ggml_dot_f16(q, k.expand(group, -1, -1)), _t(a["kq"]))
+    mask = torch.arange(k.shape[1])[None, :] <= torch.arange(n)[:, None]
+    scale = 1.0 if c["prescaled_q"] else c["attn_scale"]
+    _bits_equal(ggml_softmax((_t(a["kq"]) * scale).masked_fill(~mask, float("-inf"))), _t(a["kq_soft_max"]))
+    _bits_equal(ggml_dot_f16(_t(a["kq_soft_max"]), v.expand(group, -1, -1)), _t(a["kqv"]))
+    whole = ggml_attention(q, k[:, :n], v[:, :, :n].transpose(1, 2), mask[:, :n], scale)
+    _bits_equal(whole, _t(a["kqv"]).transpose(0, 1).reshape(n, -1))
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_glu_is_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import geglu, swiglu
+
+    c = LAYER_CASES[model]
+    op = c["glu_op"]
+    _bits_equal((geglu if c["glu"] == "geglu" else swiglu)(_t(op["gate"]), _t(op["up"])), _t(op["out"]))
+
+
+def test_gelu_table_is_libggml_cpus():
+    """tallow's copy of ggml_table_gelu_f16 equals libggml-cpu b11434's, entry for entry (finite inputs)."""
+    import hashlib
+
+    from tallow.numerics import ggml_gelu_table
+
+    finite = torch.isfinite(torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16))
+    ours = ggml_gelu_table().half()[finite].view(torch.int16).numpy().astype(np.uint16)
+    assert hashlib.sha256(ours.tobytes()).hexdigest() == LAYER_OPS["gelu_table_sha256_finite"]
+
+
+def test_v_expf_differs_from_torch_exp():
+    """ggml's SIMD exponential is not torch's: the emulation is not a renamed torch.exp (and the
+    bit-for-bit softmax above depends on it)."""
+    from tallow.numerics import ggml_v_expf
+
+    x = torch.linspace(-20, 0, 4001)
+    ours = ggml_v_expf(x)
+    assert (ours != torch.exp(x)).any()
+    assert ((ours - torch.exp(x.double()).float()).abs() / torch.exp(x)).max() < 3e-7  # within ~2 ulp
