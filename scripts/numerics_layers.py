@@ -1,7 +1,9 @@
 """Op by op against llama.cpp b11434 (issue 14): each tallow op under TALLOW_NUMERICS=ggml fed
 llama.cpp's own input tensor, its output compared bit for bit with llama.cpp's.
 
-  PYTHONPATH=$PWD python scripts/numerics_layers.py MODEL [--layers 0,15] [--tokens 40]
+  PYTHONPATH=$PWD python scripts/numerics_layers.py MODEL [--layers 0,15] [--tokens 40] [--decode]
+
+--decode: the ops of one decode step (token --tokens + 1 at position --tokens) instead of the prompt's.
 
 The forward pass is chaotic at one ulp (docs/performance.md, issue-14 sections), so comparing
 tallow's whole forward with llama.cpp's only finds the first difference; feeding each op
@@ -34,6 +36,8 @@ from numerics_reference import Reference  # noqa: E402
 def compare(name: str, ours, ref, rows: list | None = None) -> dict:
     a = np.asarray(ours.detach().float().numpy() if isinstance(ours, torch.Tensor) else ours, dtype=np.float32)
     b = np.asarray(ref, dtype=np.float32)
+    if a.shape != b.shape and a.size == b.size:  # one token: llama.cpp's unit axes
+        b = b.reshape(a.shape)
     if a.shape != b.shape:
         raise SystemExit(f"{name}: shape {a.shape} vs llama.cpp {b.shape}")
     fin = np.isfinite(b)
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--layers", default="0")
     ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--decode", action="store_true", help="one decode step after the prompt")
     args = ap.parse_args()
     import json
 
@@ -75,9 +80,14 @@ def main() -> None:
 
     path = require_model(args.model)
     fixture = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{args.model}.json").read_text())
-    ids = fixture["teacher_forced"]["ids"][: args.tokens]
+    ids = fixture["teacher_forced"]["ids"][: args.tokens + args.decode]
     ref = Reference(path)
-    _, T = ref.logits(ids, capture=True)
+    start = 0
+    if args.decode:  # the prompt first, then capture the one-token step at position len(prompt)
+        start = args.tokens
+        ref.logits(ids[:start])
+        ids = ids[start:]
+    _, T = ref.logits(ids, capture=True, start=start, reset=not args.decode)
     ref.close()
     gf = GGUFFile(path)
     spec = spec_from_gguf(gf)
@@ -93,7 +103,7 @@ def main() -> None:
             compare("embd (get_rows)", emb, T["embd"][0], rows)
         for il in [int(x) for x in args.layers.split(",")]:
             print(f" layer {il}")
-            layer_ops(model, spec, T, il, len(ids), rows)
+            layer_ops(model, spec, T, il, len(ids), rows, start)
         from tallow.layers import rms_norm
 
         print(" output")
@@ -103,7 +113,7 @@ def main() -> None:
     return rows
 
 
-def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
+def layer_ops(model, spec, T, il: int, n: int, rows: list, start: int = 0) -> None:
     from tallow.layers import rms_norm
     from tallow.numerics import ggml_softmax
 
@@ -122,7 +132,7 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
     compare("Kcur (linear" + (" + bias)" if bias else ")"), k_lin, g("Kcur", 1 if bias else 0), rows)
     compare("Vcur (linear" + (" + bias)" if bias else ")"), v_lin, g("Vcur", 1 if bias else 0), rows)
     table = model.rope[layer.rope_key]
-    table.ensure(n)
+    table.ensure(start + n)
     if arch == "gemma3":  # per-head Q/K RMSNorm before RoPE, then Q scaled (node after "Qcur")
         qk_norm = w.attn_qk_norm  # (nh + nkv, hd): Q heads' rows then K heads'
         compare("Qcur_normed", rms_norm(t(g("Qcur", 1)).reshape(n, nh, hd), qk_norm[:nh], eps),
@@ -132,8 +142,8 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
         q_pre, k_pre = g("Qcur_normed"), g("Kcur_normed")
     else:
         q_pre, k_pre = g("Qcur", -2), g("Kcur", -2)
-    compare("Qcur (rope)", table.apply_at(t(q_pre).reshape(n, nh, hd), 0), g("Qcur", -1).reshape(n, nh, hd), rows)
-    compare("Kcur (rope)", table.apply_at(t(k_pre).reshape(n, nkv, hd), 0), g("Kcur", -1).reshape(n, nkv, hd), rows)
+    compare("Qcur (rope)", table.apply_at(t(q_pre).reshape(n, nh, hd), start), g("Qcur", -1).reshape(n, nh, hd), rows)
+    compare("Kcur (rope)", table.apply_at(t(k_pre).reshape(n, nkv, hd), start), g("Kcur", -1).reshape(n, nkv, hd), rows)
     # KQ = mul_mat(K f16 cache, Q): Q rounded to f16 (vec_dot_type of F16), llamafile's F16 sums.
     from tallow.numerics import ggml_attention, ggml_dot_f16
 
@@ -148,15 +158,16 @@ def layer_ops(model, spec, T, il: int, n: int, rows: list) -> None:
     q_ref = q_ref.transpose(0, 1)  # (nh, n, hd)
     group = nh // nkv
     compare("kq (K f16 . Q f16)", ggml_dot_f16(q_ref, kcache.repeat_interleave(group, dim=0)), kq_ref, rows)
-    mask = torch.arange(n_keys)[None, :] <= torch.arange(n)[:, None]
+    q_pos = torch.arange(start, start + n)[:, None]
+    mask = torch.arange(n_keys)[None, :] <= q_pos
     if layer.sliding_window:
-        mask &= (torch.arange(n)[:, None] - torch.arange(n_keys)[None, :]) < layer.sliding_window
+        mask &= (q_pos - torch.arange(n_keys)[None, :]) < layer.sliding_window
     scale = 1.0 if model.ggml_prescaled_q else spec.attn_scale
     probs = ggml_softmax((t(kq_ref) * scale).masked_fill(~mask, float("-inf")))
     compare("kq_soft_max", probs, g("kq_soft_max"), rows)
     kqv = ggml_dot_f16(t(g("kq_soft_max")), vcache.repeat_interleave(group, dim=0))
     compare("kqv (V f16 . softmax f16)", kqv, g("kqv"), rows)
-    whole = ggml_attention(q_ref, kcache[:, :n], vcache[:, :, :n].transpose(1, 2), mask[:, :n], scale,
+    whole = ggml_attention(q_ref, kcache[:, : start + n], vcache[:, :, : start + n].transpose(1, 2), mask[:, : start + n], scale,
                            spec.attn_logit_softcap)
     compare("kqv_out (ggml_attention)", whole, g("kqv_out"), rows)
     attn = w.attn_output(t(g("kqv_out")))

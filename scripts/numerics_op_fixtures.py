@@ -49,6 +49,7 @@ def layer_case(name: str) -> dict:
     ids = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{name}.json").read_text())["teacher_forced"]["ids"]
     ref = Reference(path)
     _, T = ref.logits(ids[:N_TOKENS], capture=True)
+    _, D = ref.logits(ids[N_TOKENS : N_TOKENS + 1], capture=True, start=N_TOKENS, reset=False)  # one decode step
     ref.close()
     gf = GGUFFile(path)
     spec = spec_from_gguf(gf)
@@ -88,6 +89,20 @@ def layer_case(name: str) -> dict:
         "q": pack(q.reshape(n, nh, hd).transpose(1, 0, 2)[:group]), "k": pack(kcache[:1]), "v": pack(vcache[:1]),
         "kq": pack(g("kq-0")[:group, :, :N_KEYS]), "kq_soft_max": pack(g("kq_soft_max-0")[:group, :, :N_KEYS]),
         "kqv": pack(g("kqv-0")[:group]),
+    }
+    # The decode step at position N_TOKENS: one query row, where ggml's F16 products take
+    # ggml_vec_dot_f16's order instead of llamafile's.
+    qd = D["Qcur-0"][-1].reshape(1, nh, hd)
+    if gemma:
+        names = list(D)
+        qd = D[[k for k in names[: names.index("kq-0")] if k.startswith("node_") and " " not in k][-1]][0]
+    kd = D[keys][0].astype(np.float32).reshape(nkv, n_keys, hd)[:, :N_KEYS]
+    vd = D[values][0].astype(np.float32).reshape(nkv, hd, n_keys)[:, :, :N_KEYS]
+    case["attention_decode"] = {
+        "q": pack(qd.reshape(1, nh, hd).transpose(1, 0, 2)[:group]), "k": pack(kd[:1]), "v": pack(vd[:1]),
+        "kq": pack(D["kq-0"][0].reshape(nh, 1, n_keys)[:group, :, :N_KEYS]),
+        "kq_soft_max": pack(D["kq_soft_max-0"][0].reshape(nh, 1, n_keys)[:group, :, :N_KEYS]),
+        "kqv": pack(D["kqv-0"][0].reshape(nh, 1, hd)[:group]), "start": N_TOKENS,
     }
     act = "ffn_geglu-0" if gemma else "ffn_swiglu-0"
     case["glu_op"] = {"gate": pack(g("ffn_gate-0")[:, :N_COLS]), "up": pack(g("ffn_up-0")[:, :N_COLS]),

@@ -20,7 +20,7 @@ repacked gemv/gemm kernels sum in another order), 2 threads, n_batch = n_ubatch 
 
 Intermediate tensors come from the eval callback (cb_eval) by their graph names (`attn_norm-0`,
 `Qcur-0`, `kq-0`, `ffn_out-0`, `l_out-0`, …; `capture=True` takes every F32/F16 tensor), as numpy
-arrays in ggml's axis order reversed (ne[3], ne[2], ne[1], ne[0]), squeezed.
+arrays in ggml's axis order reversed (ne[3], ne[2], ne[1], ne[0]), unit ne[3]/ne[2] dropped.
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def _read(t: _Tensor) -> np.ndarray:
     raw = np.frombuffer(ctypes.string_at(t.data, extent), dtype=np.uint8)
     view = np.lib.stride_tricks.as_strided(raw, shape=ne[::-1] + [np.dtype(dtype).itemsize],
                                            strides=nb[::-1] + [1])
-    return np.ascontiguousarray(view).view(dtype)[..., 0].squeeze()
+    out = np.ascontiguousarray(view).view(dtype)[..., 0]
+    while out.ndim > 2 and out.shape[0] == 1:  # drop unit ne[3], ne[2]; keep (rows, ne[0]) even for one row
+        out = out[0]
+    return out
 
 
 class Reference:

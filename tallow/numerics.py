@@ -208,22 +208,27 @@ def ggml_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 
 def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (..., M, K) @ b (..., N, K)^T with both rounded to f16, summed as llamafile's tinyBLAS
-    F16 kernel sums on AVX-512 (ggml's mul_mat for an F16 weight): 16 lanes, lane k adding the
-    products k, k+16, k+32, ... one by one (each product of two f16 is exact in float32, so its
-    FMA is one rounded add), then the 16 lanes by _mm512_reduce_add_ps. K is padded with zeros
-    to a multiple of 16 (adding +0 changes nothing)."""
+    """a (..., M, K) @ b (..., N, K)^T with both rounded to f16, summed as ggml's mul_mat sums for
+    an F16 weight (b) on AVX-512; each product of two f16 is exact in float32, so every FMA is
+    one rounded add, and only the order of the adds matters:
+    - M >= 2 (prompt rows): llamafile's tinyBLAS, 16 lanes, lane k adding the products k, k+16,
+      k+32, ... one by one, then the lanes by _mm512_reduce_add_ps;
+    - M == 1 (a decode step; llamafile_sgemm declines n < 2): ggml_vec_dot_f16, 4 accumulators
+      of 16 lanes over steps of 64, reduced (0+2) + (1+3), then the lanes.
+    K is padded with zeros to a multiple of 64 (llama.cpp pads its keys to 256; +0 changes no sum)."""
     a = a.half().float()
     b = b.half().float()
     k = a.shape[-1]
-    if k % 16:
-        a = torch.nn.functional.pad(a, (0, -k % 16))
-        b = torch.nn.functional.pad(b, (0, -k % 16))
-    steps = a.shape[-1] // 16
+    if k % 64:
+        a = torch.nn.functional.pad(a, (0, -k % 64))
+        b = torch.nn.functional.pad(b, (0, -k % 64))
+    lanes = 16 if a.shape[-2] > 1 else 64
     acc = None
-    for s in range(steps):  # (..., M, N, 16): the products of lanes s*16 .. s*16+15
-        p = a[..., :, None, s * 16 : (s + 1) * 16] * b[..., None, :, s * 16 : (s + 1) * 16]
+    for s in range(0, a.shape[-1], lanes):  # (..., M, N, lanes): this step's products
+        p = a[..., :, None, s : s + lanes] * b[..., None, :, s : s + lanes]
         acc = p if acc is None else acc + p
+    if lanes == 64:
+        acc = (acc[..., 0:16] + acc[..., 32:48]) + (acc[..., 16:32] + acc[..., 48:64])
     return _reduce16(acc)
 
 

@@ -231,22 +231,26 @@ def test_rope_is_llama_cpps_bits(model, ggml_mode):
     _bits_equal(table.apply_at(x, 0), _t(c["rope"]["out"]))
 
 
+@pytest.mark.parametrize("step", ["attention", "attention_decode"])
 @pytest.mark.parametrize("model", sorted(LAYER_CASES))
-def test_attention_is_llama_cpps_bits(model):
-    """KQ (llamafile's F16 lane order), softmax (ggml_v_expf, block sums in double) and KQV, each
-    from llama.cpp's own input, then the whole of ggml_attention from Q, K, V."""
+def test_attention_is_llama_cpps_bits(model, step):
+    """KQ, softmax (ggml_v_expf, block sums in double) and KQV, each from llama.cpp's own input,
+    then the whole of ggml_attention from Q, K, V: over the prompt (llamafile's F16 lane order)
+    and in a one-token decode step after it (ggml_vec_dot_f16's order)."""
     from tallow.numerics import ggml_attention, ggml_dot_f16, ggml_softmax
 
     c = LAYER_CASES[model]
-    a = c["attention"]
+    a = c[step]
+    start = a.get("start", 0)
     q, k, v = _t(a["q"]), _t(a["k"]), _t(a["v"])  # (group, n, hd), (1, keys, hd), (1, hd, keys)
     group, n = q.shape[0], q.shape[1]
     _bits_equal(ggml_dot_f16(q, k.expand(group, -1, -1)), _t(a["kq"]))
-    mask = torch.arange(k.shape[1])[None, :] <= torch.arange(n)[:, None]
+    mask = torch.arange(k.shape[1])[None, :] <= torch.arange(start, start + n)[:, None]
     scale = 1.0 if c["prescaled_q"] else c["attn_scale"]
     _bits_equal(ggml_softmax((_t(a["kq"]) * scale).masked_fill(~mask, float("-inf"))), _t(a["kq_soft_max"]))
     _bits_equal(ggml_dot_f16(_t(a["kq_soft_max"]), v.expand(group, -1, -1)), _t(a["kqv"]))
-    whole = ggml_attention(q, k[:, :n], v[:, :, :n].transpose(1, 2), mask[:, :n], scale)
+    end = start + n
+    whole = ggml_attention(q, k[:, :end], v[:, :, :end].transpose(1, 2), mask[:, :end], scale)
     _bits_equal(whole, _t(a["kqv"]).transpose(0, 1).reshape(n, -1))
 
 
