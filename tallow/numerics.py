@@ -1,17 +1,22 @@
 """ggml's arithmetic for the elementwise parts of a forward pass (TALLOW_NUMERICS=ggml).
 
-llama.cpp's CPU backend rounds in places tallow's default path does not, and where the
-fixtures' configuration (llama-cpp-python 0.3.36 defaults: flash attention off, f16 K/V)
-puts them, they decide greedy near-ties. This module holds the device-free emulations; the
-quantized products live in kernels/cpu/ggml_linear.py. What each function mirrors (ggml
-b11434, ggml-cpu/ops.cpp and the non-flash path of llama-graph.cpp's build_attn_mha):
+llama.cpp's CPU backend rounds in places tallow's default path does not, and in the fixtures'
+configuration (scripts/numerics_reference.py: flash attention off, f16 K/V, no repacking) those
+roundings decide greedy near-ties. This module holds the device-free emulations; the quantized
+products live in kernels/cpu/ggml_linear.py. Each op below is bit-identical to llama.cpp b11434
+on this machine class when fed llama.cpp's own input (scripts/numerics_layers.py, measured on
+every layer kind of smollm2, gemma3 and qwen2.5; tests/test_ggml_numerics.py on a fixture). What
+each mirrors (ggml-cpu/ops.cpp, vec.h, llamafile/sgemm.cpp, as GCC compiles them: contracted FMAs):
 
-- RMSNorm: the sum of squares in double, mean and 1/sqrt in float, then x * scale * weight.
-- RoPE: theta computed by the float32 recurrence theta *= base^(-2/n_dims) starting at the
-  position, then cosf/sinf (ggml_rope_cache_init), not from a float64 angle.
-- Attention with flash attention off: K and V read from the f16 cache; Q rounded to f16 (the
-  F16 weight's vec_dot_type) before Q.K^T, accumulated in float; softmax in float with its
-  sum in double; the softmax weights rounded to f16 before the product with V.
+- RMSNorm: the sum of squares in double, mean and 1/sqrtf in float (sqrt correctly rounded:
+  torch's float32 sqrt is not on this CPU), then (x * scale) * weight.
+- RoPE: theta by the float32 recurrence theta *= powf(base, -2/n_dims) from the position,
+  libm's cosf/sinf, and rotate_pairs' two contracted FMAs.
+- Attention with flash attention off: K and V from the f16 cache; Q and the softmax weights
+  rounded to f16 by the products' vec_dot_type; the two products summed in llamafile's F16
+  lane order for prompts and ggml_vec_dot_f16's for one-token steps; softmax with ggml's own
+  SIMD exponential (ggml_v_expf), block sums in double.
+- SwiGLU: silu by ggml_v_expf; GeGLU: ggml's fp16 GELU table (built with libm's tanhf).
 
 The switch is read at call time except where a table is built (RotaryTables, linears).
 """
