@@ -4,8 +4,9 @@ tests/fixtures/ggml_ops.json holds libggml-cpu's (b11434, this machine class) ow
 random blocks (scripts/make_ggml_op_fixtures.py): its activation quantization (bytes) and its
 vec_dot per weight row. Activation quantization must be bit-identical; the dot products
 equal up to float32 addition order (ggml sums in SIMD lanes, we in a GEMM). The elementwise
-emulations (RMSNorm, RoPE angles, attention) are checked against plain numpy transcriptions
-of the ggml loops.
+ops are checked against plain numpy transcriptions of the ggml loops and, bit for bit, against
+llama.cpp b11434's own tensors of one layer of smollm2 and gemma3 (tests/fixtures/ggml_layer_ops.json,
+scripts/numerics_op_fixtures.py).
 """
 
 from __future__ import annotations
@@ -162,14 +163,16 @@ def test_attention_rounds_where_ggml_does():
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=2e-6)
 
 
-GREEDY_NEAR_TIE = 0.15  # issue 14: the top-2 gap two llama.cpp builds agree above
-GREEDY_TOKENS = 16
+# The whole ggml path on the real smollm2, teacher-forced over the first 64 tokens of the
+# conformance text. Every elementwise op is llama.cpp's bit for bit (the tests below), the
+# quantized products are not (ggml sums their blocks in another order), and the forward pass is
+# chaotic at one ulp, so the logits differ by llama.cpp's own noise: measured floors, not zero.
+GGML_PATH_TOKENS = 64
+GGML_PATH_TOP1_MIN = 0.95  # measured 0.968 (61 of 63), max |Δ| 0.574 (CPU, 2 threads)
+GGML_PATH_MAX_DELTA = 0.65
 
 
-def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
-    """The real smollm2 under TALLOW_NUMERICS=ggml on the fixture's first raw prompt: the
-    continuation equals llama.cpp's up to the first step where llama.cpp's own top-2 gap is
-    below 0.15 (there is none in its 64 tokens; measured identical for all 64)."""
+def test_smollm2_ggml_path_against_llama_cpp(monkeypatch):
     from model_paths import require_model
 
     import tallow
@@ -178,12 +181,16 @@ def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
     monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
     llm = tallow.LLM(path, ctx=256)
     assert {p.kind for layer in llm.model.layers for p in [layer.attn_output, layer.ffn_down]} == {"ggml"}
-    fixture = json.loads((Path(__file__).parent / "fixtures" / "conformance_smollm2-135m.json").read_text())
-    for case in fixture["greedy"][:1]:
-        expected = case["ids"][:GREEDY_TOKENS]
-        tie = next((i for i, g in enumerate(case["gaps"][:GREEDY_TOKENS]) if g < GREEDY_NEAR_TIE), len(expected))
-        ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
-        assert ours[:tie] == expected[:tie], f"{case['mode']} {case['prompt']!r}: differs before llama.cpp's first near-tie ({tie})"
+    tf = json.loads((Path(__file__).parent / "fixtures" / "conformance_smollm2-135m.json").read_text())["teacher_forced"]
+    ids = tf["ids"][:GGML_PATH_TOKENS]
+    llm.engine.reset()
+    ours = llm.model.forward(ids, 0, llm.engine.kv, all_logits=True)[1:]
+    top_ids = torch.tensor(tf["top_ids"][1:GGML_PATH_TOKENS])
+    ref = torch.tensor(tf["top_logits"][1:GGML_PATH_TOKENS])
+    agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
+    delta = (ours.gather(1, top_ids) - ref).abs().max().item()
+    print(f"\nsmollm2 TALLOW_NUMERICS=ggml, {len(ids) - 1} positions: top-1 {agree:.4f}, max |Δlogit| {delta:.3f}")
+    assert agree >= GGML_PATH_TOP1_MIN and delta <= GGML_PATH_MAX_DELTA
 
 
 # llama.cpp b11434's own tensors of layer 0 (scripts/numerics_op_fixtures.py: smollm2 and gemma3,
