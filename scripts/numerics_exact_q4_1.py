@@ -4,12 +4,16 @@ machine runs it (arch/x86/quants.c, AVX2 form with AVX512-VNNI: per block, 8 flo
 holding the integer sum of 4 adjacent code products, acc = fma(d_w*d_x, lane, acc) block by
 block; the min term summs = fma(m_w, s_x, summs); then hsum_float_8(acc) + summs) replaces
 GgmlLinear's product for the Q4_1 weights (and Q8_0's, see q0_dot_exact). The product's real home is the C kernel of
-tallow/kernels/cpu (issue 14's `cpudot` half); this only measures what it buys.
+tallow/kernels/cpu (issue 14's `cpudot` half); this only measures what it buys. Measured (docs/performance.md,
+session 8): every smollm2 linear bit-identical, and with them the whole model's logits over 32 tokens equal
+llama.cpp b11434's bit for bit.
 
-  PYTHONPATH=$PWD python scripts/numerics_exact_q4_1.py [--layers] [--teacher]
+  PYTHONPATH=$PWD python scripts/numerics_exact_q4_1.py [--layers] [--teacher] [--bits N]
 
 --layers: numerics_layers.py's op-by-op table for layer 0 with the exact product;
---teacher: the whole-model teacher-forced comparison (numerics_conformance.py) with it.
+--teacher: the whole-model teacher-forced comparison (numerics_conformance.py) with it;
+--bits N: the logits of the first N conformance-text tokens against the reference harness's,
+  bit for bit (measured, session 8: N = 32, all 1,572,864 logits identical).
 """
 
 from __future__ import annotations
@@ -90,15 +94,42 @@ def install() -> None:
     ggml_linear.GgmlLinear._mm = mm
 
 
+def bits(n: int) -> None:
+    import json
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from model_paths import require_model
+    from numerics_reference import Reference
+
+    import tallow
+
+    path = require_model("smollm2-135m")
+    ids = json.loads((ROOT / "tests" / "fixtures" / "conformance_smollm2-135m.json").read_text())["teacher_forced"]["ids"][:n]
+    ref = Reference(path)
+    theirs = ref.logits(ids)
+    ref.close()
+    llm = tallow.LLM(path, ctx=256)
+    llm.engine.reset()
+    ours = llm.model.forward(ids, 0, llm.engine.kv, all_logits=True).numpy()
+    same = ours == theirs
+    print(f"{n} tokens: {int(same.sum())} of {same.size} logits bit-identical to llama.cpp, max |d| {np.abs(ours - theirs).max():.3e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", action="store_true")
     ap.add_argument("--teacher", action="store_true")
+    ap.add_argument("--bits", type=int, default=0)
     args = ap.parse_args()
     install()
     if args.layers:
         sys.argv = ["numerics_layers.py", "smollm2-135m", "--layers", "0,29"]
         runpy.run_path(str(ROOT / "scripts" / "numerics_layers.py"), run_name="__main__")
+    if args.bits:
+        bits(args.bits)
     if args.teacher:
         sys.argv = ["numerics_conformance.py", "smollm2-135m", "--greedy", "0"]
         runpy.run_path(str(ROOT / "scripts" / "numerics_conformance.py"), run_name="__main__")
