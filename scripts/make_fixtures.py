@@ -1,7 +1,9 @@
-"""Regenerate the llama.cpp conformance fixtures (dev only: needs llama-cpp-python).
+"""Regenerate the llama.cpp conformance fixtures (dev only: needs llama-cpp-python for its
+bindings, and llama.cpp b11434 unpacked to /tmp/llama, see scripts/numerics_reference.py).
 
     pip install ../shared/wheels/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl
-    python scripts/make_fixtures.py [--models DIR]
+    mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
+    python scripts/make_fixtures.py [--models DIR] [--only real]
 
 Writes tests/fixtures/conformance_<model>.json for the three real models:
   - greedy: 64-token greedy continuations of 12 prompts, raw and chat-templated, with the
@@ -26,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import numerics_reference  # noqa: E402,F401  (b11434's libraries first: the import below binds to them)
 import llama_cpp  # noqa: E402
 
 from tallow.chat.template import ChatTemplate  # noqa: E402
@@ -101,30 +105,40 @@ def llm_is_eog(llm: llama_cpp.Llama, tok: int) -> bool:
 
 
 def real_model_fixture(path: Path) -> dict:
-    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, logits_all=True, n_threads=2, verbose=False)
+    """The conformance fixture of one real model from llama.cpp b11434 built for this machine
+    (scripts/numerics_reference.py: llama-cpp-python's bindings over b11434's libraries, in its
+    CONFIG: flash attention off, f16 K/V, no repacking, 2 threads, ubatch 512), the configuration
+    TALLOW_NUMERICS=ggml mirrors. llama-cpp-python 0.3.36's own libggml-cpu dies of SIGILL on
+    quantized products on the AMD development machine."""
+    from numerics_reference import CONFIG, Reference
+
+    ref = Reference(path)
     gf = GGUFFile(path)
     template = ChatTemplate.from_gguf(gf)
-    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model)))
+    add_bos = ref.add_bos()
     cases = []
     for prompt in PROMPTS:
-        raw_ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
-        cases.append({"mode": "raw", "prompt": prompt, **greedy(llm, raw_ids)})
+        raw_ids = ref.tokenize(prompt, add_bos=True, special=True)
         text = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
         text = template.prompt_for_tokenizer(text, add_bos)
-        chat_ids = llm.tokenize(text.encode(), add_bos=True, special=True)
-        cases.append({"mode": "chat", "prompt": prompt, **greedy(llm, chat_ids)})
+        chat_ids = ref.tokenize(text, add_bos=True, special=True)
+        for mode, ids in (("raw", raw_ids), ("chat", chat_ids)):
+            out, gaps = ref.greedy(ids, N_GEN)
+            cases.append({"mode": mode, "prompt": prompt, "prompt_ids": ids, "ids": out, "gaps": gaps,
+                          "text": ref.detokenize([t for t in out if not ref.is_eog(t)])})
         print(f"  {prompt[:30]!r}: raw {cases[-2]['text'][:40]!r} | chat {cases[-1]['text'][:40]!r}", flush=True)
-    ids = llm.tokenize(TEACHER_TEXT.encode(), add_bos=True, special=True)
-    llm.reset()
-    llm.eval(ids)
-    scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    ids = ref.tokenize(TEACHER_TEXT, add_bos=True, special=True)
+    scores = ref.logits(ids)
+    ref.close()
     top_ids = np.argsort(-scores, axis=1)[:, :TOP]
     teacher = {
         "ids": ids,
         "top_ids": top_ids.tolist(),
         "top_logits": np.take_along_axis(scores, top_ids, 1).round(5).tolist(),
     }
-    return {"model": path.stem, "llama_cpp_python": llama_cpp.__version__, "greedy": cases, "teacher_forced": teacher}
+    provenance = {"llama_cpp": "b11434 built for this machine (../shared/llama.cpp), through llama-cpp-python "
+                               f"{llama_cpp.__version__}'s bindings (scripts/numerics_reference.py)", "config": CONFIG}
+    return {"model": path.stem, **provenance, "greedy": cases, "teacher_forced": teacher}
 
 
 LONG_N_PROMPT = 1300  # past gemma3's 512-token window and its 1023-slot ring (window + chunk - 1)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import switches
-from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles
+from .numerics import ggml_enabled, ggml_rms_norm, ggml_rope_angles, ggml_rope_cos_sin, ggml_geglu, ggml_rope_rotate, ggml_swiglu
 
 
 def fast_paths_enabled() -> bool:
@@ -83,10 +83,12 @@ class RotaryTables:
             return
         n = max(n_positions, 2 * self.cos.shape[0], 256)
         if self.ggml:
-            angles = ggml_rope_angles(n, self.rope_dim, self.base, 1.0 / self.position_scale)  # float32
+            angles = ggml_rope_angles(n, self.rope_dim, self.base)  # float32
             if self.freq_factors is not None:  # ggml divides each pair's float32 angle by its factor
                 angles = angles / self.freq_factors.float()
-            self.cos, self.sin = angles.cos(), angles.sin()
+            if self.position_scale != 1.0:  # then rope_yarn's freq_scale * theta
+                angles = angles * (1.0 / self.position_scale)
+            self.cos, self.sin = ggml_rope_cos_sin(angles)  # libm's cosf/sinf, as ggml calls them
         else:
             # float64 for the angle so large positions keep their precision, then float32 tables.
             inv_freq = self.base ** (-torch.arange(0, self.rope_dim, 2, dtype=torch.float64) / self.rope_dim)
@@ -114,7 +116,7 @@ class RotaryTables:
         instead of a dozen; the tables are sliced, not gathered. x may be a strided view (e.g. Q and K heads
         side by side in a fused projection's output). Returns a new contiguous tensor.
         """
-        if not fast_paths_enabled():
+        if not fast_paths_enabled() and not self.ggml:
             return self.apply(x, torch.arange(start, start + x.shape[0]))
         n = x.shape[0]
         return self.rotate(x, self.cos_full[start : start + n], self.sin_signed[start : start + n])
@@ -129,9 +131,14 @@ class RotaryTables:
             swapped = rot.unflatten(-1, (2, rd // 2)).flip(-2).reshape(n, heads, rd)
         else:
             swapped = rot.unflatten(-1, (rd // 2, 2)).flip(-1).reshape(n, heads, rd)
-        # Not addcmul: its fused multiply-add rounds differently from `apply`; mul + mul + add is
-        # bit-identical to it (a - b*s == a + b*(-s) exactly), for one extra kernel.
-        out = rot * cos + swapped * sin
+        if self.ggml:  # TALLOW_NUMERICS=ggml: ggml's rotate_pairs with its fused multiply-adds
+            second = torch.arange(rd, device=x.device)
+            second = second >= rd // 2 if self.style == "neox" else second % 2 == 1
+            out = ggml_rope_rotate(rot, swapped, cos, sin, second)
+        else:
+            # Not addcmul: its fused multiply-add rounds differently from `apply`; mul + mul + add is
+            # bit-identical to it (a - b*s == a + b*(-s) exactly), for one extra kernel.
+            out = rot * cos + swapped * sin
         if rd != head_dim:
             out = torch.cat((out, x[..., rd:]), dim=-1)
         return out
@@ -242,6 +249,8 @@ def attend_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own SIMD exponential (numerics.ggml_v_expf)
+        return ggml_swiglu(gate, up)
     return F.silu(gate) * up
 
 
@@ -252,6 +261,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     same keeps gemma's logits within 1e-4 of llama.cpp on F32 weights instead of 3e-3.
     (Beyond |x| >= 10 ggml returns x or 0, which gelu_tanh already equals in fp16.)
     """
+    if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own table, built with libm's tanhf
+        return ggml_geglu(gate, up)
     if fast_paths_enabled():
         # torch's fp16 GELU computes in fp32 and rounds once: bit-identical to the line below
         # for every finite fp16 input (tests/test_cpu_fastpaths.py), in 3 kernels instead of 6.

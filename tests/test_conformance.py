@@ -1,17 +1,24 @@
 """Conformance with llama.cpp: tiny random-weight models of every architecture (exact
 logits), and the three real models (greedy continuations and teacher-forced logits).
 
-Fixtures come from scripts/make_fixtures.py (llama-cpp-python 0.3.36). Bounds:
-- Tiny F32 models run without llama.cpp's activation quantization, so they must agree to
-  float32 rounding (gemma3 to 5e-3: ggml's GELU reads an fp16 table we emulate, but its
-  rounding of table entries differs from torch's tanh in a few places).
-- On quantized models llama.cpp rounds activations to 8-bit blocks with fp16 scales and we
-  round them to bf16: both are ~0.4% noise per activation, which moves logits by ~0.2 on
-  average. A greedy divergence therefore passes only at a near-tie: llama.cpp's own top-2
-  gap at that step below NEAR_TIE[model]. The bound is the 99th percentile of how far our
-  top-1/top-2 gap differs from llama.cpp's, measured teacher-forced over the fixture text
-  (smollm2 0.65, gemma3 0.76, qwen2.5 0.48; medians 0.12/0.17/0.08), rounded up. For
-  scale: DESIGN.md measured two llama.cpp builds diverging at gaps up to 0.34.
+Real-model fixtures come from scripts/make_fixtures.py: llama.cpp b11434 built for this machine,
+through scripts/numerics_reference.py, in its configuration (flash attention off, f16 K/V, no
+weight repacking, 2 threads, ubatch 512; recorded in each fixture) — smollm2 and gemma3 so far;
+qwen2.5's is still the older llama-cpp-python 0.3.36 one (its own defaults: repacking on, made on
+another CPU), not regenerated for time. Tiny-model fixtures: F32
+weights and F32 KV, so no activation quantization, and they must agree to float32 rounding
+(gemma3 to 5e-3: ggml's GELU reads an fp16 table).
+
+On the quantized real models llama.cpp rounds activations to 8-bit blocks and tallow's default
+path to bf16, and the forward pass is chaotic at that scale (docs/performance.md, issue 14), so
+the rules are issue 14's, with numbers that do not come from tallow's own error:
+- greedy: a continuation passes when it equals llama.cpp's up to llama.cpp's first near-tie, a
+  step whose top-2 logit gap is below NEAR_TIE = 0.15 (two llama.cpp builds agree up to there:
+  DESIGN.md). Every case is reported; the number that pass must not fall below today's
+  measured count (GREEDY_PASS_MIN), so a regression fails;
+- teacher-forced: top-1 agreement and |Δlogit| of llama.cpp's top 10 over the fixture text are
+  reported; agreement must stay at or above today's measured floor, max and mean |Δ| at or below
+  today's measured ceiling (TEACHER_FLOOR), each rounded a little in the safe direction.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from tallow.spec import spec_from_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
-NEAR_TIE = {"smollm2-135m": 0.7, "gemma3-270m": 0.8, "qwen2.5-coder-1.5b-instruct": 0.5}
+NEAR_TIE = 0.15  # issue 14's fixed near-tie threshold (two llama.cpp builds pass it)
 # For suite time (qwen2.5-1.5b decodes ~10 tokens/s on two cores) the continuations are checked
 # over their first 24 tokens on qwen2.5 and 32 on gemma3 (smollm2 all 64).
 GREEDY_TOKENS = {"qwen2.5-coder-1.5b-instruct": 24, "gemma3-270m": 32}
@@ -52,16 +59,15 @@ GREEDY_CASES = {"qwen2.5-coder-1.5b-instruct": [i * 2 + i % 2 for i in range(12)
 # and 1.05e-2 (E2B style, untied logits up to 24), the same as our own prefill in chunks of 5
 # against one batch on that model (1.05e-2): rounding order alone, not a difference in the model.
 TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3, "gemma4": 2e-2, "gemma4-31b": 5e-3}
-# Teacher-forced bounds. At positions where llama.cpp's own top-2 gap is below NEAR_TIE,
-# its activation rounding alone decides the argmax (our exact-weight fp32 reference agrees
-# with it there no more often than our fast path does), so top-1 agreement is required at
-# >= 99% on the other positions, and reported on all. |Δlogit| bounds: measured, with margin.
-TEACHER_TOP1_DECIDED_MIN = 0.99
-TEACHER_TOP1_ALL_MIN = 0.90
-TEACHER_MAX_DELTA = 3.0
-TEACHER_MEAN_DELTA = 0.35
-
-
+# Measured on the default path (session 8, `python -m pytest -q -s tests/test_conformance.py -k
+# "greedy_continuations or teacher_forced"`, the cases and token counts above; docs/performance.md):
+# cases passing the near-tie rule, smollm2 19 of 24, gemma3 10 of 12, qwen2.5 12 of 12; each floor
+# leaves one case of slack for thread-count-dependent float sums.
+GREEDY_PASS_MIN = {"smollm2-135m": 18, "gemma3-270m": 9, "qwen2.5-coder-1.5b-instruct": 11}
+# Teacher-forced, position 0 left out: (top-1 agreement floor, max |Δlogit| ceiling, mean |Δlogit| ceiling).
+# Measured: smollm2 0.9508 / 0.904 / 0.168, gemma3 0.9284 / 2.300 / 0.291, qwen2.5 0.9788 / 1.013 / 0.093.
+TEACHER_FLOOR = {"smollm2-135m": (0.945, 1.0, 0.18), "gemma3-270m": (0.92, 2.5, 0.31),
+                 "qwen2.5-coder-1.5b-instruct": (0.97, 1.1, 0.10)}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -103,26 +109,35 @@ def real(request):
     return name, tallow.LLM(require_model(name), ctx=1024)
 
 
+def first_near_tie(gaps: list[float]) -> int:
+    """The first step where llama.cpp's own top-2 gap is below NEAR_TIE (len(gaps): none)."""
+    return next((i for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
+
+
 def test_greedy_continuations_match_llama_cpp(real):
     name, llm = real
     fixture = json.loads((FIXTURES / f"conformance_{name}.json").read_text())
     eog = llm.tokenizer.eog_ids
-    report, failures = [], []
-    for case in [fixture["greedy"][i] for i in GREEDY_CASES.get(name, range(len(fixture["greedy"])))]:
+    report, passed, cases = [], 0, [fixture["greedy"][i] for i in GREEDY_CASES.get(name, range(len(fixture["greedy"])))]
+    for case in cases:
         expected = case["ids"][: GREEDY_TOKENS.get(name)]
         ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
         if expected and expected[-1] in eog:
             expected = expected[:-1]  # our tokens exclude the end-of-generation token
         n = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
+        tie = first_near_tie(case["gaps"][: len(expected)])
         if n == len(expected) and len(ours) == len(expected):
-            report.append(f"{case['mode']:4s} identical ({n} tokens)")
+            passed += 1
+            report.append(f"{case['mode']:4s} ok   identical ({n} tokens)")
             continue
         gap = case["gaps"][n] if n < len(case["gaps"]) else float("inf")
-        report.append(f"{case['mode']:4s} diverges at step {n} of {len(expected)}, llama.cpp top-2 gap {gap:.3f}")
-        if gap >= NEAR_TIE[name]:
-            failures.append(f"{case['mode']} {case['prompt'][:40]!r}: step {n}, gap {gap:.3f} ≥ {NEAR_TIE[name]}")
-    print(f"\n{name}:\n  " + "\n  ".join(report))
-    assert not failures, "divergences that are not near-ties:\n" + "\n".join(failures)
+        ok = n >= tie
+        passed += ok
+        report.append(f"{case['mode']:4s} {'ok ' if ok else 'BAD'}  diverges at step {n} of {len(expected)}, llama.cpp"
+                      f" top-2 gap {gap:.3f}, its first gap < {NEAR_TIE} at step {tie}: {case['prompt'][:32]!r}")
+    print(f"\n{name}: {passed}/{len(cases)} identical up to llama.cpp's first near-tie (< {NEAR_TIE})\n  "
+          + "\n  ".join(report))
+    assert passed >= GREEDY_PASS_MIN[name], f"{passed} of {len(cases)} pass, fewer than today's {GREEDY_PASS_MIN[name]}"
 
 
 def test_teacher_forced_logits_match_llama_cpp(real):
@@ -139,18 +154,17 @@ def test_teacher_forced_logits_match_llama_cpp(real):
     top_ids = torch.tensor(fixture["top_ids"])[1:]
     ref_top = torch.tensor(fixture["top_logits"])[1:]
     same = ours.argmax(-1) == top_ids[:, 0]
-    decided = (ref_top[:, 0] - ref_top[:, 1]) >= NEAR_TIE[name]
-    agree_all = same.float().mean().item()
-    agree_decided = same[decided].float().mean().item()
+    agree = same.float().mean().item()
     delta = (ours.gather(1, top_ids) - ref_top).abs()
-    print(
-        f"\n{name}: {len(ids) - 1} positions, top-1 agreement {agree_all:.4f} (all), {agree_decided:.4f} on the"
-        f" {int(decided.sum())} positions with a top-2 gap >= {NEAR_TIE[name]}; |Δlogit| max {delta.max():.3f}, mean {delta.mean():.3f}"
-    )
-    assert agree_decided >= TEACHER_TOP1_DECIDED_MIN
-    assert agree_all >= TEACHER_TOP1_ALL_MIN
-    assert delta.max().item() <= TEACHER_MAX_DELTA
-    assert delta.mean().item() <= TEACHER_MEAN_DELTA
+    q = torch.quantile(delta[:, 0], torch.tensor([0.5, 0.9, 0.99])).tolist()
+    gaps = (ref_top[:, 0] - ref_top[:, 1])[~same]
+    print(f"\n{name}: {len(ids) - 1} positions, top-1 agreement {agree:.4f} ({int((~same).sum())} differ, llama.cpp's"
+          f" top-2 gap there max {gaps.max().item() if len(gaps) else 0:.3f}); |Δ top-1 logit| median {q[0]:.3f}"
+          f" p90 {q[1]:.3f} p99 {q[2]:.3f}; top-10 |Δlogit| max {delta.max():.3f}, mean {delta.mean():.3f}")
+    top1_min, max_delta, mean_delta = TEACHER_FLOOR[name]
+    assert agree >= top1_min
+    assert delta.max().item() <= max_delta
+    assert delta.mean().item() <= mean_delta
 
 
 GEMMA4_VARIANTS = ("gemma4", "gemma4-31b")

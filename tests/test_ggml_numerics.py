@@ -4,8 +4,9 @@ tests/fixtures/ggml_ops.json holds libggml-cpu's (b11434, this machine class) ow
 random blocks (scripts/make_ggml_op_fixtures.py): its activation quantization (bytes) and its
 vec_dot per weight row. Activation quantization must be bit-identical; the dot products
 equal up to float32 addition order (ggml sums in SIMD lanes, we in a GEMM). The elementwise
-emulations (RMSNorm, RoPE angles, attention) are checked against plain numpy transcriptions
-of the ggml loops.
+ops are checked against plain numpy transcriptions of the ggml loops and, bit for bit, against
+llama.cpp b11434's own tensors of one layer of smollm2 and gemma3 (tests/fixtures/ggml_layer_ops.json,
+scripts/numerics_op_fixtures.py).
 """
 
 from __future__ import annotations
@@ -163,14 +164,16 @@ def test_attention_rounds_where_ggml_does():
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=2e-6)
 
 
-GREEDY_NEAR_TIE = 0.15  # issue 14: the top-2 gap two llama.cpp builds agree above
-GREEDY_TOKENS = 16
+# The whole ggml path on the real smollm2, teacher-forced over the first 64 tokens of the
+# conformance text. Every elementwise op is llama.cpp's bit for bit (the tests below), the
+# quantized products are not (ggml sums their blocks in another order), and the forward pass is
+# chaotic at one ulp, so the logits differ by llama.cpp's own noise: measured floors, not zero.
+GGML_PATH_TOKENS = 64
+GGML_PATH_TOP1_MIN = 0.95  # measured 0.968 (61 of 63), max |Δ| 0.574 (CPU, 2 threads)
+GGML_PATH_MAX_DELTA = 0.65
 
 
-def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
-    """The real smollm2 under TALLOW_NUMERICS=ggml on the fixture's first raw prompt: the
-    continuation equals llama.cpp's up to the first step where llama.cpp's own top-2 gap is
-    below 0.15 (there is none in its 64 tokens; measured identical for all 64)."""
+def test_smollm2_ggml_path_against_llama_cpp(monkeypatch):
     from model_paths import require_model
 
     import tallow
@@ -183,9 +186,112 @@ def test_smollm2_greedy_matches_llama_cpp_up_to_its_first_near_tie(monkeypatch):
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")
     llm = tallow.LLM(path, ctx=256)
     assert {p.kind for layer in llm.model.layers for p in [layer.attn_output, layer.ffn_down]} == {"ggml"}
-    fixture = json.loads((Path(__file__).parent / "fixtures" / "conformance_smollm2-135m.json").read_text())
-    for case in fixture["greedy"][:1]:
-        expected = case["ids"][:GREEDY_TOKENS]
-        tie = next((i for i, g in enumerate(case["gaps"][:GREEDY_TOKENS]) if g < GREEDY_NEAR_TIE), len(expected))
-        ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
-        assert ours[:tie] == expected[:tie], f"{case['mode']} {case['prompt']!r}: differs before llama.cpp's first near-tie ({tie})"
+    tf = json.loads((Path(__file__).parent / "fixtures" / "conformance_smollm2-135m.json").read_text())["teacher_forced"]
+    ids = tf["ids"][:GGML_PATH_TOKENS]
+    llm.engine.reset()
+    ours = llm.model.forward(ids, 0, llm.engine.kv, all_logits=True)[1:]
+    top_ids = torch.tensor(tf["top_ids"][1:GGML_PATH_TOKENS])
+    ref = torch.tensor(tf["top_logits"][1:GGML_PATH_TOKENS])
+    agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
+    delta = (ours.gather(1, top_ids) - ref).abs().max().item()
+    print(f"\nsmollm2 TALLOW_NUMERICS=ggml, {len(ids) - 1} positions: top-1 {agree:.4f}, max |Δlogit| {delta:.3f}")
+    assert agree >= GGML_PATH_TOP1_MIN and delta <= GGML_PATH_MAX_DELTA
+
+
+# llama.cpp b11434's own tensors of layer 0 (scripts/numerics_op_fixtures.py: smollm2 and gemma3,
+# 6 tokens, cropped); each TALLOW_NUMERICS=ggml op fed llama.cpp's input must give its output
+# bit for bit.
+LAYER_OPS = json.loads((Path(__file__).parent / "fixtures" / "ggml_layer_ops.json").read_text())
+LAYER_CASES = {c["model"]: c for c in LAYER_OPS["cases"]}
+
+
+def _t(packed: dict) -> torch.Tensor:
+    a = np.frombuffer(base64.b64decode(packed["f32"]), np.float32).reshape(packed["shape"])
+    return torch.from_numpy(a.copy())
+
+
+def _bits_equal(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    same = ours == ref
+    assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} differ, max |d| {(ours - ref).abs().max():.3e}"
+
+
+@pytest.fixture
+def ggml_mode(monkeypatch):
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_layer_norms_are_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import rms_norm
+
+    c = LAYER_CASES[model]
+    op = c["rms_norm"]
+    _bits_equal(rms_norm(_t(op["x"]), _t(op["weight"]), c["eps"]), _t(op["out"]))
+    if "qk_norm" in c:  # gemma3's per-head Q norm
+        op = c["qk_norm"]
+        _bits_equal(rms_norm(_t(op["x"]), _t(op["weight"]), c["eps"]), _t(op["out"]))
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_rope_is_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import RotaryTables
+
+    c = LAYER_CASES[model]
+    table = RotaryTables(c["head_dim"], c["rope_base"], c["rope_style"])
+    table.ensure(8)
+    x = _t(c["rope"]["x"])
+    _bits_equal(table.apply_at(x, 0), _t(c["rope"]["out"]))
+
+
+@pytest.mark.parametrize("step", ["attention", "attention_decode"])
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_attention_is_llama_cpps_bits(model, step):
+    """KQ, softmax (ggml_v_expf, block sums in double) and KQV, each from llama.cpp's own input,
+    then the whole of ggml_attention from Q, K, V: over the prompt (llamafile's F16 lane order)
+    and in a one-token decode step after it (ggml_vec_dot_f16's order)."""
+    from tallow.numerics import ggml_attention, ggml_dot_f16, ggml_softmax
+
+    c = LAYER_CASES[model]
+    a = c[step]
+    start = a.get("start", 0)
+    q, k, v = _t(a["q"]), _t(a["k"]), _t(a["v"])  # (group, n, hd), (1, keys, hd), (1, hd, keys)
+    group, n = q.shape[0], q.shape[1]
+    _bits_equal(ggml_dot_f16(q, k.expand(group, -1, -1)), _t(a["kq"]))
+    mask = torch.arange(k.shape[1])[None, :] <= torch.arange(start, start + n)[:, None]
+    scale = 1.0 if c["prescaled_q"] else c["attn_scale"]
+    _bits_equal(ggml_softmax((_t(a["kq"]) * scale).masked_fill(~mask, float("-inf"))), _t(a["kq_soft_max"]))
+    _bits_equal(ggml_dot_f16(_t(a["kq_soft_max"]), v.expand(group, -1, -1)), _t(a["kqv"]))
+    end = start + n
+    whole = ggml_attention(q, k[:, :end], v[:, :, :end].transpose(1, 2), mask[:, :end], scale)
+    _bits_equal(whole, _t(a["kqv"]).transpose(0, 1).reshape(n, -1))
+
+
+@pytest.mark.parametrize("model", sorted(LAYER_CASES))
+def test_glu_is_llama_cpps_bits(model, ggml_mode):
+    from tallow.layers import geglu, swiglu
+
+    c = LAYER_CASES[model]
+    op = c["glu_op"]
+    _bits_equal((geglu if c["glu"] == "geglu" else swiglu)(_t(op["gate"]), _t(op["up"])), _t(op["out"]))
+
+
+def test_gelu_table_is_libggml_cpus():
+    """tallow's copy of ggml_table_gelu_f16 equals libggml-cpu b11434's, entry for entry (finite inputs)."""
+    import hashlib
+
+    from tallow.numerics import ggml_gelu_table
+
+    finite = torch.isfinite(torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16))
+    ours = ggml_gelu_table().half()[finite].view(torch.int16).numpy().astype(np.uint16)
+    assert hashlib.sha256(ours.tobytes()).hexdigest() == LAYER_OPS["gelu_table_sha256_finite"]
+
+
+def test_v_expf_differs_from_torch_exp():
+    """ggml's SIMD exponential is not torch's: the emulation is not a renamed torch.exp (and the
+    bit-for-bit softmax above depends on it)."""
+    from tallow.numerics import ggml_v_expf
+
+    x = torch.linspace(-20, 0, 4001)
+    ours = ggml_v_expf(x)
+    assert (ours != torch.exp(x)).any()
+    assert ((ours - torch.exp(x.double()).float()).abs() / torch.exp(x)).max() < 3e-7  # within ~2 ulp
