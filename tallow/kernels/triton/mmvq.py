@@ -51,7 +51,7 @@ import triton.language as tl
 
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
-from .quant_gemv import TICKET_SLOTS, _split_merge, _tickets
+from .quant_gemv import TICKET_SLOTS, _finish_rows, _tickets
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
@@ -401,12 +401,6 @@ def _q4x_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, aux
 
 
 @triton.jit
-def _store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
-    if r < ROWS:
-        tl.store(y_ptr + r * stride_ym + rows, tl.sum(acc, axis=1), mask=row_ok)
-
-
-@triton.jit
 def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
@@ -452,31 +446,9 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, st
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q4x_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, xq_ptr, d8_ptr, s8_ptr,
                 rows, kb, nb, kend, K, G, ROWS, QT - 3, DP4A)
-    if SPLIT == 1:
-        out, out_stride = y_ptr, stride_ym
-    else:
-        out, out_stride = part_ptr + ks * (ROWS * N), N
-    _store(out, out_stride, rows, row_ok, acc0, 0, ROWS)
-    _store(out, out_stride, rows, row_ok, acc1, 1, ROWS)
-    _store(out, out_stride, rows, row_ok, acc2, 2, ROWS)
-    _store(out, out_stride, rows, row_ok, acc3, 3, ROWS)
-    _store(out, out_stride, rows, row_ok, acc4, 4, ROWS)
-    _store(out, out_stride, rows, row_ok, acc5, 5, ROWS)
-    _store(out, out_stride, rows, row_ok, acc6, 6, ROWS)
-    _store(out, out_stride, rows, row_ok, acc7, 7, ROWS)
-    if SPLIT > 1:
-        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
-            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
+                 tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1), tl.sum(acc3, axis=1),
+                 tl.sum(acc4, axis=1), tl.sum(acc5, axis=1), tl.sum(acc6, axis=1), tl.sum(acc7, axis=1), ROWS, SPLIT)
 
 
 _PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),

@@ -254,9 +254,9 @@ def _row_fma(acc, w0, w1, w2, w3, xoff, xmask, x_ptr, a_ptr, w_ptr, stride_xm, s
 
 
 @triton.jit
-def _row_store(y_ptr, stride_ym, rows, row_ok, acc, r: tl.constexpr, ROWS: tl.constexpr):
+def _store_row(y_ptr, stride_ym, rows, row_ok, y, r: tl.constexpr, ROWS: tl.constexpr):
     if r < ROWS:
-        tl.store(y_ptr + r * stride_ym + rows, tl.sum(tl.sum(acc, axis=2), axis=1), mask=row_ok)
+        tl.store(y_ptr + r * stride_ym + rows, y, mask=row_ok)
 
 
 @triton.jit
@@ -270,6 +270,39 @@ def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, R
         for s in tl.static_range(1, SPLIT):
             total += tl.load(part_ptr + (s * ROWS + r) * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
         tl.store(y_ptr + r * stride_ym + rows, total, mask=row_ok)
+
+
+@triton.jit
+def _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
+                 y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr):
+    """A GEMV program's row sums y0..y7 (those below ROWS) into y; with K splits, into this
+    split's partials part[ks, r, rows], then a ticket per row tile: the last of its programs to
+    finish merges them in split order and resets the ticket for the next launch."""
+    if SPLIT == 1:
+        out, out_stride = y_ptr, stride_ym
+    else:
+        out, out_stride = part_ptr + ks * (ROWS * N), N
+    _store_row(out, out_stride, rows, row_ok, y0, 0, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y1, 1, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y2, 2, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y3, 3, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y4, 4, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y5, 5, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y6, 6, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y7, 7, ROWS)
+    if SPLIT > 1:
+        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
+            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -340,33 +373,11 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
         acc5 = _row_fma(acc5, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r5, K, 5, ROWS, PRO, T, S)
         acc6 = _row_fma(acc6, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r6, K, 6, ROWS, PRO, T, S)
         acc7 = _row_fma(acc7, w0, w1, w2, w3, xoff, xm, x_ptr, a_ptr, w_ptr, stride_xm, stride_am, r7, K, 7, ROWS, PRO, T, S)
-    # Unsplit: the sums are the output rows. Split: this split's partial sums -> part[ks, r, rows],
-    # then a ticket for the row tile.
-    if SPLIT == 1:
-        out, out_stride = y_ptr, stride_ym
-    else:
-        out, out_stride = part_ptr + ks * (ROWS * N), N
-    _row_store(out, out_stride, rows, row_ok, acc0, 0, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc1, 1, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc2, 2, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc3, 3, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc4, 4, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc5, 5, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc6, 6, ROWS)
-    _row_store(out, out_stride, rows, row_ok, acc7, 7, ROWS)
-    if SPLIT > 1:
-        tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
-            tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
+                 tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
+                 tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1),
+                 tl.sum(tl.sum(acc4, axis=2), axis=1), tl.sum(tl.sum(acc5, axis=2), axis=1),
+                 tl.sum(tl.sum(acc6, axis=2), axis=1), tl.sum(tl.sum(acc7, axis=2), axis=1), ROWS, SPLIT)
 
 
 # Per type: kernel code, elements per GGUF block, and the tile layout (G per BLOCKS, J, terms T
