@@ -28,18 +28,11 @@ from gguf.quants import quantize
 
 from tallow.kernels.cpu import ggml_dot
 
-ACT = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# libggml-cpu's type traits and function types, as the op-fixture script declares them
+from make_ggml_op_fixtures import _FROM_FLOAT, _VEC_DOT, _Traits  # noqa: E402
+from make_ggml_op_fixtures import ACT_BLOCK as ACT  # noqa: E402
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ggml_dot.json"
-
-
-class _Traits(ctypes.Structure):
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
-                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
-
-
-_FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-_VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 def random_weight(qtype: QT, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
