@@ -11,7 +11,8 @@ to re-patching what was already patched (a profile of the shared-scratch fused-s
 Here a helper's call skips the swap when the launch around it has already patched every
 triton.language module the helper sees; anything else (a helper seeing a module the kernel does
 not) takes the interpreter's own path. The kernels' arithmetic is untouched: same NumPy ops, same
-results. Test-only: compiled kernels on a GPU never reach the interpreter. If a Triton release
+results. Also, the interpreter's dtype lookup (`_get_np_dtype`, on every cast, splat and masked
+load) rebuilt its 19-entry table at each call; here the table is built once. Test-only: compiled kernels on a GPU never reach the interpreter. If a Triton release
 renames the internals this relies on, apply() leaves the interpreter as it is.
 """
 
@@ -20,10 +21,11 @@ from __future__ import annotations
 _applied = False
 _launch_langs: frozenset[int] | None = None  # inside a launch: ids of the modules it patched
 real_patch_lang = None  # the interpreter's own _patch_lang
+real_np_dtype = None  # and its own _get_np_dtype
 
 
 def apply() -> None:
-    global _applied, real_patch_lang
+    global _applied, real_patch_lang, real_np_dtype
     if _applied:
         return
     try:
@@ -59,6 +61,22 @@ def apply() -> None:
             _launch_langs = _launch_langs | langs
         return scope
 
+    real_np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if real_np_dtype is not None:
+        table = {t: real_np_dtype(t) for t in (tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8,
+                                                tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+                                                tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv,
+                                                tl.float8e4b8, tl.float8e4b15)}
+        pointer_np = real_np_dtype(tl.pointer_type(tl.float32))
+
+        def np_dtype(tt_dtype):
+            if isinstance(tt_dtype, tl.block_type):
+                tt_dtype = tt_dtype.element_ty
+            if isinstance(tt_dtype, tl.pointer_type):
+                return pointer_np
+            return table[tt_dtype] if tt_dtype in table else real_np_dtype(tt_dtype)
+
+        interpreter._get_np_dtype = np_dtype
     executor.__call__ = launch
     interpreter._patch_lang = patch_lang
     _applied = True

@@ -57,3 +57,14 @@ def test_one_patching_per_launch_and_the_same_result(monkeypatch):
     # The launch patched triton.language; its three rows' helper calls (each also calling tl.zeros,
     # which sees triton.language.core) patched only what the launch had not: tl.core, once.
     assert real[0] == "_rms_kernel" and len(real) <= 2, real
+
+
+def test_dtype_table_gives_the_interpreters_answers():
+    fast_interpreter.apply()
+    if interpreter._get_np_dtype.__module__ != "fast_interpreter":
+        pytest.skip("this Triton's interpreter has no _get_np_dtype")
+    kinds = [tl.int1, tl.float16, tl.float32, tl.bfloat16, tl.int8, tl.uint8, tl.int32, tl.uint32, tl.int64,
+             tl.float8e4nv, tl.float8e5]
+    for t in kinds:
+        for ty in (t, tl.block_type(t, [4]), tl.pointer_type(t), tl.block_type(tl.pointer_type(t), [2, 8])):
+            assert fast_interpreter.real_np_dtype(ty) == interpreter._get_np_dtype(ty), ty
