@@ -33,3 +33,17 @@ def _undo_refreshing(self):
 pytest.MonkeyPatch.setenv = _setenv_refreshing
 pytest.MonkeyPatch.delenv = _delenv_refreshing
 pytest.MonkeyPatch.undo = _undo_refreshing
+
+
+
+# Triton's interpreter re-patches triton.language at every @triton.jit helper call; most of the
+# interpreted kernel tests' time went there (tests/fast_interpreter.py). Applied once some test
+# module has imported triton (under the TRITON_INTERPRET it chose): importing it here, first,
+# would make triton.language's own @jit helpers compiled-mode functions.
+def pytest_runtest_setup(item):
+    import sys
+
+    if "triton" in sys.modules:
+        import fast_interpreter
+
+        fast_interpreter.apply()

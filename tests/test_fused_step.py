@@ -93,9 +93,10 @@ def test_triton_prefill_matches_torch_prefill(arch, tmp_path):
 
 
 def test_fused_step_on_rings_matches_eager(tmp_path):
-    """gemma3's sliding-window layers as rings (8 + 15 slots here): the fused step writes K/V at
-    position % ring, and decoding past the ring's wrap matches the eager torch forward."""
-    steps, eager, step_kv, _ = fused_steps_and_eager("gemma3", tmp_path, 40, max_chunk=16)
+    """gemma3's sliding-window layers as rings (8 + 7 slots here): the fused step writes K/V at
+    position % ring, and decoding past the ring's wrap (24 tokens: 9 past it) matches the eager
+    torch forward."""
+    steps, eager, step_kv, _ = fused_steps_and_eager("gemma3", tmp_path, 24, max_chunk=8)
     assert step_kv.has_rings
     assert float((steps - eager).abs().max() / eager.abs().max()) < 1e-3
 
