@@ -51,7 +51,7 @@ import triton.language as tl
 
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
-from .quant_gemv import TICKET_SLOTS, _finish_rows, _tickets
+from .quant_gemv import TICKET_SLOTS, _finish_rows, _tickets, _q4_k_scale_min
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
@@ -214,16 +214,7 @@ def _q4k_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, sc_ptr, dm
     s_lo = (chunk % 4) * 2
     s_hi = s_lo + 1
     low = s_lo[None, :] < 4
-    a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
-    b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
-    c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
-    a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
-    b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
-    c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
-    sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
-    mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
-    sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
-    mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+    sc_lo, mn_lo, sc_hi, mn_hi = _q4_k_scale_min(sbase, s_lo, s_hi, low)
     acc0 = _q4k_row(acc0, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 0, ROWS, DP4A)
     acc1 = _q4k_row(acc1, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 1, ROWS, DP4A)
     acc2 = _q4k_row(acc2, wl, wh, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, xq_ptr, d8_ptr, xs_ptr, K, chunk, t, ok, 2, ROWS, DP4A)

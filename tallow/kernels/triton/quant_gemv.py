@@ -97,6 +97,23 @@ def _x(x_row, a_row, w_ptr, offs, mask, rstd, K, PRO: tl.constexpr):
 # The kernel below multiplies them with each activation row.
 # ------------------------------------------------------------------------------------------
 
+@triton.jit
+def _q4_k_scale_min(sbase, s_lo, s_hi, low):
+    """The 6-bit (scale, min) of Q4_K sub-blocks s_lo and s_hi = s_lo + 1 from a block's 12 scale
+    bytes at sbase (ggml's get_scale_min_k4); low: s_lo < 4, the same branch for both."""
+    a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
+    b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
+    c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
+    a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
+    b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
+    c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
+    sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
+    mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
+    sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
+    mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+    return sc_lo, mn_lo, sc_hi, mn_hi
+
+
 # Q4_K: 256-element blocks; per block dm (d, dmin fp16), 12 bytes of 6-bit (scale, min) x 8,
 # 128 bytes of nibbles in 4 chunks of 32 bytes: chunk c, byte j -> element c*64+j (low nibble),
 # c*64+32+j (high nibble); sub-block (32 elements) 2c and 2c+1.
@@ -118,16 +135,7 @@ def _q4_k_tiles(qs_ptr, sc_ptr, dm_ptr, rows, kb, nb, kend, G: tl.constexpr):
     dmin = tl.load(dm_ptr + rows[:, None] * (nb * 2) + blk[None, :] * 2 + 1).to(tl.float32)
     # s_lo is 0,2 (< 4) or 4,6 (>= 4); s_hi likewise 1,3 or 5,7: same branch for both
     low = s_lo[None, :] < 4
-    a_lo = tl.load(sbase + s_lo[None, :]).to(tl.int32)
-    b_lo = tl.load(sbase + s_lo[None, :] + 4).to(tl.int32)
-    c_lo = tl.load(sbase + tl.where(low, s_lo[None, :], s_lo[None, :] - 4)).to(tl.int32)
-    a_hi = tl.load(sbase + s_hi[None, :]).to(tl.int32)
-    b_hi = tl.load(sbase + s_hi[None, :] + 4).to(tl.int32)
-    c_hi = tl.load(sbase + tl.where(low, s_hi[None, :], s_hi[None, :] - 4)).to(tl.int32)
-    sc_lo = tl.where(low, a_lo & 63, (b_lo & 15) | ((c_lo >> 6) << 4))
-    mn_lo = tl.where(low, b_lo & 63, (b_lo >> 4) | ((a_lo >> 6) << 4))
-    sc_hi = tl.where(low, a_hi & 63, (b_hi & 15) | ((c_hi >> 6) << 4))
-    mn_hi = tl.where(low, b_hi & 63, (b_hi >> 4) | ((a_hi >> 6) << 4))
+    sc_lo, mn_lo, sc_hi, mn_hi = _q4_k_scale_min(sbase, s_lo, s_hi, low)
     dl_lo = d * sc_lo.to(tl.float32)
     ml_lo = dmin * mn_lo.to(tl.float32)
     dl_hi = d * sc_hi.to(tl.float32)
