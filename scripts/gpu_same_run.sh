@@ -9,7 +9,12 @@
 #        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
 #        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), moe-ab (gpu_moe_check --quick, then tallow
 #        on that twin with and without TALLOW_MOE_ROUTE_TRITON), moe-check (gpu_moe_check --quick alone),
-#        mmvq-ab (E2B and qwen3-4b tg128 with and without TALLOW_GEMV_MMVQ), pack (llama-bench.xz into $OUT).
+#        mmvq-ab (E2B and qwen3-4b tg128 with and without TALLOW_GEMV_MMVQ), pack (llama-bench.xz into $OUT),
+#        piece (the real smollm2 file's pieces carried in .mpiece1/2/3, one per call, kept in /root/m),
+#        conform (the pieces joined and checked; the smollm2 conformance tests with TALLOW_GEMV_MMVQ=0 and 1),
+#        spec-mmvq (scripts/gpu_speculate.py's exactness check with TALLOW_GEMV_MMVQ=1: verification rows vs
+#        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=1,
+#        then llama-bench's), profile-e2b (one E2B decode step's kernels with TALLOW_GEMV_MMVQ=1).
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
 # llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
@@ -88,6 +93,25 @@ for step in "$@"; do
       python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b,qwen3-4b --tests "-p 0 -n 128 -r 3" \
         TALLOW_SPECULATE=0 TALLOW_SPECULATE=0,TALLOW_GEMV_MMVQ=1 2>&1 | tee -a $OUT/mmvq_ab.txt ;;
     moe-check) say "moe-check"; timeout 120 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -12 | tee -a $OUT/moe_check.txt ;;
+    piece) mkdir -p /root/m; for d in .mpiece*; do [ -d $d ] && cp $d/* /root/m/; done; ls -la /root/m | tee -a $OUT/steps.log ;;
+    conform) say "conform"
+      cat /root/m/smollm2.part0 /root/m/smollm2.part1 /root/m/smollm2.part2 > /root/m/smollm2-135m.gguf
+      sha256sum /root/m/smollm2-135m.gguf | tee -a $OUT/steps.log
+      for v in 0 1; do TALLOW_GEMV_MMVQ=$v TALLOW_TEST_MODELS=/root/m timeout 300 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_conformance.py -k smollm2 2>&1 | tail -15 | tee -a $OUT/conform_mmvq$v.txt; done ;;
+    spec-mmvq) say "spec-mmvq"
+      for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
+      TALLOW_GEMV_MMVQ=1 timeout 300 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf /root/twins/qwen3-4b.gguf \
+        --reps 20 2>&1 | tail -30 | tee -a $OUT/spec_mmvq.txt ;;
+    e2b-ab) say "e2b-ab"
+      twin gemma4-e2b || say "twin gemma4-e2b FAILED"
+      for d in 0 32768; do state
+        python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b --tests "-p 0 -n 128 -d $d -r 3" \
+          base TALLOW_GEMV_MMVQ=1 2>&1 | tee -a $OUT/e2b_ab.txt
+        state; llama_json /root/twins/gemma4-e2b.gguf -p 0 -n 128 -d $d -r 5 | tee -a $OUT/e2b_ab.txt; done ;;
+    profile-e2b) say "profile-e2b"
+      TALLOW_GEMV_MMVQ=1 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
+        > $OUT/profile_e2b_mmvq.txt 2>&1; tail -5 $OUT/profile_e2b_mmvq.txt ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
     *) say "unknown step $step" ;;
   esac

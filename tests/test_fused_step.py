@@ -190,3 +190,57 @@ def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
     assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
     check_rows_equal_steps(arch, tmp_path, TritonOps())
+
+
+@pytest.mark.parametrize("arch,lazy_norms", [("gemma4", True), ("qwen3", True), ("qwen3", False)])
+def test_folded_decode_is_bit_identical(arch, lazy_norms, tmp_path, monkeypatch):
+    """Decode launches folded together on the GPU placement (CPU tensors, the interpreter), the
+    wide matrices through the integer-dot GEMV: the norms hand it their rows' Q8_1 blocks
+    (TALLOW_NORM_Q8; a norm left to the GEMV's prologue writes them when the integer-dot GEMV asks,
+    and one that runs at once writes them then: `lazy_norms`), and Gemma 4's per-layer GeGLU rides in
+    the next GEMV's x loads (TALLOW_GEMV_PROLOGUE) -- the same logits, bit for bit, as each op in its
+    own launch."""
+    from gguf import GGMLQuantizationType as QT
+
+    import tallow.kernels.gpu.linear as gpu_linear
+    from tallow.kernels.dispatch import Placement
+
+    monkeypatch.setattr(Placement, "on_gpu", property(lambda self: True))
+    # every tiny matrix but gemma4's per-layer projection (K 32: the fp32 GEMV, which folds the GLU in)
+    monkeypatch.setattr(gpu_linear, "mmvq_wins", lambda qtype, n, k: k >= 64)
+    if not lazy_norms:
+        monkeypatch.setattr(TritonOps, "LAZY_MAX_K", 0)
+    calls = {"q8_given": 0, "glu_folded": 0}
+    mmvq_q8, quant_gemv = gpu_linear.mmvq_q8, gpu_linear.quant_gemv
+
+    def counted_mmvq_q8(*a, **k):
+        calls["q8_given"] += 1
+        return mmvq_q8(*a, **k)
+
+    def counted_quant_gemv(*a, prologue=None, **k):
+        calls["glu_folded"] += prologue is not None and prologue.kind == "geglu"
+        return quant_gemv(*a, prologue=prologue, **k)
+
+    monkeypatch.setattr(gpu_linear, "mmvq_q8", counted_mmvq_q8)
+    monkeypatch.setattr(gpu_linear, "quant_gemv", counted_quant_gemv)
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q8_0))
+    spec = spec_from_gguf(gf)
+    ids = tiny_prompt(2)
+
+    def run():
+        model = build_model(gf, spec)
+        for table in model.rope.values():
+            table.ensure(64)
+        kv = KVPool(spec, 64)
+        return torch.cat([model.run(decode_step(t, i), kv) for i, t in enumerate(ids)])
+
+    folded = run()
+    # two norms a block hand over their blocks (Q/K/V, gate/up), each step
+    assert calls["q8_given"] >= 2 * spec.n_layers * len(ids)
+    assert calls["glu_folded"] == (spec.n_layers * len(ids) if arch == "gemma4" else 0)
+    monkeypatch.setenv("TALLOW_NORM_Q8", "0")
+    monkeypatch.setenv("TALLOW_GEMV_PROLOGUE", "0")
+    calls.update(q8_given=0, glu_folded=0)
+    separate = run()
+    assert calls == {"q8_given": 0, "glu_folded": 0}
+    assert torch.equal(folded, separate)

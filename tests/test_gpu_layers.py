@@ -90,9 +90,9 @@ def test_linear_group_of_mixed_types_writes_each_part_in_place(tmp_path, rows):
 
 
 def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
-    """TALLOW_GEMV_MMVQ=1: a matrix mmvq_wins picks decodes through mmvq (its own numbers, x rounded
-    to Q8_1) and says so in its kind, so speculation does not assume the fp32 GEMV's row exactness;
-    a stacked layer decides again for its own shape; without the switch the fp32 GEMV runs."""
+    """By default a matrix mmvq_wins picks decodes through mmvq (its own numbers, x rounded to
+    Q8_1) and says so in its kind; a stacked layer decides again for its own shape;
+    TALLOW_GEMV_MMVQ=0 sends every matrix through the fp32 GEMV."""
     from test_quant_reference import random_rows
 
     from tallow.gguf_file import TensorInfo
@@ -104,10 +104,7 @@ def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
     cpu = torch.device("cpu")
     x = torch.randn(1, 256, generator=torch.Generator().manual_seed(5))
     fp32 = GPULinear(t, None, cpu, Scratch(cpu))
-    assert fp32.kind == "triton_q4_k" and not fp32.use_mmvq
-    monkeypatch.setenv("TALLOW_GEMV_MMVQ", "1")
-    narrow = GPULinear(t, None, cpu, Scratch(cpu))
-    assert narrow.kind == "triton_q4_k"  # 64 x 256 is not a shape mmvq wins on
+    assert fp32.kind == "triton_q4_k" and not fp32.use_mmvq  # 64 x 256 is not a shape mmvq wins on
     monkeypatch.setattr(gpu_linear, "mmvq_wins", lambda qtype, n, k: n >= 128)
     layer = GPULinear(t, None, cpu, Scratch(cpu))
     assert layer.kind == "triton_q4_k"
@@ -115,5 +112,7 @@ def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
     assert stacked.kind == "mmvq_q4_k" and stacked.use_mmvq
     y = stacked(x)
     assert torch.equal(y, mmvq(x, stacked.planes))
+    monkeypatch.setenv("TALLOW_GEMV_MMVQ", "0")
+    assert GPULinear.stacked([layer, layer]).kind == "triton_q4_k"
     ref = torch.cat([fp32(x)] * 2, dim=-1)
     assert 0 < float((y - ref).norm() / ref.norm()) < 2e-2  # Q8_1 activations: near, not equal

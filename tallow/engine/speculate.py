@@ -103,12 +103,13 @@ ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g"})
 
 def rows_are_exact(model) -> bool:
     """Whether every matrix of `model` runs in a row-exact kernel: on the CPU see
-    ROW_EXACT_KINDS; on the GPU the Triton GEMV (an accumulator per row, the same code for any
-    number of rows; `dense` layers go through cuBLAS, whose GEMV and GEMM round apart)."""
+    ROW_EXACT_KINDS; on the GPU the Triton GEMVs, fp32 and integer-dot (an accumulator per row, the
+    same code for any number of rows, explicit fmas; `dense` layers go through cuBLAS, whose GEMV and
+    GEMM round apart)."""
     linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
     if model.device.type == "cuda":
         parts = [p for t in linears for p in getattr(t, "parts", [t])]
-        return all(str(p.kind).startswith("triton_") and p.use_gemv for p in parts)
+        return all(str(p.kind).startswith(("triton_", "mmvq_")) and p.use_gemv for p in parts)
     if model.device.type != "cpu":
         return False
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
