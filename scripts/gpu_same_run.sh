@@ -14,7 +14,10 @@
 #        conform (the pieces joined and checked; the smollm2 conformance tests with TALLOW_GEMV_MMVQ=0 and 1),
 #        spec-mmvq (scripts/gpu_speculate.py's exactness check with TALLOW_GEMV_MMVQ=1: verification rows vs
 #        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=1,
-#        then llama-bench's), profile-e2b (one E2B decode step's kernels with TALLOW_GEMV_MMVQ=1).
+#        then llama-bench's), profile-e2b (one E2B decode step's kernels with TALLOW_GEMV_MMVQ=1),
+#        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
+#        fold-ab (E2B and qwen3-4b, or $FOLD_TWINS, tg128: the defaults, TALLOW_NORM_Q8=0, TALLOW_GEMV_MMVQ=0),
+#        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
 # llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
@@ -30,6 +33,9 @@ say() { echo "[$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
 state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
 build_llama() {
   [ -x $LLAMA ] && return 0
+  if ls .llbin/llama-bench.xz.* > /dev/null 2>&1; then  # pieces packed by an earlier lease
+    mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA && return 0
+  fi
   rm -rf /root/llsrc && mkdir -p /root/llsrc && tar xJf .llsrc/llsrc.tar.xz -C /root/llsrc || return 1
   cmake -S /root/llsrc -B /root/llbuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
@@ -112,6 +118,12 @@ for step in "$@"; do
     profile-e2b) say "profile-e2b"
       TALLOW_GEMV_MMVQ=1 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
         > $OUT/profile_e2b_mmvq.txt 2>&1; tail -5 $OUT/profile_e2b_mmvq.txt ;;
+    g4check) say "g4check"; timeout 300 python3 scripts/gpu_gemma4_check.py --work /root/g4 2>&1 | tail -12 | tee -a $OUT/g4check.txt ;;
+    fold-ab) say "fold-ab"
+      for t in ${FOLD_TWINS:-gemma4-e2b qwen3-4b}; do twin $t || say "twin $t FAILED"; done
+      state; python3 scripts/gpu_ab.py --work /root/twins --twins $(echo ${FOLD_TWINS:-gemma4-e2b qwen3-4b} | tr ' ' ,) --tests "-p 0 -n 128 -r 3" \
+        base TALLOW_NORM_Q8=0 TALLOW_GEMV_MMVQ=0 2>&1 | tee -a $OUT/fold_ab.txt ;;
+    pack-split) strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
     *) say "unknown step $step" ;;
   esac
