@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpu_bench_kernels as kb  # noqa: E402
 from gpu_gemv_shapes import SHAPES  # noqa: E402
 
-from tallow.kernels.triton.mmvq import mmvq_config, mmvq_q8, mmvq_reference  # noqa: E402
-from tallow.kernels.triton.q8_1 import quantize_q8_1, quantize_q8_1_reference  # noqa: E402
+from tallow.kernels.triton.mmvq import (mmvq_config, mmvq_q8, mmvq_reference, quantize_q8_1,  # noqa: E402
+                                        quantize_q8_1_reference)
 from tallow.kernels.triton.planes import dequantize_planes  # noqa: E402
 from tallow.kernels.triton.quant_gemv import quant_gemv  # noqa: E402
 

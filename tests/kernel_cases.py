@@ -555,7 +555,7 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.block_ops:TritonOps": "tests/test_fused_step.py",
     "tallow.kernels.gpu.linear:GPULinear": "tests/test_gpu_layers.py",
     "tallow.kernels.gpu.linear:GPUEmbedding": "tests/test_gpu_layers.py",
-    "tallow.kernels.triton.q8_1:quantize_q8_1": "tests/test_triton_mmvq.py",
+    "tallow.kernels.triton.mmvq:quantize_q8_1": "tests/test_triton_mmvq.py",
     "tallow.kernels.triton.mmvq:mmvq_q8": "tests/test_triton_mmvq.py",
     # TALLOW_NUMERICS=ggml: checked against libggml-cpu's own outputs (tests/fixtures/ggml_ops.json)
     "tallow.kernels.cpu.ggml_linear:GgmlLinear": "tests/test_ggml_numerics.py",
@@ -596,7 +596,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",
     "tallow.kernels.triton.quant_gemv:quant_gemv_reference", "tallow.kernels.triton.quant_gemv:gemv_config",
     "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
-    "tallow.kernels.triton.q8_1:Q8Act", "tallow.kernels.triton.q8_1:quantize_q8_1_reference", "tallow.kernels.triton.q8_1:empty_q8_1",
+    "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
     # NVML/CPU readings printed beside bench figures, not kernels
     "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",
@@ -613,7 +613,6 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
     "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",
     "tallow.kernels.block_ops:TorchOps", "tallow.kernels.block_ops:LazyInput", "tallow.kernels.block_ops:block_ops",
-    "tallow.kernels.block_ops:QuantizedRows",  # rows and their Q8_1 blocks (test_fused_step.py's gemma4 folding test)
     "tallow.kernels.block_ops:triton_ops_enabled", "tallow.kernels.block_ops:gemv_prologue_enabled",
     "tallow.kernels.gpu.linear:Scratch", "tallow.kernels.gpu.linear:mmvq_wins",  # a shape rule (test_gpu_layers.py)
     "tallow.kernels.dispatch:LinearGroup", "tallow.kernels.dispatch:Placement",

@@ -72,17 +72,13 @@ class LazyInput:
     """A norm or GLU not yet run: the GEMV that consumes it applies it as it loads x
     (quant_gemv.Prologue), saving the op's own launch. Anything else calls `materialize()`,
     which runs the op's kernel once. A norm over x + residual also owes the new residual stream
-    `sum_out`: exactly one consumer (the first GEMV, or `materialize`) writes it. An integer-dot
-    GEMV asks for `q8_blocks()`: a norm (`run_q8`) then writes its output's Q8_1 blocks in the
-    same launch."""
+    `sum_out`: exactly one consumer (the first GEMV, or `materialize`) writes it."""
 
-    def __init__(self, x: torch.Tensor, prologue, run, run_q8=None):
+    def __init__(self, x: torch.Tensor, prologue, run):
         self.x = x
         self.prologue = prologue
-        self._run = run  # (write_sum) -> the op's output, computed by its own kernel
-        self._run_q8 = run_q8  # (write_sum, q8) -> the same output, its Q8_1 blocks into q8; or None
+        self._run = run  # () -> the op's output, computed by its own kernel
         self._value = None
-        self.q8 = None
         self.shape = (x.shape[0], x.shape[1] // 2 if prologue.kind != "norm" else x.shape[1])
         self.device = x.device
 
@@ -97,33 +93,6 @@ class LazyInput:
             self._value = self._run(self.take().sum_out is not None)
         return self._value
 
-    def q8_blocks(self):
-        """The output's Q8_1 blocks (kernels/triton/q8_1.py) where the op writes them as it runs,
-        else None (the GEMV quantizes the materialized output itself)."""
-        if self.q8 is None and self._value is None and self._run_q8 is not None:
-            from .triton.q8_1 import empty_q8_1
-
-            q8 = empty_q8_1(self.shape[0], self.shape[1], self.device)
-            self._value = self._run_q8(self.take().sum_out is not None, q8)
-            self.q8 = q8
-        return self.q8
-
-
-class QuantizedRows(LazyInput):
-    """Rows x already computed, with their Q8_1 blocks written by the same launch (the norm
-    before an integer-dot GEMV): that GEMV takes `q8` instead of quantizing x again; every other
-    consumer takes x, as from a LazyInput with no op left."""
-
-    def __init__(self, x: torch.Tensor, q8):
-        self.x, self.q8, self.prologue, self._value = x, q8, None, x
-        self.shape, self.device = x.shape, x.device
-
-    def take(self):
-        return None
-
-    def q8_blocks(self):
-        return self.q8
-
 
 class TritonOps(TorchOps):
     """One Triton launch per op (kernels/triton/rmsnorm.py, glu.py); shapes the kernels do not
@@ -137,8 +106,6 @@ class TritonOps(TorchOps):
 
     def __init__(self, lazy: bool = False):
         self.lazy = lazy and gemv_prologue_enabled()
-        # the decode rows a norm hands to an integer-dot GEMV come with their Q8_1 blocks
-        self.q8 = lazy and switches.enabled("TALLOW_GEMV_MMVQ") and switches.enabled("TALLOW_NORM_Q8")
 
     def _lazy_ok(self, x: torch.Tensor, k: int) -> bool:
         return self.lazy and x.shape[0] <= self.LAZY_MAX_ROWS and k <= self.LAZY_MAX_K
@@ -146,9 +113,6 @@ class TritonOps(TorchOps):
     @staticmethod
     def _rows(x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.stride(-1) == 1 and x.dtype == torch.float32
-
-    def _q8_ok(self, x: torch.Tensor) -> bool:
-        return self.q8 and x.shape[0] <= self.LAZY_MAX_ROWS and x.shape[1] % 32 == 0
 
     def norm(self, x, weight, eps):
         if weight.dim() != 1 or not self._rows(x):
@@ -158,15 +122,8 @@ class TritonOps(TorchOps):
         return rmsnorm(x, weight, eps)
 
     def add_norm(self, x, delta, weight, eps):
-        # the normed rows feed the block's first matrices: with their Q8_1 blocks where those may want them
         if delta is None:
-            if not (self._q8_ok(x) and weight.dim() == 1 and self._rows(x)):
-                return x, self.norm(x, weight, eps)
-            from .triton.q8_1 import empty_q8_1
-            from .triton.rmsnorm import rmsnorm
-
-            q8 = empty_q8_1(x.shape[0], x.shape[1], x.device)
-            return x, QuantizedRows(rmsnorm(x, weight, eps, q8_out=q8), q8)
+            return x, self.norm(x, weight, eps)
         if weight.dim() != 1 or not (self._rows(x) and self._rows(delta)):
             return super().add_norm(x, delta, weight, eps)
         from .triton.rmsnorm import rmsnorm
@@ -175,16 +132,10 @@ class TritonOps(TorchOps):
         if self._lazy_ok(x, x.shape[1]):
             from .triton.quant_gemv import Prologue
 
-            def run(write_sum: bool, q8=None) -> torch.Tensor:
-                return rmsnorm(delta, weight, eps, residual=x, sum_out=total if write_sum else None, q8_out=q8)
+            def run(write_sum: bool) -> torch.Tensor:
+                return rmsnorm(delta, weight, eps, residual=x, sum_out=total if write_sum else None)
 
-            return total, LazyInput(delta, Prologue("norm", weight, eps, x, total), run,
-                                    run if self._q8_ok(x) else None)
-        if self._q8_ok(x):
-            from .triton.q8_1 import empty_q8_1
-
-            q8 = empty_q8_1(x.shape[0], x.shape[1], x.device)
-            return total, QuantizedRows(rmsnorm(delta, weight, eps, residual=x, sum_out=total, q8_out=q8), q8)
+            return total, LazyInput(delta, Prologue("norm", weight, eps, x, total), run)
         return total, rmsnorm(delta, weight, eps, residual=x, sum_out=total)
 
     def glu(self, gate_up, kind):
@@ -218,12 +169,6 @@ class TritonOps(TorchOps):
             return super().norm_add_norm(x, branch, weight, next_weight, eps, scale)
         from .triton.rmsnorm import rmsnorm_add
 
-        if self._q8_ok(x):
-            from .triton.q8_1 import empty_q8_1
-
-            q8 = empty_q8_1(x.shape[0], x.shape[1], x.device)
-            out, h = rmsnorm_add(branch, weight, eps, x, scale, next_weight=next_weight, q8_out=q8)
-            return out, QuantizedRows(h, q8)
         return rmsnorm_add(branch, weight, eps, x, scale, next_weight=next_weight)
 
     def pool_attention(self, q, kv, layer, start, lo, window, scale, softcap):

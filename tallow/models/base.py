@@ -196,8 +196,8 @@ class DecoderModel:
         elif rows == LAST:
             x, delta = x[-1:], None if delta is None else delta[-1:]
         _, h = self.ops.add_norm(x, delta, self.output_norm, self.spec.norm_eps)
-        if rows is None:  # the hidden states themselves (the norm may have handed them over unrun)
-            return h if isinstance(h, torch.Tensor) else h.materialize()
+        if rows is None:
+            return h
         return softcap_logits(self.output(h), self.spec.final_logit_softcap)
 
     def forward(self, tokens: list[int], start: int, kv: KVPool, all_logits: bool = False,

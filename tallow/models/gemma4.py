@@ -117,19 +117,13 @@ class Gemma4Model(DecoderModel):
     def per_layer_inputs(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Each token's input to every block (n, n_layers, d): its row of the per-layer table
         scaled by sqrt(d), plus the normed projection of its scaled embedding x (n, dim) scaled
-        by 1/sqrt(dim), the sum scaled by 1/sqrt(2) (llama.cpp's project_per_layer_inputs).
-        For decode rows whose GEMVs fold a GLU into their x loads, (n, n_layers, 2, d) with the
-        inputs in [:, :, 1]: each block writes its gate beside its input (`block`)."""
+        by 1/sqrt(dim), the sum scaled by 1/sqrt(2) (llama.cpp's project_per_layer_inputs)."""
         spec, pl = self.spec, self.per_layer
         n, d = ids.shape[0], spec.per_layer_input_dim
         rows = pl["token_embd"](ids).view(n, spec.n_layers, d) * math.sqrt(d)
         proj = (pl["model_proj"](x) * (1.0 / math.sqrt(spec.dim))).view(n, spec.n_layers, d)
         proj = rms_norm(proj, pl["proj_norm"], spec.norm_eps)
-        if not (getattr(self.ops, "lazy", False) and n <= self.ops.LAZY_MAX_ROWS):
-            return (proj + rows) * (1.0 / math.sqrt(2.0))
-        pairs = torch.empty((n, spec.n_layers, 2, d), dtype=proj.dtype, device=proj.device)
-        torch.mul(proj + rows, 1.0 / math.sqrt(2.0), out=pairs[:, :, 1])
-        return pairs
+        return (proj + rows) * (1.0 / math.sqrt(2.0))
 
     def _blocks(self, step: Step, kv: KVPool):
         x = self.embedding(step.ids) * self.spec.embed_scale  # (n, dim)
@@ -198,14 +192,9 @@ class Gemma4Model(DecoderModel):
             # The scale applies to the whole stream: nothing pending.
             return ops.norm_add(x, mlp, w.post_ffw_norm, eps, w.out_scale), None, None
         x = ops.norm_add(x, mlp, w.post_ffw_norm, eps)
-        if per_layer.dim() == 3:  # (n, 2, d): the gate beside the input, a GLU the next GEMV folds in
-            n, d = per_layer.shape[0], per_layer.shape[2]
-            w.ple_gate(x, out=per_layer[:, 0])
-            gate = ops.glu(per_layer.reshape(n, 2 * d), "geglu")
-        else:
-            gate = w.ple_gate(x)
-            # With the Triton ops one launch (kernels/triton/glu.py's GeGLU); the CPU keeps ggml's table.
-            gate = ops.gated(gate, per_layer, "geglu") if ops.fused_step else gelu_ggml(gate) * per_layer
+        gate = w.ple_gate(x)
+        # With the Triton ops one launch (kernels/triton/glu.py's GeGLU); the CPU keeps ggml's table.
+        gate = ops.gated(gate, per_layer, "geglu") if ops.fused_step else gelu_ggml(gate) * per_layer
         branch, scale = w.ple_proj(gate), w.get("out_scale")
         if next_norm is None:
             return ops.norm_add(x, branch, w.ple_post_norm, eps, scale), None, None

@@ -9,8 +9,7 @@ The wide matrices' decode products (`mmvq_wins`) take the integer-dot GEMV
 (kernels/triton/mmvq.py: x rounded to Q8_1 as llama.cpp's CUDA build does, then int8 dot
 products; TALLOW_GEMV_MMVQ=0: the fp32 GEMV): other numbers than the fp32 GEMV's, so these layers
 say kind "mmvq_*". Its rows are bit for bit its one-row products (scripts/gpu_speculate.py on the
-H200), so speculative verification stays exact. A norm right before it may hand over its rows'
-Q8_1 blocks (block_ops.QuantizedRows), saving the quantize launch.
+H200), so speculative verification stays exact.
 
 Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too.
 """
@@ -26,7 +25,7 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
 from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
-from ..triton.mmvq import MMVQ_TYPES, mmvq, mmvq_q8
+from ..triton.mmvq import MMVQ_TYPES, mmvq
 from ..triton.planes import QTYPES, PlaneWeight, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 from ..triton.quant_gemv import quant_gemv
@@ -131,12 +130,8 @@ class GPULinear:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
         if isinstance(x, LazyInput):
-            q8 = x.q8_blocks() if self.use_mmvq and self.use_gemv and x.shape[0] <= GEMV_MAX_ROWS else None
-            if q8 is not None:  # the op before wrote x's Q8_1 blocks as it ran: no quantize launch
-                y = mmvq_q8(q8, self.planes, out=out)
-                return y.add_(self.bias) if self.bias is not None else y
             # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
-            if x.prologue is not None and (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
+            if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
                     and self.out_features <= PROLOGUE_MAX_N):
                 y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
                 return y.add_(self.bias) if self.bias is not None else y

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .q8_1 import Q8Act, q8_1_blocks
 
 __all__ = ["rmsnorm", "rmsnorm_reference", "rmsnorm_add", "rmsnorm_add_reference"]
 
@@ -42,9 +41,8 @@ def row_rstd(x_row, res_row, sum_row, D, eps, write, HAS_RES: tl.constexpr, WRIT
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, q_ptr, qd_ptr, qs_ptr, qi_ptr, D, eps, sxm, srm, sym, ssm,
-                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, Q8: tl.constexpr, BLOCK: tl.constexpr,
-                    PDL: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym, ssm,
+                    HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     rstd = row_rstd(x_ptr + row * sxm, res_ptr + row * srm, sum_ptr + row * ssm, D, eps, True,
@@ -57,19 +55,12 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, q_ptr, qd_ptr, qs_ptr
             v += tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
         y = (v * rstd) * tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * sym + e, y, mask=msk)
-        if Q8:  # y's Q8_1 blocks from the same registers: what quantize_q8_1(y) would store
-            nblk = D // 32
-            blk = off // 32 + tl.arange(0, BLOCK // 32)
-            q8_1_blocks(tl.reshape(y, (BLOCK // 32, 32)), blk, blk < nblk, q_ptr + row * D, qd_ptr + row * nblk,
-                        qs_ptr + row * nblk, qi_ptr + row * (D // 16), BLOCK // 32)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
-            q8_out: Q8Act | None = None) -> torch.Tensor:
+            residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:
     """y = rmsnorm(x (+ residual)) * weight, float32 (M, D) (or (D,)). With `residual`, the sum is
-    written to `sum_out`, which must not alias x or `residual`: the second pass re-reads both.
-    `q8_out` (D a multiple of 32) also receives y as Q8_1 blocks (q8_1.py)."""
+    written to `sum_out`, which must not alias x or `residual`: the second pass re-reads both."""
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     m, d = x2.shape
@@ -78,20 +69,16 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
     o2 = out.reshape(m, d)
     r2 = residual.reshape(m, d) if residual is not None else x2
     s2 = sum_out.reshape(m, d) if sum_out is not None else o2
-    if q8_out is not None and d % 32:
-        raise ValueError(f"rmsnorm writes Q8_1 blocks of rows whose length is a multiple of 32, not {d}.")
-    q = q8_out if q8_out is not None else Q8Act(o2, o2, o2, o2)  # unused planes when Q8 is off
     block = min(1024, triton.next_power_of_2(max(d, 16)))
-    _rmsnorm_kernel[(m,)](x2, r2, weight, o2, s2, q.qs, q.d, q.s, q.isum, d, float(eps), x2.stride(0), r2.stride(0),
-                          o2.stride(0), s2.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
-                          Q8=q8_out is not None, BLOCK=block, num_warps=4, **pdl.launch(x.device))
+    _rmsnorm_kernel[(m,)](x2, r2, weight, o2, s2, d, float(eps), x2.stride(0), r2.stride(0), o2.stride(0),
+                          s2.stride(0), HAS_RES=residual is not None, WRITE_SUM=sum_out is not None,
+                          BLOCK=block, num_warps=4, **pdl.launch(x.device))
     return out
 
 
 @triton.jit
-def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, q_ptr, qd_ptr, qs_ptr, qi_ptr,
-                        D, eps, sxm, srm, sym, shm, HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, Q8: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, D, eps, sxm, srm, sym, shm,
+                        HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     rstd = row_rstd(x_ptr + row * sxm, x_ptr, x_ptr, D, eps, False, False, False, BLOCK)
@@ -115,33 +102,24 @@ def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, 
             y = tl.load(y_ptr + row * sym + e, mask=msk, other=0.0)
             h = (y * rstd2) * tl.load(w2_ptr + e, mask=msk, other=0.0).to(tl.float32)
             tl.store(h_ptr + row * shm + e, h, mask=msk)
-            if Q8:  # h's Q8_1 blocks from the same registers: what quantize_q8_1(h) would store
-                nblk = D // 32
-                blk = off // 32 + tl.arange(0, BLOCK // 32)
-                q8_1_blocks(tl.reshape(h, (BLOCK // 32, 32)), blk, blk < nblk, q_ptr + row * D, qd_ptr + row * nblk,
-                            qs_ptr + row * nblk, qi_ptr + row * (D // 16), BLOCK // 32)
 
 
 def rmsnorm_add(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor,
                 scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                next_weight: torch.Tensor | None = None, q8_out: Q8Act | None = None):
+                next_weight: torch.Tensor | None = None):
     """(residual + rmsnorm(x) * weight) * scale, float32 (M, D); scale (1,) or None. `out` may
     be `residual` itself (each element is read before it is written, by the same program).
-    With `next_weight`, also that stream's own RMSNorm times next_weight: returns (out, normed);
-    `q8_out` (D a multiple of 32) then also receives the normed rows as Q8_1 blocks (q8_1.py)."""
+    With `next_weight`, also that stream's own RMSNorm times next_weight: returns (out, normed)."""
     m, d = x.shape
     if out is None:
         out = torch.empty((m, d), dtype=torch.float32, device=x.device)
     h = torch.empty((m, d), dtype=torch.float32, device=x.device) if next_weight is not None else out
-    if q8_out is not None and (next_weight is None or d % 32):
-        raise ValueError("rmsnorm_add writes Q8_1 blocks only of the next norm's rows, D a multiple of 32.")
     block = min(1024, triton.next_power_of_2(max(d, 16)))
-    q = q8_out if q8_out is not None else Q8Act(out, out, out, out)  # unused planes when Q8 is off
     _rmsnorm_add_kernel[(m,)](x, residual, weight, scale if scale is not None else weight, out,
-                              next_weight if next_weight is not None else weight, h, q.qs, q.d, q.s, q.isum,
-                              d, float(eps), x.stride(0), residual.stride(0), out.stride(0), h.stride(0),
-                              HAS_SCALE=scale is not None, NORM2=next_weight is not None, Q8=q8_out is not None,
-                              BLOCK=block, num_warps=4, **pdl.launch(x.device))
+                              next_weight if next_weight is not None else weight, h, d, float(eps),
+                              x.stride(0), residual.stride(0), out.stride(0), h.stride(0),
+                              HAS_SCALE=scale is not None, NORM2=next_weight is not None, BLOCK=block, num_warps=4,
+                              **pdl.launch(x.device))
     return out if next_weight is None else (out, h)
 
 
