@@ -73,7 +73,6 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_GEMV_PREFETCH", "flag", False, "1", "GPU: the decode GEMV loads each K step's weights one step ahead, the first before waiting for the previous kernel; opt-in: measured 3% slower on the smollm2 twin with programmatic dependent launch (docs/performance.md)", "call"),
     Switch("TALLOW_GEMV_PROLOGUE", "flag", True, "0", "GPU: small models' norms and GLUs run as their own kernels instead of inside the next GEMV", "call", numeric=True),
     Switch("TALLOW_TRITON_ATTENTION", "flag", True, "0", "GPU: prefill attention through torch (mask + SDPA) instead of the flash kernel", "call", numeric=True),
-    Switch("TALLOW_ATTENTION_ONE_LAUNCH", "flag", True, "0", "GPU decode attention: the splits' merge as a kernel of its own instead of done by the last split to finish", "call"),
     Switch("TALLOW_SSM_TRITON", "flag", True, "0", "GPU, mamba/mamba2/falcon-h1: the conv1d and selective scan through the torch reference ops (kernels/cpu/ssm.py, a few launches per token) instead of one Triton launch each", "load", numeric=True),
     Switch("TALLOW_PREFIX_CACHE", "flag", True, "0", "never reuse the KV of a previous request", "request"),
     Switch("TALLOW_ALIGNED_REUSE", "flag", True, "0", "reuse any cached prefix and prefill the rest from there, with unpadded prefill attention (a few dozen tokens less to prefill; the greedy answer may then change with what the cache held)", "call", numeric=True),

@@ -135,26 +135,3 @@ def test_query_rows_equal_one_token_calls(window: int, n_slots: int) -> None:
     assert torch.equal(rows, torch.stack(singles))
     ref = decode_attention_reference(q[4], k, v, 41, 0.125, window)
     assert (rows[4] - ref).norm() / ref.norm() < 2e-3
-
-
-@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[4]])
-def test_merge_by_the_last_split_equals_the_merge_launch(case, monkeypatch) -> None:
-    """The splits merged by the last one to finish (one launch, a ticket per row and KV head)
-    give what the separate merge kernel gives, for one row and for three rows at once, and leave
-    every ticket at zero for the next launch."""
-    from tallow.kernels.triton import decode_attention as module
-
-    n_heads, n_kv, d, n_ctx, seq_len, window, n_splits = case
-    g = torch.Generator().manual_seed(7 + sum(case))
-    q = torch.randn(3, n_heads, d, generator=g)
-    k = torch.randn(n_kv, n_ctx, d, generator=g).half()
-    v = torch.randn(n_kv, n_ctx, d, generator=g).half()
-    length = torch.tensor([seq_len - 3], dtype=torch.int32)
-
-    def run(one_launch: str, rows):
-        monkeypatch.setenv("TALLOW_ATTENTION_ONE_LAUNCH", one_launch)
-        return decode_attention(rows, k, v, length, scale=d ** -0.5, window=window, n_splits=n_splits, block_t=32)
-
-    for rows in (q[0], q):
-        assert torch.equal(run("1", rows), run("0", rows))
-    assert not module._tickets(torch.device("cpu")).any()

@@ -13,10 +13,8 @@ and each program takes an equal share of the *current* span [start, seq_len) -- 
 the kernel from the device length -- so all SMs stream KV at any depth. Each program handles
 all query heads of its KV head (GQA: K/V bytes are read once, not once per query head), as a
 (16 x head_dim) @ (head_dim x BLOCK_T) tensor-core product; the group is padded to 16 rows.
-Each split writes its unnormalized partial output with its running max and sum, and the last
-split of a (row, KV head) to finish -- a ticket counter says which -- merges them (log-sum-exp
-weights) for its query heads, so decode attention is one launch (TALLOW_ATTENTION_ONE_LAUNCH=0:
-the merge as a second kernel, the same arithmetic). Empty splits (short contexts) write max=-inf
+Each split writes its unnormalized partial output with its running max and sum; a second small
+kernel merges the splits (log-sum-exp weights). Empty splits (short contexts) write max=-inf
 and weigh nothing.
 
 Numerics: q is rounded to the cache dtype for the QK product (as llama.cpp's CUDA flash
@@ -43,7 +41,6 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from ... import switches
 
 from ...memory.kv_format import storage_is_scaled
 
@@ -53,12 +50,11 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr, out_ptr, ticket_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr,
                   stride_qr, stride_qh, n_heads, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
-                  stride_or, stride_oh, qk_scale, window, n_splits, ring,
+                  qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, MERGE: tl.constexpr, NS: tl.constexpr,
-                  PDL: tl.constexpr):
+                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     kvh = tl.program_id(0)
     s = tl.program_id(1)
@@ -112,22 +108,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
     tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None])
     tl.store(ml_ptr + row * 2, m_i, mask=hmask)
     tl.store(ml_ptr + row * 2 + 1, l_i, mask=hmask)
-    if MERGE:
-        # The last split of this (row, KV head) to finish merges its query heads: no merge launch.
-        tl.debug_barrier()  # every thread's partials stored before the ticket releases them
-        tid = r * tl.num_programs(0) + kvh
-        ticket = tl.atomic_add(ticket_ptr + tid, 1, sem="acq_rel", scope="gpu")
-        if ticket == n_splits - 1:
-            for g in range(GROUP):
-                hh = (kvh * GROUP + g).to(tl.int64)
-                _merge_head(part_ptr, ml_ptr, out_ptr + r.to(tl.int64) * stride_or, stride_oh, r.to(tl.int64) * n_heads + hh,
-                            hh, NS, D, BLOCK_D)
-            tl.atomic_xchg(ticket_ptr + tid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
-def _merge_head(part_ptr, ml_ptr, out_row, stride_oh, h, hh, NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Head hh's output from its NS splits' partials (partial slot h = row * n_heads + hh)."""
+def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
+                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
+    r = tl.program_id(1).to(tl.int64)
+    out_ptr += r * stride_or
+    hh = tl.program_id(0).to(tl.int64)
+    h = r * n_heads + hh
     si = tl.arange(0, NS)
     dd = tl.arange(0, BLOCK_D)
     m = tl.load(ml_ptr + (h * NS + si) * 2)  # (NS,)
@@ -136,16 +126,7 @@ def _merge_head(part_ptr, ml_ptr, out_row, stride_oh, h, hh, NS: tl.constexpr, D
     w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
     acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out_row + hh * stride_oh + dd, o, mask=dd < D)
-
-
-@triton.jit
-def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
-                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    pdl.wait(PDL)
-    r = tl.program_id(1).to(tl.int64)
-    hh = tl.program_id(0).to(tl.int64)
-    _merge_head(part_ptr, ml_ptr, out_ptr + r * stride_or, stride_oh, r * n_heads + hh, hh, NS, D, BLOCK_D)
+    tl.store(out_ptr + hh * stride_oh + dd, o, mask=dd < D)
 
 
 def default_splits(n_kv_heads: int, n_ctx: int, n_sms: int | None = None, block_t: int = 64) -> int:
@@ -206,33 +187,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     out3 = out if out.dim() == 3 else out.unsqueeze(0)
     ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)  # unused pointers when not scaled
-    merge = switches.enabled("TALLOW_ATTENTION_ONE_LAUNCH") and n_rows * n_kv <= TICKET_SLOTS
-    tickets = _tickets(q.device) if merge else ml  # unused pointer when the merge is its own launch
     _split_kernel[(n_kv, n_splits, n_rows)](
-        q3, k_cache, v_cache, ks, vs, seq_len, part, ml, out3, tickets,
+        q3, k_cache, v_cache, ks, vs, seq_len, part, ml,
         q3.stride(0), q3.stride(1), n_heads, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        k_scale.stride(0) if scaled else 0, out3.stride(0), out3.stride(1),
+        k_scale.stride(0) if scaled else 0,
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
-        SCALED=scaled, MERGE=merge, NS=n_splits, num_warps=num_warps, **pdl.launch(q.device))
-    if not merge:
-        _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
-                                         BLOCK_D=block_d, num_warps=4, **pdl.launch(q.device))
+        SCALED=scaled, num_warps=num_warps, **pdl.launch(q.device))
+    _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
+                                     BLOCK_D=block_d, num_warps=4, **pdl.launch(q.device))
     return out
-
-
-TICKET_SLOTS = 2048  # (query row, KV head) pairs: 8 rows of up to 256 KV heads
-_TICKETS: dict = {}
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    """One counter per (row, KV head), per device, zeroed once (outside graph capture when the first
-    call is eager); the merging program resets its counter, and launches on one stream run one
-    after another (each waits for the previous one before touching memory), so all layers share them."""
-    t = _TICKETS.get(device)
-    if t is None:
-        t = _TICKETS[device] = torch.zeros(TICKET_SLOTS, dtype=torch.int32, device=device)
-    return t
 
 
 def make_scratch(n_heads: int, n_splits: int, head_dim: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
