@@ -16,10 +16,8 @@
 #        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=1,
 #        then llama-bench's), profile-e2b (one E2B decode step's kernels with TALLOW_GEMV_MMVQ=1),
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
-#        fold-ab (E2B and qwen3-4b, or $FOLD_TWINS, tg128: the defaults, TALLOW_NORM_Q8=0, TALLOW_GEMV_MMVQ=0),
-#        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin),
-#        one-launch (E2B's verification rows against decode steps; E2B and qwen3-4b tg128 with and without
-#        TALLOW_ATTENTION_ONE_LAUNCH, llama-bench's tg128 beside them; E2B at depth 32768, both).
+#        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
+# (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
 # llama-bench's first repetition of a prompt test is slow: scripts/llama_samples.py reports the steady ones.
@@ -121,19 +119,6 @@ for step in "$@"; do
       TALLOW_GEMV_MMVQ=1 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
         > $OUT/profile_e2b_mmvq.txt 2>&1; tail -5 $OUT/profile_e2b_mmvq.txt ;;
     g4check) say "g4check"; timeout 300 python3 scripts/gpu_gemma4_check.py --work /root/g4 2>&1 | tail -12 | tee -a $OUT/g4check.txt ;;
-    fold-ab) say "fold-ab"
-      for t in ${FOLD_TWINS:-gemma4-e2b qwen3-4b}; do twin $t || say "twin $t FAILED"; done
-      state; python3 scripts/gpu_ab.py --work /root/twins --twins $(echo ${FOLD_TWINS:-gemma4-e2b qwen3-4b} | tr ' ' ,) --tests "-p 0 -n 128 -r 3" \
-        base TALLOW_NORM_Q8=0 TALLOW_GEMV_MMVQ=0 2>&1 | tee -a $OUT/fold_ab.txt ;;
-    one-launch) say "one-launch"
-      build_llama || exit 1
-      for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
-      timeout 120 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf --reps 5 2>&1 | tail -3 | tee -a $OUT/one_launch.txt
-      for t in gemma4-e2b qwen3-4b; do state
-        python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 128 -r 3" base TALLOW_ATTENTION_ONE_LAUNCH=0 \
-          2>&1 | tee -a $OUT/one_launch.txt
-        llama_json /root/twins/$t.gguf -p 0 -n 128 -r 5 | tee -a $OUT/one_launch.txt; done
-      pair gemma4-e2b -p 0 -n 128 -d 32768 ;;
     pack-split) strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
     *) say "unknown step $step" ;;
