@@ -6,9 +6,25 @@ value, and the next test must see the old one again: monkeypatch's setenv, delen
 forget the parsed snapshot when they touch a TALLOW_* name.
 """
 
-import pytest
+import os
 
-from tallow import switches
+# Under pytest-xdist (the README's `-n 2`) each worker is a process with its own torch: left at
+# torch's default (one thread per core) two workers would run 2 x cores threads and OpenMP's
+# spinning threads would fight over the cores. Each worker gets its share of the cores instead,
+# set before torch is imported (tallow.switches imports it) so that OpenMP's pool, the C kernel's
+# OpenMP and the CLI/server subprocesses the tests spawn (they inherit the variable) agree.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    _workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
+import pytest  # noqa: E402
+
+from tallow import switches  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch came in before us
 
 _setenv, _delenv, _undo = pytest.MonkeyPatch.setenv, pytest.MonkeyPatch.delenv, pytest.MonkeyPatch.undo
 
