@@ -117,7 +117,7 @@ def test_engine_failure_at_decode_time_is_a_short_grammar_error():
 @pytest.mark.parametrize("flag,text", [
     ("--grammar", chain(5000)),  # exited 139 silently before the limits
     ("--json-schema", "[" * 100_000 + "]" * 100_000),  # was a RecursionError traceback
-])
+], ids=["grammar-chain-5000", "json-schema-depth-100000"])  # the texts as ids: PYTEST_CURRENT_TEST over 128 KiB, E2BIG at exec
 def test_cli_refuses_hostile_grammars_in_one_sentence_before_loading(tmp_path, flag, text):
     f = tmp_path / "g.txt"
     f.write_text(text)
