@@ -5,10 +5,12 @@ kernel's high-water mark (/proc/self/clear_refs), loads smollm2-135m at ctx 2048
 2000-token prompt (four 512-token chunks reaching the deepest position the plan assumes) and
 decodes 16 tokens. Its peak resident size above the post-import baseline (VmHWM, what the
 OOM killer sees; the torch runtime itself is outside the account, see memory/budget.py)
-must be within 10% of `plan_memory`'s total, with glibc's default heap (whose retention of one
-chunk's freed temporaries the plan counts, see memory/budget.scratch_bytes). Measured: peak
-247.5 MiB, plan 245.8 MiB (smollm2); gemma3 458.6 / 433.2, qwen2.5 1462.6 / 1401.3 (not run
-here: slower).
+must not exceed `plan_memory`'s total by more than 10% (the plan is what the budget refuses on) nor
+fall 15% below it (a plan counting something twice), with glibc's default heap (whose retention of
+one chunk's freed temporaries the plan counts, see memory/budget.scratch_bytes). Measured
+(session 9): plan 261.7 MiB, peak 0.90-0.95 of it alone (17 runs), 0.89-0.95 beside the other
+pytest-xdist worker (per-thread malloc arenas retain more or less); the scratch counted twice
+gives 0.70. Earlier: gemma3 458.6 / 433.2, qwen2.5 1462.6 / 1401.3 (not run here: slower).
 """
 
 from __future__ import annotations
@@ -62,4 +64,4 @@ def test_peak_memory_matches_the_plan():
     print(f"\nsmollm2-135m ctx 2048, 2000-token prompt: peak {m['peak'] / MiB:.1f} MiB (loading {m['load_peak'] / MiB:.1f}),"
           f" plan {m['plan_total'] / MiB:.1f} MiB (resident {m['plan_resident'] / MiB:.1f}), after {m['end'] / MiB:.1f};"
           f" peak/plan {m['peak'] / m['plan_total']:.3f}")
-    assert abs(m["peak"] - m["plan_total"]) <= 0.10 * m["plan_total"]
+    assert 0.85 * m["plan_total"] <= m["peak"] <= 1.10 * m["plan_total"]
