@@ -164,8 +164,8 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     path = write_tiny_model("llama", tmp_path / "tiny.gguf", qtype=qtype)
     ids = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120]
     calls = []
-    real = ggml_dot.linear
-    monkeypatch.setattr(ggml_dot, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = ggml_dot._Products.__call__
+    monkeypatch.setattr(ggml_dot._Products, "__call__", lambda self, x: calls.append(x.shape) or real(self, x))
 
     def run(**env):
         for k, v in env.items():
@@ -213,3 +213,47 @@ def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
         llm.engine.reset()
         logits.append(llm.engine.decode_step(5).clone())
     assert torch.equal(logits[0], logits[1])
+
+
+@needs_c
+@pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q5_0, QT.Q8_0), (QT.Q4_1, QT.Q4_1),
+                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K)], ids=lambda t: "+".join(q.name for q in t))
+def test_group_equals_its_parts(types, monkeypatch):
+    """GgmlDotGroup (FusedLinear of C layers: one call, the input quantized once per activation type,
+    one parallel region over all rows, the four-row code) gives each part's bits exactly as the part
+    alone and as gemv_quantized row by row, for 1-3 input rows, odd row counts, one or two threads,
+    threaded or not; more rows go to the stacked torch layers, biases included."""
+    from tallow import switches
+    from tallow.kernels.cpu.fused_linear import FusedLinear
+    from tallow.kernels.cpu.linear import make_linear
+
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    switches.refresh()
+    k = 512
+    parts, raws = [], []
+    for i, (qt, n) in enumerate(zip(types, (67, 130, 33, 64))):
+        raw = random_rows(qt, n, k, seed=10 + i)
+        raws.append(raw)
+        bias = np.linspace(-1, 1, n).astype(np.float32) if i == 1 else None
+        parts.append(make_linear(TensorInfo(f"w{i}", qt, (k, n), 0, raw.nbytes, raw), bias))
+    group = FusedLinear(parts)
+    assert len(group.runs) == 1 and isinstance(group.runs[0], ggml_dot.GgmlDotGroup) and group.kind == "ggml_dot"
+    old_threads, old_min = torch.get_num_threads(), ggml_dot.parallel_min_bytes()
+    try:
+        for threads, par_min in ((1, 1 << 20), (2, 0), (2, 1 << 30)):
+            torch.set_num_threads(threads)
+            ggml_dot.parallel_min_bytes(par_min)
+            for m in (1, 2, 3):
+                x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+                y = group(x)
+                alone = torch.cat([p(x) for p in parts], dim=-1)
+                assert torch.equal(y, alone)
+                rows = torch.cat([torch.from_numpy(ggml_dot.gemv_quantized(r, qt, k, ggml_dot.quantize(x, qt)))
+                                  + (p.bias if p.bias is not None else 0) for r, qt, p in zip(raws, types, parts)], dim=-1)
+                assert torch.equal(y, rows)
+    finally:
+        torch.set_num_threads(old_threads)
+        ggml_dot.parallel_min_bytes(old_min)
+    x8 = torch.randn(8, k)
+    ref = FusedLinear([p.fallback[0] for p in parts])(x8)
+    assert torch.equal(group(x8), ref)
