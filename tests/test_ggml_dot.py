@@ -105,14 +105,25 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
 
 @needs_c
 def test_linear_layer_and_fallback(monkeypatch):
-    """TALLOW_CPU_GGML_DOT=1: make_linear wraps the torch layer, one row in C, many rows on the torch
-    layer; unset (default mode) or with the library missing, the torch layer alone."""
+    """By default (and with TALLOW_CPU_GGML_DOT=1) make_linear wraps the torch layer: one row in C,
+    many rows on the torch layer; the output projection is C alone at any row count; =0 or with the
+    library missing, the torch layer alone."""
     from tallow import switches
+    from tallow.families.tensors import OUTPUT
     from tallow.kernels.cpu.linear import make_linear
 
     raw = random_rows(QT.Q8_0, 64, 256, seed=3)
     t = TensorInfo("w", QT.Q8_0, (256, 64), 0, raw.nbytes, raw)
-    assert make_linear(t).kind != "ggml_dot"  # opt-in in the default mode
+    monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
+    switches.refresh()
+    assert make_linear(t).kind == "ggml_dot"  # the default
+    out = make_linear(t, role=OUTPUT)
+    assert out.kind == "ggml_dot" and not out.fallback and out.nbytes == raw.nbytes  # the file's bytes only
+    x6 = torch.randn(6, 256)
+    assert torch.equal(out(x6), torch.from_numpy(ggml_dot.gemv_quantized(raw, QT.Q8_0, 256, ggml_dot.quantize(x6, QT.Q8_0))))
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")
+    switches.refresh()
+    assert make_linear(t).kind != "ggml_dot" and make_linear(t, role=OUTPUT).kind != "ggml_dot"
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
     switches.refresh()
     layer = make_linear(t)
@@ -187,10 +198,9 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     (t_batch, t_steps), _ = run(TALLOW_CPU_GGML_DOT="0")
     (r_batch, r_steps), _ = run(TALLOW_CPU_GGML_DOT="0", TALLOW_REFERENCE="1")
     assert n_d > 0
-    assert torch.equal(d_batch, t_batch)  # prefill: the torch layer either way
-    err_c = (d_steps - r_steps).abs().max()
-    err_torch = (t_steps - r_steps).abs().max()
-    assert err_c <= max(2 * err_torch, 1e-3 * r_steps.abs().max())
+    # prefill: the torch layers either way, but the output projection (C alone, every row count)
+    for c, t, r in ((d_batch, t_batch, r_batch), (d_steps, t_steps, r_steps)):
+        assert (c - r).abs().max() <= max(2 * (t - r).abs().max(), 1e-3 * r.abs().max())
 
 
 @needs_c

@@ -9,12 +9,14 @@ where it lies in the file map: the kernel itself costs the file's bytes and noth
 
 GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
 more rows go to `fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM;
-its weights are held beside the file's bytes), or under TALLOW_NUMERICS=ggml (no fallback) the C
-kernel row by row: the file's bytes only, ggml's arithmetic per row.
+its weights are held beside the file's bytes), or where there is none (TALLOW_NUMERICS=ggml, and
+the output projection, which prefill runs for one row) the C kernel row by row: the file's bytes
+only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
+in one call.
 
-Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only
-(in the default mode it is opt-in: it adds the file's bytes to the torch layer it wraps, and its
-decode speed against that layer is in docs/performance.md).
+Switch (read at load): TALLOW_CPU_GGML_DOT=0 off (the torch layers alone); on otherwise, where the
+library is built and the CPU has AVX-512 VNNI (decode speed against the torch layers, session 9 of
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -89,12 +91,10 @@ def _load() -> ctypes.CDLL | None:
 
 
 def wanted() -> bool:
-    """TALLOW_CPU_GGML_DOT: =1 on, =0 off, unset: on under TALLOW_NUMERICS=ggml only."""
+    """TALLOW_CPU_GGML_DOT: =0 off; on otherwise (unset or =1)."""
     from ... import switches
-    from ...numerics import ggml_enabled
 
-    forced = switches.value("TALLOW_CPU_GGML_DOT")
-    return forced if forced is not None else ggml_enabled()
+    return switches.enabled("TALLOW_CPU_GGML_DOT")
 
 
 def available() -> bool:
