@@ -80,7 +80,7 @@ def _cpu_kernel(llm) -> str | None:
     from .kernels.cpu import ggml_dot
 
     return ggml_dot.status() + ("; in use" if ggml_dot.wanted() and ggml_dot.usable() else
-                                "; not in use (TALLOW_CPU_GGML_DOT=0)")
+                                "; not in use (TALLOW_CPU_GGML_DOT=1 turns it on)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

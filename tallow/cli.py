@@ -238,7 +238,7 @@ def _c_kernel_status() -> str:
     from .kernels.cpu import ggml_dot
 
     return ggml_dot.status() + ("; in use" if ggml_dot.wanted() and ggml_dot.usable() else
-                                "; not in use (TALLOW_CPU_GGML_DOT=0)")
+                                "; not in use (TALLOW_CPU_GGML_DOT=1 turns it on)")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -105,8 +105,8 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
 
 @needs_c
 def test_linear_layer_and_fallback(monkeypatch):
-    """By default (and with TALLOW_CPU_GGML_DOT=1) make_linear wraps the torch layer: one row in C,
-    many rows on the torch layer; the output projection is C alone at any row count; =0 or with the
+    """TALLOW_CPU_GGML_DOT=1: make_linear wraps the torch layer, one row in C, many rows on the torch
+    layer; the output projection is C alone at any row count; unset (default mode), =0 or with the
     library missing, the torch layer alone."""
     from tallow import switches
     from tallow.families.tensors import OUTPUT
@@ -116,7 +116,10 @@ def test_linear_layer_and_fallback(monkeypatch):
     t = TensorInfo("w", QT.Q8_0, (256, 64), 0, raw.nbytes, raw)
     monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
     switches.refresh()
-    assert make_linear(t).kind == "ggml_dot"  # the default
+    assert make_linear(t).kind != "ggml_dot"  # opt-in in the default mode
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    switches.refresh()
+    assert make_linear(t).kind == "ggml_dot"
     out = make_linear(t, role=OUTPUT)
     assert out.kind == "ggml_dot" and not out.fallback and out.nbytes == raw.nbytes  # the file's bytes only
     x6 = torch.randn(6, 256)

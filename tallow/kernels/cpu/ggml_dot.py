@@ -14,9 +14,9 @@ the output projection, which prefill runs for one row) the C kernel row by row: 
 only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
 in one call.
 
-Switch (read at load): TALLOW_CPU_GGML_DOT=0 off (the torch layers alone); on otherwise, where the
-library is built and the CPU has AVX-512 VNNI (decode speed against the torch layers, session 9 of
-docs/performance.md).
+Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only.
+In the default mode it stays opt-in: with it, gemma3-270m's greedy continuations fall below the
+conformance floor (6-7 of 12 against 9; session 9 of docs/performance.md, with its decode speed).
 """
 
 from __future__ import annotations
@@ -91,10 +91,12 @@ def _load() -> ctypes.CDLL | None:
 
 
 def wanted() -> bool:
-    """TALLOW_CPU_GGML_DOT: =0 off; on otherwise (unset or =1)."""
+    """TALLOW_CPU_GGML_DOT: =1 on, =0 off, unset: on under TALLOW_NUMERICS=ggml only."""
     from ... import switches
+    from ...numerics import ggml_enabled
 
-    return switches.enabled("TALLOW_CPU_GGML_DOT")
+    forced = switches.value("TALLOW_CPU_GGML_DOT")
+    return forced if forced is not None else ggml_enabled()
 
 
 def available() -> bool:
