@@ -21,7 +21,7 @@
  * (__builtin_cpu_supports), so one build runs on any x86-64. Build with -ffp-contract=off: a
  * multiply-add is fused exactly where ggml fuses it, nowhere else.
  *
- * Threads: OpenMP (see run_job), as many as the caller passes (torch's thread count); built
+ * Threads: OpenMP (see run_products), as many as the caller passes (torch's thread count); built
  * without OpenMP it runs on the calling thread.
  */
 #include <math.h>
@@ -613,8 +613,10 @@ static void run_multi_share(const multi_t *mj, int t, int nt) {
 }
 
 /* Runs mj's parts: OpenMP's static split over the bytes (each thread streams one contiguous share;
- * * a dynamic split in 32 KiB chunks over a pool of this library's own threads was
- * slower here: docs/performance.md, session 9), or the calling thread alone for small products. */
+ * a dynamic split in 32 KiB chunks over a pool of this library's own threads was slower here:
+ * docs/performance.md, session 9), or the calling thread alone for small products. OpenMP, because
+ * torch's CPU wheels ship libgomp.so.1 and this library, loaded after torch, binds to that same
+ * runtime: its threads are torch's intra-op threads, not a second pool spinning against them. */
 static void run_products(multi_t *mj, int m, int nthreads) {
     const int parts = (double)mj->off[mj->nparts] * (double)m < (double)g_par_min ? 1 : nthreads;
 #ifdef _OPENMP
