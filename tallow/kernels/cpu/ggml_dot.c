@@ -513,7 +513,7 @@ static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
 
 /* Products of fewer weight bytes (times activation rows) than this run on the calling thread: below
  * it a parallel region's fork and join costs more than the second thread saves. 1 MiB kept most of a
- * small model's products on one of two cores (smollm2: all but gate/up and the output); 64-256 KiB
+ * small model's products on one of two cores (smollm2: all but the output); 64-256 KiB
  * measured best on the 2-core machine (docs/performance.md, session 9). */
 static int64_t g_par_min = 256 << 10;
 
