@@ -3,16 +3,17 @@
 # default, `tallow bench` with the C kernel (TALLOW_CPU_GGML_DOT=1); R repetitions each, mean and
 # best repetition (the best is the least disturbed on a shared machine), load average before each.
 #   mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
-#   R=5 sh scripts/cpudot_bench.sh [MODEL ...]     (default: the three real models)
+#   R=5 sh scripts/cpudot_bench.sh [MODEL ...]     (default: the three real models; a path is taken as is,
+#   e.g. /work/twins/gemma4-e2b.gguf; N=32 for tg32)
 cd "$(dirname "$0")/.." || exit 1
 R=${R:-5}
 models=${*:-"smollm2-135m gemma3-270m qwen2.5-coder-1.5b-instruct"}
 best() { python3 -c "import json,sys; d=json.load(sys.stdin); s=d[0]['samples_ts'] if 'samples_ts' in d[0] else d[0]['samples']; print(f'mean {sum(s)/len(s):.1f} best {max(s):.1f} tok/s  samples', [round(x,1) for x in s])"; }
 for m in $models; do
-  f=$HOME/.cache/tallow/models/$m.gguf
-  echo "### $m tg64  $(date -u +%H:%M:%S)"
-  echo "llama.cpp  load $(cut -d' ' -f1 /proc/loadavg): $(LD_LIBRARY_PATH=/tmp/llama /tmp/llama/llama-bench -m "$f" -t 2 -p 0 -n 64 -r "$R" -o json 2>/dev/null | best)"
+  case $m in */*) f=$m ;; *) f=$HOME/.cache/tallow/models/$m.gguf ;; esac
+  echo "### $m tg${N:-64}  $(date -u +%H:%M:%S)"
+  echo "llama.cpp  load $(cut -d' ' -f1 /proc/loadavg): $(LD_LIBRARY_PATH=/tmp/llama /tmp/llama/llama-bench -m "$f" -t 2 -p 0 -n "${N:-64}" -r "$R" -o json 2>/dev/null | best)"
   for c in 0 1; do
-    echo "tallow C=$c load $(cut -d' ' -f1 /proc/loadavg): $(TALLOW_CPU_GGML_DOT=$c PYTHONPATH=$PWD python -m tallow.cli bench -m "$f" -p 0 -n 64 -r "$R" --json 2>/dev/null | best)"
+    echo "tallow C=$c load $(cut -d' ' -f1 /proc/loadavg): $(TALLOW_CPU_GGML_DOT=$c PYTHONPATH=$PWD python -m tallow.cli bench -m "$f" -p 0 -n "${N:-64}" -r "$R" --json 2>/dev/null | best)"
   done
 done

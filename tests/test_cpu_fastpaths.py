@@ -30,6 +30,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("TALLOW_INT4", "TALLOW_INT8", "TALLOW_REFERENCE", "TALLOW_INT4X2", "TALLOW_FUSE", "TALLOW_FAST_LAYERS",
                 "TALLOW_PREFILL_DEQUANT"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")  # the torch layers' fast paths (the C kernel's groups: test_ggml_dot.py)
 
 
 # --- fused linears -------------------------------------------------------------------------

@@ -37,6 +37,7 @@ QUANT_TYPES = sorted(INT4_TYPES | INT8_TYPES)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("TALLOW_INT4", "TALLOW_INT8", "TALLOW_REFERENCE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")  # these are the torch layers' tests (the C kernel's: test_ggml_dot.py)
 
 
 def fake_tensor(qtype: QT, n_out: int, n_in: int, seed: int = 0, name: str = "w") -> TensorInfo:

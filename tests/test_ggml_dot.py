@@ -106,13 +106,27 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
 @needs_c
 def test_linear_layer_and_fallback(monkeypatch):
     """TALLOW_CPU_GGML_DOT=1: make_linear wraps the torch layer, one row in C, many rows on the torch
-    layer; unset (default mode) or with the library missing, the torch layer alone."""
+    layer; the output projection is C alone at any row count; unset (default mode), =0 or with the
+    library missing, the torch layer alone."""
     from tallow import switches
+    from tallow.families.tensors import OUTPUT
     from tallow.kernels.cpu.linear import make_linear
 
     raw = random_rows(QT.Q8_0, 64, 256, seed=3)
     t = TensorInfo("w", QT.Q8_0, (256, 64), 0, raw.nbytes, raw)
+    monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
+    switches.refresh()
     assert make_linear(t).kind != "ggml_dot"  # opt-in in the default mode
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    switches.refresh()
+    assert make_linear(t).kind == "ggml_dot"
+    out = make_linear(t, role=OUTPUT)
+    assert out.kind == "ggml_dot" and not out.fallback and out.nbytes == raw.nbytes  # the file's bytes only
+    x6 = torch.randn(6, 256)
+    assert torch.equal(out(x6), torch.from_numpy(ggml_dot.gemv_quantized(raw, QT.Q8_0, 256, ggml_dot.quantize(x6, QT.Q8_0))))
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")
+    switches.refresh()
+    assert make_linear(t).kind != "ggml_dot" and make_linear(t, role=OUTPUT).kind != "ggml_dot"
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
     switches.refresh()
     layer = make_linear(t)
@@ -164,8 +178,8 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     path = write_tiny_model("llama", tmp_path / "tiny.gguf", qtype=qtype)
     ids = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120]
     calls = []
-    real = ggml_dot.linear
-    monkeypatch.setattr(ggml_dot, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = ggml_dot._Products.__call__
+    monkeypatch.setattr(ggml_dot._Products, "__call__", lambda self, x: calls.append(x.shape) or real(self, x))
 
     def run(**env):
         for k, v in env.items():
@@ -187,10 +201,9 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     (t_batch, t_steps), _ = run(TALLOW_CPU_GGML_DOT="0")
     (r_batch, r_steps), _ = run(TALLOW_CPU_GGML_DOT="0", TALLOW_REFERENCE="1")
     assert n_d > 0
-    assert torch.equal(d_batch, t_batch)  # prefill: the torch layer either way
-    err_c = (d_steps - r_steps).abs().max()
-    err_torch = (t_steps - r_steps).abs().max()
-    assert err_c <= max(2 * err_torch, 1e-3 * r_steps.abs().max())
+    # prefill: the torch layers either way, but the output projection (C alone, every row count)
+    for c, t, r in ((d_batch, t_batch, r_batch), (d_steps, t_steps, r_steps)):
+        assert (c - r).abs().max() <= max(2 * (t - r).abs().max(), 1e-3 * r.abs().max())
 
 
 @needs_c
@@ -213,3 +226,47 @@ def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
         llm.engine.reset()
         logits.append(llm.engine.decode_step(5).clone())
     assert torch.equal(logits[0], logits[1])
+
+
+@needs_c
+@pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q5_0, QT.Q8_0), (QT.Q4_1, QT.Q4_1),
+                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K)], ids=lambda t: "+".join(q.name for q in t))
+def test_group_equals_its_parts(types, monkeypatch):
+    """GgmlDotGroup (FusedLinear of C layers: one call, the input quantized once per activation type,
+    one parallel region over all rows, the four-row code) gives each part's bits exactly as the part
+    alone and as gemv_quantized row by row, for 1-3 input rows, odd row counts, one or two threads,
+    threaded or not; more rows go to the stacked torch layers, biases included."""
+    from tallow import switches
+    from tallow.kernels.cpu.fused_linear import FusedLinear
+    from tallow.kernels.cpu.linear import make_linear
+
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    switches.refresh()
+    k = 512
+    parts, raws = [], []
+    for i, (qt, n) in enumerate(zip(types, (67, 130, 33, 64))):
+        raw = random_rows(qt, n, k, seed=10 + i)
+        raws.append(raw)
+        bias = np.linspace(-1, 1, n).astype(np.float32) if i == 1 else None
+        parts.append(make_linear(TensorInfo(f"w{i}", qt, (k, n), 0, raw.nbytes, raw), bias))
+    group = FusedLinear(parts)
+    assert len(group.runs) == 1 and isinstance(group.runs[0], ggml_dot.GgmlDotGroup) and group.kind == "ggml_dot"
+    old_threads, old_min = torch.get_num_threads(), ggml_dot.parallel_min_bytes()
+    try:
+        for threads, par_min in ((1, 1 << 20), (2, 0), (2, 1 << 30)):
+            torch.set_num_threads(threads)
+            ggml_dot.parallel_min_bytes(par_min)
+            for m in (1, 2, 3):
+                x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+                y = group(x)
+                alone = torch.cat([p(x) for p in parts], dim=-1)
+                assert torch.equal(y, alone)
+                rows = torch.cat([torch.from_numpy(ggml_dot.gemv_quantized(r, qt, k, ggml_dot.quantize(x, qt)))
+                                  + (p.bias if p.bias is not None else 0) for r, qt, p in zip(raws, types, parts)], dim=-1)
+                assert torch.equal(y, rows)
+    finally:
+        torch.set_num_threads(old_threads)
+        ggml_dot.parallel_min_bytes(old_min)
+    x8 = torch.randn(8, k)
+    ref = FusedLinear([p.fallback[0] for p in parts])(x8)
+    assert torch.equal(group(x8), ref)

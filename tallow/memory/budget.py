@@ -39,7 +39,7 @@ from gguf import GGMLQuantizationType as QT
 
 from .. import switches
 from ..errors import MemoryBudgetError, UsageError
-from ..families.tensors import PER_LAYER_TOKEN_EMBD, TOKEN_EMBD, is_tied, model_roles
+from ..families.tensors import OUTPUT, PER_LAYER_TOKEN_EMBD, TOKEN_EMBD, is_tied, model_roles
 from ..gguf_file import GGUFFile
 from ..spec import ModelSpec, spec_from_gguf
 from .kv_format import kv_format, user_kv_format
@@ -139,9 +139,10 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
     return n_rows * n_cols * 4  # dense_f32, reference
 
 
-def _c_kernel_bytes(t, linear_mode: str | None) -> int | None:
+def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | None:
     """The C kernel (kernels/cpu/ggml_dot.py) reads a wrapped weight from the file map: its file
-    bytes, instead of (TALLOW_NUMERICS=ggml) or on top of (=1 in the default mode) the torch layer."""
+    bytes, instead of (TALLOW_NUMERICS=ggml, and the output projection) or on top of (=1 in the
+    default mode) the torch layer."""
     if linear_mode not in (None, "auto") or len(t.shape) != 2 or t.n_rows <= 1 or t.qtype not in _C_KERNEL_TYPES:
         return None
     forced = switches.value("TALLOW_CPU_GGML_DOT")  # ggml_dot.wanted(), without importing torch
@@ -152,7 +153,7 @@ def _c_kernel_bytes(t, linear_mode: str | None) -> int | None:
 
     if not ggml_dot.usable():
         return None
-    return t.n_bytes if ggml else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+    return t.n_bytes if ggml or output else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
 
 
 _C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # ggml_dot.TYPES
@@ -169,7 +170,7 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
         if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
             total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
         elif len(t.shape) >= 2 and t.n_rows > 1:
-            c_bytes = _c_kernel_bytes(t, linear_mode)
+            c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD))
             total += c_bytes if c_bytes is not None else linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
             total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32

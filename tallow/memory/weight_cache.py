@@ -98,11 +98,11 @@ def default_dir() -> Path:
 def _restorable() -> dict[str, type]:
     """The only classes a cache file may name: the CPU linear layers."""
     from ..kernels.cpu.fused_linear import FusedLinear
-    from ..kernels.cpu.ggml_dot import GgmlDotLinear
+    from ..kernels.cpu.ggml_dot import GgmlDotGroup, GgmlDotLinear
     from ..kernels.cpu.linear import DenseLinear, GroupInt8Linear, Int4Linear, Int8Linear, ReferenceLinear
 
     return {c.__name__: c for c in (Int4Linear, GroupInt8Linear, Int8Linear, DenseLinear, ReferenceLinear, FusedLinear,
-                                    GgmlDotLinear)}
+                                    GgmlDotLinear, GgmlDotGroup)}
 
 
 # ------------------------------------------------------------------------------ the key

@@ -37,6 +37,10 @@ def fusion_enabled() -> bool:
 def _can_follow(run: list[Linear], nxt: Linear) -> bool:
     """Whether `nxt` can be stacked below the layers of `run` in one weight."""
     prev = run[-1]
+    from .ggml_dot import GgmlDotLinear
+
+    if isinstance(prev, GgmlDotLinear) and type(nxt) is GgmlDotLinear and type(prev) is GgmlDotLinear:
+        return len(run) < 8 and bool(prev.fallback) == bool(nxt.fallback)  # ggml_dot.MAX_PARTS
     if type(prev) is not type(nxt) or prev.kind != nxt.kind or prev.in_features != nxt.in_features:
         return False
     if isinstance(prev, Int4Linear):
@@ -58,6 +62,10 @@ def _stack(parts: list[Linear]) -> Linear:
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
+    from .ggml_dot import GgmlDotGroup, GgmlDotLinear
+
+    if isinstance(first, GgmlDotLinear):
+        return GgmlDotGroup(parts)  # one C call: the input quantized once, one parallel region
     out = object.__new__(type(first))
     n = sum(p.out_features for p in parts)
     Linear.__init__(out, "+".join(p.name for p in parts), first.in_features, n, _stacked_bias(parts))

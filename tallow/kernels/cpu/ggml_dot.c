@@ -21,7 +21,7 @@
  * (__builtin_cpu_supports), so one build runs on any x86-64. Build with -ffp-contract=off: a
  * multiply-add is fused exactly where ggml fuses it, nowhere else.
  *
- * Threads: OpenMP (see run_job), as many as the caller passes (torch's thread count); built
+ * Threads: OpenMP (see run_products), as many as the caller passes (torch's thread count); built
  * without OpenMP it runs on the calling thread.
  */
 #include <math.h>
@@ -443,6 +443,7 @@ TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb
     }
     return acc - accmin;
 }
+
 #endif
 
 /* ---------------------------------------------------------------- dispatch */
@@ -508,30 +509,21 @@ static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
             j->y[i * j->y_stride + r] = j->fn(j->w + r * j->row_bytes, j->xq + i * j->xq_stride, j->nb);
 }
 
-/* Rows split in equal 16-row-aligned parts, one per thread. OpenMP, because torch's CPU wheels
- * ship libgomp.so.1 and this library, loaded after torch, binds to that same runtime: its threads
- * are torch's intra-op threads, not a second pool spinning against them on the same cores. */
-static void run_job(const job_t *j, int parts) {
-#ifdef _OPENMP
-    if (parts > 1) {
-#pragma omp parallel num_threads(parts)
-        {
-            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            int64_t per = (j->n + nt - 1) / nt;
-            per = (per + 15) / 16 * 16;
-            const int64_t r0 = per * t < j->n ? per * t : j->n, r1 = r0 + per < j->n ? r0 + per : j->n;
-            run_rows(j, r0, r1);
-        }
-        return;
-    }
-#endif
-    (void)parts;
-    run_rows(j, 0, j->n);
-}
-
 /* ---------------------------------------------------------------- exported API */
 
-int tg_abi_version(void) { return 1; }
+/* Products of fewer weight bytes (times activation rows) than this run on the calling thread: below
+ * it a parallel region's fork and join costs more than the second thread saves. 1 MiB kept most of a
+ * small model's products on one of two cores (smollm2: all but the output); 64-256 KiB
+ * measured best on the 2-core machine (docs/performance.md, session 9). */
+static int64_t g_par_min = 256 << 10;
+
+int64_t tg_set_par_min(int64_t bytes) {
+    int64_t old = g_par_min;
+    if (bytes >= 0) g_par_min = bytes;
+    return old;
+}
+
+int tg_abi_version(void) { return 2; }
 
 /* 1 when the AVX-512 VNNI kernels run, 0 for the portable code */
 int tg_simd(void) {
@@ -561,6 +553,149 @@ int tg_quantize(int atype, const float *x, uint8_t *out, int64_t m, int64_t k) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- several products over one input */
+
+/* Up to TG_MAX_PARTS weights sharing the input x (Q/K/V, gate/up): x is quantized once per activation
+ * type the parts need, and one parallel region splits all their rows by bytes; y (m, sum n) holds the
+ * parts' outputs side by side. Each output is the one tg_gemv_q computes (same row code). Built once per
+ * layer by the caller (ggml_dot.py) and passed by address. */
+#define TG_MAX_PARTS 8
+typedef struct {
+    int32_t nparts;
+    int32_t pad;
+    int64_t k;
+    int64_t types[TG_MAX_PARTS];
+    const uint8_t *w[TG_MAX_PARTS];
+    int64_t row_bytes[TG_MAX_PARTS];
+    int64_t n[TG_MAX_PARTS];
+} tg_plan_t;
+
+static int act_slot(int atype) { return atype == T_Q8_0 ? 0 : atype == T_Q8_1 ? 1 : 2; }
+
+/* scratch bytes tg_linear_multi needs for m activation rows (every activation type's rows) */
+int64_t tg_plan_scratch(const tg_plan_t *p, int64_t m) {
+    int64_t total = 0;
+    int seen[3] = {0, 0, 0};
+    for (int i = 0; i < p->nparts; i++) {
+        const int a = act_type((int)p->types[i]);
+        if (!seen[act_slot(a)]) {
+            seen[act_slot(a)] = 1;
+            total += m * (p->k / act_block(a) * act_bytes(a));
+        }
+    }
+    return total;
+}
+
+typedef struct {
+    job_t jobs[TG_MAX_PARTS];
+    int64_t off[TG_MAX_PARTS + 1]; /* byte offset of each part in the concatenated weights */
+    int nparts;
+} multi_t;
+
+/* first row of `part` at or after byte `at` of the concatenation, rounded up to 16 rows */
+static int64_t part_row(const multi_t *mj, int part, int64_t at) {
+    const job_t *j = &mj->jobs[part];
+    if (at <= mj->off[part]) return 0;
+    int64_t r = (at - mj->off[part] + j->row_bytes - 1) / j->row_bytes;
+    r = (r + 15) / 16 * 16;
+    return r < j->n ? r : j->n;
+}
+
+/* thread t of nt takes the t-th share of the bytes (whole 16-row groups) */
+static void run_multi_share(const multi_t *mj, int t, int nt) {
+    const int64_t total = mj->off[mj->nparts];
+    const int64_t b0 = total / nt * t, b1 = t == nt - 1 ? total : total / nt * (t + 1);
+    for (int i = 0; i < mj->nparts; i++) {
+        if (mj->off[i + 1] <= b0 || mj->off[i] >= b1) continue;
+        const int64_t r0 = part_row(mj, i, b0), r1 = t == nt - 1 ? mj->jobs[i].n : part_row(mj, i, b1);
+        if (r0 < r1) run_rows(&mj->jobs[i], r0, r1);
+    }
+}
+
+/* Runs mj's parts: OpenMP's static split over the bytes (each thread streams one contiguous share;
+ * a dynamic split in 32 KiB chunks over a pool of this library's own threads was slower here:
+ * docs/performance.md, session 9), or the calling thread alone for small products. OpenMP, because
+ * torch's CPU wheels ship libgomp.so.1 and this library, loaded after torch, binds to that same
+ * runtime: its threads are torch's intra-op threads, not a second pool spinning against them. */
+static void run_products(multi_t *mj, int m, int nthreads) {
+    const int parts = (double)mj->off[mj->nparts] * (double)m < (double)g_par_min ? 1 : nthreads;
+#ifdef _OPENMP
+    if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+        run_multi_share(mj, omp_get_thread_num(), omp_get_num_threads());
+        return;
+    }
+#endif
+    (void)parts;
+    run_multi_share(mj, 0, 1);
+}
+
+int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scratch, float *y, int nthreads) {
+    if (p->nparts < 1 || p->nparts > TG_MAX_PARTS) return -1;
+    const int simd = tg_simd();
+    const int64_t k = p->k;
+    uint8_t *act[3] = {0, 0, 0};
+    uint8_t *next = scratch;
+    int64_t ntot = 0;
+    for (int i = 0; i < p->nparts; i++) {
+        const int a = act_type((int)p->types[i]);
+        if (!pick((int)p->types[i], 0) || k % act_block(a)) return -1;
+        if (!act[act_slot(a)]) {
+            act[act_slot(a)] = next;
+            tg_quantize(a, x, next, m, k);
+            next += m * (k / act_block(a) * act_bytes(a));
+        }
+        ntot += p->n[i];
+    }
+    const uint8_t *q4k = 0; /* Q4_K's prepared activation layout, made once for all its parts */
+    int64_t q4k_stride = 0;
+#if TG_X86
+    for (int i = 0; i < p->nparts && simd && !q4k; i++) {
+        if (p->types[i] != T_Q4_K) continue;
+        static __thread uint8_t *prep;
+        static __thread int64_t prep_size;
+        const int64_t need = m * (k / QKK) * XP_BYTES;
+        if (need > prep_size) {
+            free(prep);
+            prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
+            prep_size = prep ? need : 0;
+            if (!prep) return -2;
+        }
+        const int64_t xs = k / QKK * Q8_K_BYTES;
+        for (int64_t r = 0; r < m; r++) prep_q4_k(act[2] + r * xs, prep + r * (k / QKK) * XP_BYTES, k / QKK);
+        q4k = prep;
+        q4k_stride = (k / QKK) * XP_BYTES;
+    }
+#endif
+    multi_t mj;
+    mj.nparts = p->nparts;
+    mj.off[0] = 0;
+    int64_t col = 0;
+    for (int i = 0; i < p->nparts; i++) {
+        const int type = (int)p->types[i], a = act_type(type);
+        job_t *j = &mj.jobs[i];
+        j->fn = pick(type, simd);
+        j->w = p->w[i];
+        j->row_bytes = p->row_bytes[i];
+        j->n = p->n[i];
+        j->nb = k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK);
+        if (type == T_Q4_K && q4k) {
+            j->xq = q4k;
+            j->xq_stride = q4k_stride;
+        } else {
+            j->xq = act[act_slot(a)];
+            j->xq_stride = k / act_block(a) * act_bytes(a);
+        }
+        j->m = m;
+        j->y = y + col;
+        j->y_stride = ntot;
+        col += p->n[i];
+        mj.off[i + 1] = mj.off[i] + p->n[i] * p->row_bytes[i];
+    }
+    run_products(&mj, (int)m, nthreads);
+    return 0;
+}
+
 /* y[i, r] = dot(weight row r, quantized activation row i) for r < n, i < m.
  * w: n rows of row_bytes; xq: m rows of tg_act_row_bytes(type, k); y: (m, n) float32. */
 int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const uint8_t *xq, int64_t m, float *y,
@@ -585,10 +720,12 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
         xq_stride = (k / QKK) * XP_BYTES;
     }
 #endif
-    job_t j = {fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
-    /* Below ~1 MiB of weight reads (tens of microseconds on one core) a parallel region's fork and
-     * join costs more than it saves, and on a busy machine each join can wait for a descheduled thread. */
-    run_job(&j, (double)n * (double)row_bytes * (double)m < (double)(1 << 20) ? 1 : nthreads);
+    multi_t mj;
+    mj.nparts = 1;
+    mj.jobs[0] = (job_t){fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
+    mj.off[0] = 0;
+    mj.off[1] = n * row_bytes;
+    run_products(&mj, (int)m, nthreads);
     return 0;
 }
 

@@ -9,12 +9,14 @@ where it lies in the file map: the kernel itself costs the file's bytes and noth
 
 GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
 more rows go to `fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM;
-its weights are held beside the file's bytes), or under TALLOW_NUMERICS=ggml (no fallback) the C
-kernel row by row: the file's bytes only, ggml's arithmetic per row.
+its weights are held beside the file's bytes), or where there is none (TALLOW_NUMERICS=ggml, and
+the output projection, which prefill runs for one row) the C kernel row by row: the file's bytes
+only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
+in one call.
 
-Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only
-(in the default mode it is opt-in: it adds the file's bytes to the torch layer it wraps, and its
-decode speed against that layer is in docs/performance.md).
+Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only.
+In the default mode it stays opt-in: with it, gemma3-270m's greedy continuations fall below the
+conformance floor (6-7 of 12 against 9; session 9 of docs/performance.md, with its decode speed).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +36,21 @@ from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
 __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
-           "linear", "GgmlDotLinear"]
+           "linear", "parallel_min_bytes", "GgmlDotLinear", "GgmlDotGroup"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 1
+_ABI = 2
+MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
+
+
+class _Plan(ctypes.Structure):
+    """ggml_dot.c's tg_plan_t: up to MAX_PARTS weights over one input."""
+
+    _fields_ = [("nparts", ctypes.c_int32), ("pad", ctypes.c_int32), ("k", ctypes.c_int64),
+                ("types", ctypes.c_int64 * MAX_PARTS), ("w", ctypes.c_void_p * MAX_PARTS),
+                ("row_bytes", ctypes.c_int64 * MAX_PARTS), ("n", ctypes.c_int64 * MAX_PARTS)]
 
 _lib: ctypes.CDLL | None = None
 _reason = "not loaded yet"
@@ -66,8 +78,13 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_gemv_q.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
     lib.tg_linear.argtypes = [i32, p, i64, i64, i64, p, i64, p, p, i32]
     lib.tg_act_row_bytes.restype = i64
+    lib.tg_linear_multi.argtypes = [p, p, i64, p, p, i32]
+    lib.tg_plan_scratch.argtypes = [p, i64]
+    lib.tg_plan_scratch.restype = i64
+    lib.tg_set_par_min.argtypes = [i64]
+    lib.tg_set_par_min.restype = i64
     lib.tg_act_row_bytes.argtypes = [i32, i64]
-    for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear):
+    for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
     _lib, _reason = lib, ""
     return lib
@@ -151,18 +168,59 @@ def gemv_quantized(raw: np.ndarray | torch.Tensor, qtype: QT, k: int, xq: np.nda
 _local = threading.local()  # the quantized activations' buffer, one per calling thread
 
 
-def linear(w: torch.Tensor, qtype: QT, x: torch.Tensor) -> torch.Tensor:
-    """x (M, K) float32 contiguous, w (N, row bytes) uint8 -> x @ W^T (M, N) float32, in one C call."""
-    m, k = x.shape
-    need = m * _act_row_bytes(qtype, k)
+def _scratch(need: int) -> int:
     scratch = getattr(_local, "scratch", None)
     if scratch is None or scratch.numel() < need:
         with torch.inference_mode(False):
-            scratch = _local.scratch = torch.empty(need, dtype=torch.uint8)
+            scratch = _local.scratch = torch.empty(max(need, 1 << 16), dtype=torch.uint8)
+    return scratch.data_ptr()
+
+
+def linear(w: torch.Tensor, qtype: QT, x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous, w (N, row bytes) uint8 -> x @ W^T (M, N) float32, in one C call."""
+    m, k = x.shape
     y = torch.empty(m, w.shape[0], dtype=torch.float32)
-    (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m, scratch.data_ptr(),
-                                y.data_ptr(), _threads())
+    (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m,
+                                _scratch(m * _act_row_bytes(qtype, k)), y.data_ptr(), _threads())
     return y
+
+
+def parallel_min_bytes(nbytes: int | None = None) -> int:
+    """The weight bytes (times rows) under which a product stays on the calling thread; with
+    `nbytes`, set it (returns the previous value). For measurements."""
+    return int((_lib or _load()).tg_set_par_min(-1 if nbytes is None else int(nbytes)))
+
+
+class _Products:
+    """The C side of one or more weights over the same input (ggml_dot.c's tg_plan_t), built at the
+    first call and kept beside the layer (not an attribute: the weight cache stores attributes)."""
+
+    __slots__ = ("plan", "addr", "n", "k", "act_bytes", "weights")
+
+    def __init__(self, parts: list[tuple[QT, torch.Tensor]], k: int):
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"the C kernel takes 1 to {MAX_PARTS} weights per call, not {len(parts)}")
+        self.weights = [w for _, w in parts]  # the plan holds their addresses
+        p = self.plan = _Plan()
+        p.nparts, p.k = len(parts), k
+        for i, (qt, w) in enumerate(parts):
+            p.types[i], p.w[i], p.row_bytes[i], p.n[i] = int(qt), w.data_ptr(), w.stride(0), w.shape[0]
+        self.addr = ctypes.addressof(p)
+        self.n = sum(w.shape[0] for _, w in parts)
+        self.k = k
+        self.act_bytes = sum(_act_row_bytes(a, k) for a in {_ACT[QT(qt)]: QT(qt) for qt, _ in parts}.values())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) float32 contiguous -> (M, sum of N) float32."""
+        m = x.shape[0]
+        y = torch.empty(m, self.n, dtype=torch.float32)
+        if _lib.tg_linear_multi(self.addr, x.data_ptr(), m, _scratch(m * self.act_bytes), y.data_ptr(),
+                                torch.get_num_threads()):
+            raise ValueError("the C kernel refused a product")  # checked at construction: not reached
+        return y
+
+
+_products: "weakref.WeakKeyDictionary[Linear, _Products]" = weakref.WeakKeyDictionary()
 
 
 class GgmlDotLinear(Linear):
@@ -184,10 +242,68 @@ class GgmlDotLinear(Linear):
         extra = self.fallback[0]._tensors() if self.fallback else []
         return [self.weight, *extra, *super()._tensors()]
 
+    def _c(self, x2: torch.Tensor) -> torch.Tensor:
+        run = _products.get(self)
+        if run is None:
+            run = _products[self] = _Products([(QT(self.qtype), self.weight)], self.in_features)
+        return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
         if self.fallback and (x2.shape[0] > self.MAX_ROWS or _lib is None and not available()):
             return self.fallback[0]._mm(x2)  # prefill, or a cached layer restored where the library is missing
-        return linear(self.weight, QT(self.qtype), x2.float().contiguous())
+        return self._c(x2)
+
+    def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        return self._mm(xc)
+
+
+class GgmlDotGroup(Linear):
+    """Several GgmlDotLinear over the same input (Q/K/V, gate/up; FusedLinear builds it): one C call
+    quantizes the input once per activation type and runs every part's rows in one parallel region.
+    The outputs are the parts' own (same row code), side by side. More rows than MAX_ROWS go to
+    `fallback`: the FusedLinear of the parts' torch layers (prefill as without the C kernel)."""
+
+    kind = "ggml_dot"
+    MAX_ROWS = GgmlDotLinear.MAX_ROWS
+
+    def __init__(self, parts: list[GgmlDotLinear]):
+        from .fused_linear import FusedLinear, _stacked_bias
+
+        k = parts[0].in_features
+        super().__init__("+".join(p.name for p in parts), k, sum(p.out_features for p in parts), _stacked_bias(parts))
+        self.qtypes = [int(p.qtype) for p in parts]
+        self.parts = []  # the parts without their fallbacks (those are stacked in self.fallback)
+        for p in parts:
+            bare = object.__new__(GgmlDotLinear)
+            Linear.__init__(bare, p.name, p.in_features, p.out_features, None)
+            bare.qtype, bare.weight, bare.fallback = p.qtype, p.weight, []
+            self.parts.append(bare)
+        have = [bool(p.fallback) for p in parts]
+        if any(have) and not all(have):
+            raise ValueError("a GgmlDotGroup's parts all have a torch fallback or none has")
+        self.fallback = [FusedLinear([p.fallback[0] for p in parts], fuse=True)] if all(have) else []
+
+    def _tensors(self) -> list[torch.Tensor]:
+        extra = self.fallback[0]._tensors() if self.fallback else []
+        return [t for p in self.parts for t in p._tensors()] + extra + super()._tensors()
+
+    def _c(self, x2: torch.Tensor) -> torch.Tensor:
+        run = _products.get(self)
+        if run is None:
+            run = _products[self] = _Products([(QT(p.qtype), p.weight) for p in self.parts], self.in_features)
+        return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if self.fallback and (rows > self.MAX_ROWS or _lib is None and not available()):
+            return self.fallback[0](x)  # prefill: the stacked torch layers, biases included
+        return super().__call__(x)
+
+    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
+        if self.fallback and (x2.shape[0] > self.MAX_ROWS or _lib is None and not available()):
+            runs = self.fallback[0].runs
+            return torch.cat([r._mm(x2) for r in runs], dim=-1) if len(runs) > 1 else runs[0]._mm(x2)
+        return self._c(x2)
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
         return self._mm(xc)

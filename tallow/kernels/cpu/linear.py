@@ -18,8 +18,8 @@ Environment switches, read when a layer is constructed (so tests and the CLI can
                       GgmlDotLinear (ggml_dot.py, the C kernel over the file's bytes) where it
                       takes the type
   TALLOW_CPU_GGML_DOT=1 Q4_1/Q5_0/Q8_0/Q4_K/Q6_K decode products in the C kernel (GgmlDotLinear
-                      wrapping the layer above, which keeps prefill); on by default only under
-                      TALLOW_NUMERICS=ggml; =0 never
+                      wrapping the layer above, which keeps prefill; the output projection in C
+                      alone, it runs one row); on by default only under TALLOW_NUMERICS=ggml; =0 never
   TALLOW_INT4X2=1     opt-in: Q8_0/Q5_0/Q5_1/Q5_K become exact-code int4 over a doubled K
                       (kind "int4x2", as is mode="int4x2"): ~6x less weight error than int8
                       at equal decode speed, ~1.5x slower for multi-token prefill
@@ -313,13 +313,14 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
                 role: str | None = None) -> Linear:
     """The layer of `_make_linear` (below); where the C kernel (ggml_dot.py) takes the type and
     TALLOW_CPU_GGML_DOT is on, wrapped so that one-row products (decode) run in C over the file's
-    bytes with llama.cpp's arithmetic. Under TALLOW_NUMERICS=ggml the C kernel replaces the fp32
-    weights of GgmlLinear for every row count."""
+    bytes with llama.cpp's arithmetic. Under TALLOW_NUMERICS=ggml, and for the output projection
+    (role OUTPUT: one row per step, prefill projects only the last token), the C kernel serves
+    every row count alone: no torch copy of the weight."""
     from . import ggml_dot
 
     use_c = (mode in (None, "auto") and tensor.qtype in ggml_dot.TYPES and len(tensor.shape) == 2 and ggml_dot.wanted()
              and ggml_dot.usable())
-    if use_c and ggml_enabled():
+    if use_c and (ggml_enabled() or role == OUTPUT):
         return ggml_dot.GgmlDotLinear(tensor, _bias_tensor(bias, tensor.n_rows, tensor.name))
     layer = _make_linear(tensor, bias, mode, role)
     if use_c and not isinstance(layer, ReferenceLinear):
