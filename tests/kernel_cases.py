@@ -569,6 +569,7 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.ggml_dot:quantize": "tests/test_ggml_dot.py",
     "tallow.kernels.cpu.ggml_dot:gemv_quantized": "tests/test_ggml_dot.py",
     "tallow.kernels.cpu.ggml_dot:linear": "tests/test_ggml_dot.py",
+    "tallow.kernels.cpu.ggml_dot:GgmlDotGroup": "tests/test_ggml_dot.py",  # each part's own bits, mixed types
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -609,6 +610,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
+    "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
     "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",
