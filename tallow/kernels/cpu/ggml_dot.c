@@ -572,6 +572,24 @@ typedef struct {
 
 static int act_slot(int atype) { return atype == T_Q8_0 ? 0 : atype == T_Q8_1 ? 1 : 2; }
 
+#if TG_X86
+/* m Q8_K activation rows (xq_stride bytes apart) in Q4_K's AVX-512 layout (prep_q4_k), in a buffer of the
+ * calling thread's that grows as needed; NULL when it cannot be allocated. */
+static const uint8_t *q4k_prepared(const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t k) {
+    static __thread uint8_t *prep;
+    static __thread int64_t prep_size;
+    const int64_t need = m * (k / QKK) * XP_BYTES;
+    if (need > prep_size) {
+        free(prep);
+        prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
+        prep_size = prep ? need : 0;
+        if (!prep) return 0;
+    }
+    for (int64_t i = 0; i < m; i++) prep_q4_k(xq + i * xq_stride, prep + i * (k / QKK) * XP_BYTES, k / QKK);
+    return prep;
+}
+#endif
+
 /* scratch bytes tg_linear_multi needs for m activation rows (every activation type's rows) */
 int64_t tg_plan_scratch(const tg_plan_t *p, int64_t m) {
     int64_t total = 0;
@@ -652,18 +670,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
 #if TG_X86
     for (int i = 0; i < p->nparts && simd && !q4k; i++) {
         if (p->types[i] != T_Q4_K) continue;
-        static __thread uint8_t *prep;
-        static __thread int64_t prep_size;
-        const int64_t need = m * (k / QKK) * XP_BYTES;
-        if (need > prep_size) {
-            free(prep);
-            prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
-            prep_size = prep ? need : 0;
-            if (!prep) return -2;
-        }
-        const int64_t xs = k / QKK * Q8_K_BYTES;
-        for (int64_t r = 0; r < m; r++) prep_q4_k(act[2] + r * xs, prep + r * (k / QKK) * XP_BYTES, k / QKK);
-        q4k = prep;
+        if (!(q4k = q4k_prepared(act[2], k / QKK * Q8_K_BYTES, m, k))) return -2;
         q4k_stride = (k / QKK) * XP_BYTES;
     }
 #endif
@@ -706,17 +713,7 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
     int64_t xq_stride = k / act_block(a) * act_bytes(a);
 #if TG_X86
     if (type == T_Q4_K && tg_simd()) {
-        static __thread uint8_t *prep;
-        static __thread int64_t prep_size;
-        const int64_t need = m * (k / QKK) * XP_BYTES;
-        if (need > prep_size) {
-            free(prep);
-            prep = aligned_alloc(64, (size_t)((need + 63) / 64 * 64));
-            prep_size = prep ? need : 0;
-            if (!prep) return -2;
-        }
-        for (int64_t i = 0; i < m; i++) prep_q4_k(xq + i * xq_stride, prep + i * (k / QKK) * XP_BYTES, k / QKK);
-        xq = prep;
+        if (!(xq = q4k_prepared(xq, xq_stride, m, k))) return -2;
         xq_stride = (k / QKK) * XP_BYTES;
     }
 #endif
