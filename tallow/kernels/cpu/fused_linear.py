@@ -39,7 +39,7 @@ def _can_follow(run: list[Linear], nxt: Linear) -> bool:
     prev = run[-1]
     from .ggml_dot import GgmlDotLinear
 
-    if isinstance(prev, GgmlDotLinear) and type(nxt) is GgmlDotLinear and type(prev) is GgmlDotLinear:
+    if type(prev) is GgmlDotLinear and type(nxt) is GgmlDotLinear:
         return len(run) < 8 and bool(prev.fallback) == bool(nxt.fallback)  # ggml_dot.MAX_PARTS
     if type(prev) is not type(nxt) or prev.kind != nxt.kind or prev.in_features != nxt.in_features:
         return False

@@ -208,19 +208,32 @@ class _Products:
         self.addr = ctypes.addressof(p)
         self.n = sum(w.shape[0] for _, w in parts)
         self.k = k
-        self.act_bytes = sum(_act_row_bytes(a, k) for a in {_ACT[QT(qt)]: QT(qt) for qt, _ in parts}.values())
+        self.act_bytes = sum(k // _ACT_BLOCK[a][0] * _ACT_BLOCK[a][1] for a in {_ACT[QT(qt)] for qt, _ in parts})  # each type once
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, K) float32 contiguous -> (M, sum of N) float32."""
         m = x.shape[0]
         y = torch.empty(m, self.n, dtype=torch.float32)
-        if _lib.tg_linear_multi(self.addr, x.data_ptr(), m, _scratch(m * self.act_bytes), y.data_ptr(),
-                                torch.get_num_threads()):
+        if _lib.tg_linear_multi(self.addr, x.data_ptr(), m, _scratch(m * self.act_bytes), y.data_ptr(), _threads()):
             raise ValueError("the C kernel refused a product")  # checked at construction: not reached
         return y
 
 
 _products: "weakref.WeakKeyDictionary[Linear, _Products]" = weakref.WeakKeyDictionary()
+
+
+def _in_c(layer, x2: torch.Tensor) -> torch.Tensor:
+    """x2 (M, K) @ the layer's weights (`layer._weights()`, side by side) in one C call."""
+    run = _products.get(layer)
+    if run is None:
+        run = _products[layer] = _Products(layer._weights(), layer.in_features)
+    return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+
+
+def _falls_back(layer, rows: int) -> bool:
+    """Whether `rows` go to the layer's torch fallback: prefill, or a cached layer restored where
+    the library is missing."""
+    return bool(layer.fallback) and (rows > layer.MAX_ROWS or _lib is None and not available())
 
 
 class GgmlDotLinear(Linear):
@@ -242,16 +255,13 @@ class GgmlDotLinear(Linear):
         extra = self.fallback[0]._tensors() if self.fallback else []
         return [self.weight, *extra, *super()._tensors()]
 
-    def _c(self, x2: torch.Tensor) -> torch.Tensor:
-        run = _products.get(self)
-        if run is None:
-            run = _products[self] = _Products([(QT(self.qtype), self.weight)], self.in_features)
-        return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+    def _weights(self) -> list[tuple[QT, torch.Tensor]]:
+        return [(QT(self.qtype), self.weight)]
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.fallback and (x2.shape[0] > self.MAX_ROWS or _lib is None and not available()):
-            return self.fallback[0]._mm(x2)  # prefill, or a cached layer restored where the library is missing
-        return self._c(x2)
+        if _falls_back(self, x2.shape[0]):
+            return self.fallback[0]._mm(x2)
+        return _in_c(self, x2)
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
         return self._mm(xc)
@@ -287,23 +297,19 @@ class GgmlDotGroup(Linear):
         extra = self.fallback[0]._tensors() if self.fallback else []
         return [t for p in self.parts for t in p._tensors()] + extra + super()._tensors()
 
-    def _c(self, x2: torch.Tensor) -> torch.Tensor:
-        run = _products.get(self)
-        if run is None:
-            run = _products[self] = _Products([(QT(p.qtype), p.weight) for p in self.parts], self.in_features)
-        return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+    def _weights(self) -> list[tuple[QT, torch.Tensor]]:
+        return [(QT(p.qtype), p.weight) for p in self.parts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if self.fallback and (rows > self.MAX_ROWS or _lib is None and not available()):
+        if _falls_back(self, x.numel() // self.in_features):
             return self.fallback[0](x)  # prefill: the stacked torch layers, biases included
         return super().__call__(x)
 
     def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        if self.fallback and (x2.shape[0] > self.MAX_ROWS or _lib is None and not available()):
+        if _falls_back(self, x2.shape[0]):  # inside an outer FusedLinear that adds the biases itself
             runs = self.fallback[0].runs
             return torch.cat([r._mm(x2) for r in runs], dim=-1) if len(runs) > 1 else runs[0]._mm(x2)
-        return self._c(x2)
+        return _in_c(self, x2)
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
         return self._mm(xc)
