@@ -443,7 +443,6 @@ TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb
     }
     return acc - accmin;
 }
-
 #endif
 
 /* ---------------------------------------------------------------- dispatch */

@@ -208,7 +208,7 @@ class _Products:
         self.addr = ctypes.addressof(p)
         self.n = sum(w.shape[0] for _, w in parts)
         self.k = k
-        self.act_bytes = sum(k // _ACT_BLOCK[a][0] * _ACT_BLOCK[a][1] for a in {_ACT[QT(qt)] for qt, _ in parts})  # each type once
+        self.act_bytes = int((_lib or _load()).tg_plan_scratch(self.addr, 1))  # per input row, each activation type once
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, K) float32 contiguous -> (M, sum of N) float32."""
