@@ -12,9 +12,9 @@
 #        mmvq-ab (E2B and qwen3-4b tg128 with and without TALLOW_GEMV_MMVQ), pack (llama-bench.xz into $OUT),
 #        piece (the real smollm2 file's pieces carried in .mpiece1/2/3, one per call, kept in /root/m),
 #        conform (the pieces joined and checked; the smollm2 conformance tests with TALLOW_GEMV_MMVQ=0 and 1),
-#        spec-mmvq (scripts/gpu_speculate.py's exactness check with TALLOW_GEMV_MMVQ=1: verification rows vs
-#        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=1,
-#        then llama-bench's), profile-e2b (one E2B decode step's kernels with TALLOW_GEMV_MMVQ=1),
+#        spec-mmvq (scripts/gpu_speculate.py's exactness check with the integer-dot GEMV: verification rows vs
+#        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=0,
+#        then llama-bench's), profile-e2b (one E2B decode step's kernels),
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
 #        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
 # (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
@@ -97,7 +97,7 @@ for step in "$@"; do
     mmvq-ab) say "mmvq-ab: TALLOW_GEMV_MMVQ in the engine (speculation off in both variants)"
       for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
       python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b,qwen3-4b --tests "-p 0 -n 128 -r 3" \
-        TALLOW_SPECULATE=0 TALLOW_SPECULATE=0,TALLOW_GEMV_MMVQ=1 2>&1 | tee -a $OUT/mmvq_ab.txt ;;
+        TALLOW_SPECULATE=0 TALLOW_SPECULATE=0,TALLOW_GEMV_MMVQ=0 2>&1 | tee -a $OUT/mmvq_ab.txt ;;
     moe-check) say "moe-check"; timeout 120 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -12 | tee -a $OUT/moe_check.txt ;;
     piece) mkdir -p /root/m; for d in .mpiece*; do [ -d $d ] && cp $d/* /root/m/; done; ls -la /root/m | tee -a $OUT/steps.log ;;
     conform) say "conform"
@@ -107,16 +107,16 @@ for step in "$@"; do
         tests/test_conformance.py -k smollm2 2>&1 | tail -15 | tee -a $OUT/conform_mmvq$v.txt; done ;;
     spec-mmvq) say "spec-mmvq"
       for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
-      TALLOW_GEMV_MMVQ=1 timeout 300 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf /root/twins/qwen3-4b.gguf \
+      timeout 300 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf /root/twins/qwen3-4b.gguf \
         --reps 20 2>&1 | tail -30 | tee -a $OUT/spec_mmvq.txt ;;
     e2b-ab) say "e2b-ab"
       twin gemma4-e2b || say "twin gemma4-e2b FAILED"
       for d in 0 32768; do state
         python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b --tests "-p 0 -n 128 -d $d -r 3" \
-          base TALLOW_GEMV_MMVQ=1 2>&1 | tee -a $OUT/e2b_ab.txt
+          base TALLOW_GEMV_MMVQ=0 2>&1 | tee -a $OUT/e2b_ab.txt
         state; llama_json /root/twins/gemma4-e2b.gguf -p 0 -n 128 -d $d -r 5 | tee -a $OUT/e2b_ab.txt; done ;;
     profile-e2b) say "profile-e2b"
-      TALLOW_GEMV_MMVQ=1 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
+      python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
         > $OUT/profile_e2b_mmvq.txt 2>&1; tail -5 $OUT/profile_e2b_mmvq.txt ;;
     g4check) say "g4check"; timeout 300 python3 scripts/gpu_gemma4_check.py --work /root/g4 2>&1 | tail -12 | tee -a $OUT/g4check.txt ;;
     pack-split) strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT ;;
