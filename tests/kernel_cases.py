@@ -596,8 +596,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.decode_attention:default_splits", "tallow.kernels.triton.decode_attention:make_scratch",
     "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",
     "tallow.kernels.triton.quant_gemv:quant_gemv_reference", "tallow.kernels.triton.quant_gemv:gemv_config",
-    "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:Epilogue",
-    "tallow.kernels.triton.quant_gemv:small_grid_split",
+    "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
     "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
     # NVML/CPU readings printed beside bench figures, not kernels

@@ -190,34 +190,3 @@ def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
     assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
     check_rows_equal_steps(arch, tmp_path, TritonOps())
-
-
-@pytest.mark.parametrize("arch", ["llama", "gemma4"])  # SwiGLU; GeGLU with the per-layer input's gate
-def test_gemv_epilogues_match_separate_kernels(arch, tmp_path, monkeypatch):
-    """The whole GPU placement on CPU tensors: with gate and up interleaved and the GLU (and Gemma
-    4's per-layer GeGLU) applied where the GEMV stores its rows, decode steps and a prefill give
-    bit for bit what the separate GLU kernels give (TALLOW_GEMV_EPILOGUE=0)."""
-    from gguf import GGMLQuantizationType as QT
-
-    from tallow.kernels.dispatch import Placement
-
-    monkeypatch.setattr(Placement, "on_gpu", property(lambda self: True))
-    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q8_0, n_layers=2))
-    spec = spec_from_gguf(gf)
-    ids = tiny_prompt(10)
-
-    def run():
-        model = build_model(gf, spec)
-        for table in model.rope.values():
-            table.ensure(64)
-        kv = KVPool(spec, 64)
-        prefill = model.run(Step.host(ids[:9], 0, "cpu"), kv)  # 9 rows: the product, then glu.py
-        kv.tokens.extend(ids[:9])
-        return torch.cat([prefill[-1:], model.run(decode_step(ids[9], 9), kv)]), model
-
-    fused, model = run()
-    assert model.layers[0].ffn_gate_up.pairs
-    monkeypatch.setenv("TALLOW_GEMV_EPILOGUE", "0")
-    separate, model = run()
-    assert not getattr(model.layers[0].ffn_gate_up, "pairs", False)
-    assert torch.equal(fused, separate)

@@ -45,25 +45,11 @@ class TorchOps:
         """act(gate) * up for gate and up as two tensors of one shape."""
         return (swiglu if kind == "swiglu" else geglu)(gate, up)
 
-    def glu_of(self, gate_up, h: torch.Tensor, kind: str) -> torch.Tensor:
-        """act(gate) * up of a gate/up layer (the model's `gate_up`) over h."""
-        return self.glu(gate_up(h), kind)
-
-    def gated_of(self, gate, h: torch.Tensor, partner: torch.Tensor, kind: str) -> torch.Tensor:
-        """act(gate(h)) * partner for a linear `gate`."""
-        return self.gated(gate(h), partner, kind)
-
     def norm_add(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float,
                  scale: torch.Tensor | None = None) -> torch.Tensor:
         """(x + rmsnorm(branch) * weight) * scale: a normed branch joining the stream."""
         y = x + rms_norm(branch, weight, eps)
         return y if scale is None else y * scale
-
-    def norm_add_into(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float):
-        """`norm_add`'s stream twice: as the stream, and as the input of the one product that
-        reads it next (on the GPU a LazyInput that product computes, writing the stream)."""
-        y = self.norm_add(x, branch, weight, eps)
-        return y, y
 
     def norm_add_norm(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
                       eps: float, scale: torch.Tensor | None = None):
@@ -93,7 +79,7 @@ class LazyInput:
         self.prologue = prologue
         self._run = run  # () -> the op's output, computed by its own kernel
         self._value = None
-        self.shape = (x.shape[0], x.shape[1] // 2 if prologue.kind in ("swiglu", "geglu") else x.shape[1])
+        self.shape = (x.shape[0], x.shape[1] // 2 if prologue.kind != "norm" else x.shape[1])
         self.device = x.device
 
     def take(self):
@@ -171,34 +157,12 @@ class TritonOps(TorchOps):
 
         return glu(gate, up, kind)
 
-    # A GPU gate/up layer built interleaved (gpu/linear.py) applies its GLU as it stores its rows;
-    # a lone gate linear does the same with a partner when the switch allows.
-    def glu_of(self, gate_up, h, kind):
-        if getattr(gate_up, "pairs", False):
-            return gate_up.gated(h, kind)
-        return super().glu_of(gate_up, h, kind)
-
-    def gated_of(self, gate, h, partner, kind):
-        if hasattr(gate, "gated") and switches.enabled("TALLOW_GEMV_EPILOGUE") and self._rows(partner):
-            return gate.gated(h, kind, partner)
-        return super().gated_of(gate, h, partner, kind)
-
     def norm_add(self, x, branch, weight, eps, scale=None):
         if weight.dim() != 1 or not (self._rows(x) and self._rows(branch)):
             return super().norm_add(x, branch, weight, eps, scale)
         from .triton.rmsnorm import rmsnorm_add
 
         return rmsnorm_add(branch, weight, eps, x, scale)
-
-    def norm_add_into(self, x, branch, weight, eps):
-        if weight.dim() != 1 or not (self._rows(x) and self._rows(branch) and self._lazy_ok(branch, branch.shape[1])):
-            return super().norm_add_into(x, branch, weight, eps)
-        from .triton.quant_gemv import Prologue
-        from .triton.rmsnorm import rmsnorm_add
-
-        total = torch.empty_like(x)
-        return total, LazyInput(branch, Prologue("norm_add", weight, eps, x, total),
-                                lambda _: rmsnorm_add(branch, weight, eps, x, out=total))
 
     def norm_add_norm(self, x, branch, weight, next_weight, eps, scale=None):
         if weight.dim() != 1 or next_weight.dim() != 1 or not (self._rows(x) and self._rows(branch)):

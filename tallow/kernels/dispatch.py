@@ -72,11 +72,7 @@ class Placement:
 
         return make_linear(tensor, bias, mode=self.linear_mode, role=role)
 
-    def linear_group(self, parts: list, pairs: bool = False):
-        """`pairs`: parts are a gate and an up linear, whose GLU the model takes through
-        ops.glu_of; on the GPU they become one interleaved layer where they can (gpu/linear.py)."""
-        if self.on_gpu and pairs and len(parts) == 2 and parts[0].can_pair(parts[1]):
-            return type(parts[0]).stacked(parts, interleave=True)
+    def linear_group(self, parts: list):
         if self.on_gpu:
             # Consecutive parts of one quant type become one stacked weight (one launch).
             runs: list[list] = [[parts[0]]]

@@ -101,11 +101,6 @@ class DecoderModel:
         biases = biases or [None] * len(names)
         return self.place.cached(names, lambda: self.place.linear_group([self._build_linear(n, b) for n, b in zip(names, biases)]))
 
-    def gate_up(self, gate: str, up: str):
-        """The feed-forward gate and up linears as one layer, for ops.glu_of."""
-        return self.place.cached([gate, up], lambda: self.place.linear_group([self._build_linear(gate), self._build_linear(up)],
-                                                                             pairs=True))
-
     def load_layer(self, i: int) -> LayerWeights:
         raise NotImplementedError
 

@@ -32,7 +32,7 @@ class FalconH1Model(MambaModel):
         # Falcon-H1 files name it `blk.N.ffn_norm` (no `.weight`: llama.cpp's converter maps the
         # whole `pre_ff_layernorm.weight` to it); accept either name.
         t["ffn_norm"] = self.norm_weight(tn("ffn_norm", "") if tn("ffn_norm", "") in self.gf.tensors else tn("ffn_norm"))
-        t["ffn_gate_up"] = self.gate_up(tn("ffn_gate"), tn("ffn_up"))
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
         t["ffn_down"] = self.linear(tn("ffn_down"))
         return w
 
@@ -42,4 +42,4 @@ class FalconH1Model(MambaModel):
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
         mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
-        return x, w.ffn_down(ops.glu_of(w.ffn_gate_up, h, "swiglu"))
+        return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))

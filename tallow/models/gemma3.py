@@ -24,7 +24,7 @@ class Gemma3Model(DecoderModel):
         # One norm over the Q and K heads side by side: each head keeps its own weight row.
         t["attn_qk_norm"] = torch.cat((q_norm.expand(layer.n_heads, -1), k_norm.expand(layer.n_kv_heads, -1)))
         t["attn_qkv"] = self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")])
-        t["ffn_gate_up"] = self.gate_up(tn("ffn_gate"), tn("ffn_up"))
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
         t["attn_output"] = self.linear(tn("attn_out"))
         t["ffn_down"] = self.linear(tn("ffn_down"))
         return LayerWeights(i, t)
@@ -36,4 +36,4 @@ class Gemma3Model(DecoderModel):
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
         attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
-        return x, ops.norm(w.ffn_down(ops.glu_of(w.ffn_gate_up, h, "geglu")), w.post_ffw_norm, eps)
+        return x, ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)

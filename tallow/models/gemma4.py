@@ -98,7 +98,7 @@ class Gemma4Model(DecoderModel):
         else:  # a shared-KV layer: Q only, attending over its source layer's cache
             t["attn_q_norm"] = q_norm[0].contiguous()  # (hd,): the same weight for every head
             t["attn_q"] = self.linear(tn("attn_q"))
-        t["ffn_gate_up"] = self.gate_up(tn("ffn_gate"), tn("ffn_up"))
+        t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
         if tn("ffn_gate_inp") in self.gf.tensors:  # 26B-A4B: routed experts beside the MLP
             from .qwen3moe import load_gemma4_experts
 
@@ -181,7 +181,7 @@ class Gemma4Model(DecoderModel):
         q = self.attention_inputs(w, proj, kv, step)
         x, h = ops.norm_add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm,
                                  w.ffn_norm, eps)
-        mlp = w.ffn_down(ops.glu_of(w.ffn_gate_up, h, "geglu"))
+        mlp = w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu"))
         if w.get("ffn_experts") is not None:
             from .qwen3moe import gemma4_moe_ffn
 
@@ -191,10 +191,10 @@ class Gemma4Model(DecoderModel):
                 return x, ops.norm(mlp, w.post_ffw_norm, eps), None  # pending for the next block's norm
             # The scale applies to the whole stream: nothing pending.
             return ops.norm_add(x, mlp, w.post_ffw_norm, eps, w.out_scale), None, None
-        x, x_in = ops.norm_add_into(x, mlp, w.post_ffw_norm, eps)
-        # With the Triton ops the norm in the gate GEMV's prologue and the GeGLU in its epilogue
-        # (or kernels/triton/glu.py's); the CPU keeps ggml's table.
-        gate = ops.gated_of(w.ple_gate, x_in, per_layer, "geglu") if ops.fused_step else gelu_ggml(w.ple_gate(x_in)) * per_layer
+        x = ops.norm_add(x, mlp, w.post_ffw_norm, eps)
+        gate = w.ple_gate(x)
+        # With the Triton ops one launch (kernels/triton/glu.py's GeGLU); the CPU keeps ggml's table.
+        gate = ops.gated(gate, per_layer, "geglu") if ops.fused_step else gelu_ggml(gate) * per_layer
         branch, scale = w.ple_proj(gate), w.get("out_scale")
         if next_norm is None:
             return ops.norm_add(x, branch, w.ple_post_norm, eps, scale), None, None

@@ -26,7 +26,7 @@ class LlamaModel(DecoderModel):
             "attn_qkv": self.linear_group([tn(r) for r in qkv], [tn(r, "bias") for r in qkv] if self.qkv_bias else None),
             "attn_output": self.linear(tn("attn_out")),
             "ffn_norm": self.norm_weight(tn("ffn_norm")),
-            "ffn_gate_up": self.gate_up(tn("ffn_gate"), tn("ffn_up")),
+            "ffn_gate_up": self.linear_group([tn("ffn_gate"), tn("ffn_up")]),  # (n, 2*ffn)
             "ffn_down": self.linear(tn("ffn_down")),
         }
         if self.qk_norm:
@@ -46,4 +46,4 @@ class LlamaModel(DecoderModel):
 
     def mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         """The block's feed-forward part over the normed rows h (qwen3moe: routed experts)."""
-        return w.ffn_down(self.ops.glu_of(w.ffn_gate_up, h, "swiglu"))
+        return w.ffn_down(self.ops.glu(w.ffn_gate_up(h), "swiglu"))  # gate/up side by side: (n, 2 * ffn)

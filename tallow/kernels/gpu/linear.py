@@ -11,13 +11,7 @@ products; TALLOW_GEMV_MMVQ=0: the fp32 GEMV): other numbers than the fp32 GEMV's
 say kind "mmvq_*". Its rows are bit for bit its one-row products (scripts/gpu_speculate.py on the
 H200), so speculative verification stays exact.
 
-A gate/up pair stacked with `interleave` holds gate row i at row 2i and up row i at 2i+1, so
-every row tile of the decode GEMV holds whole pairs and applies the GLU where it stores its rows
-(quant_gemv.Epilogue): the layer answers `gated()`, never a plain product. `gated()` with a
-partner does the same for one gate times another tensor (Gemma 4's per-layer input).
-
-Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too; TALLOW_GEMV_EPILOGUE=0
-stacks gate/up side by side and runs the GLUs as their own kernels.
+Switches: TALLOW_TRITON_GEMV=0 sends decode through the prefill path too.
 """
 
 from __future__ import annotations
@@ -31,11 +25,10 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
 from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
-from ..triton.glu import glu
 from ..triton.mmvq import MMVQ_TYPES, mmvq
 from ..triton.planes import QTYPES, PlaneWeight, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
-from ..triton.quant_gemv import Epilogue, quant_gemv
+from ..triton.quant_gemv import quant_gemv
 
 GEMV_MAX_ROWS = 8
 PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-reading x costs more than a launch
@@ -97,17 +90,15 @@ class GPULinear:
             # F32/F16 stay exact in fp32; the rest in bf16 (fp16 could overflow the activations).
             self.dense = w.to(device, torch.float32 if int(tensor.qtype) in (0, 1) else torch.bfloat16)
             self.kind, self.use_mmvq = "dense", False
-        self.pairs = False
         self.bias = None
         if bias is not None:
             self.bias = torch.as_tensor(np.asarray(bias, dtype=np.float32)).to(device)
         self.use_gemv = _switch_on("TALLOW_TRITON_GEMV")
 
     @classmethod
-    def stacked(cls, parts: list["GPULinear"], interleave: bool = False) -> "GPULinear":
+    def stacked(cls, parts: list["GPULinear"]) -> "GPULinear":
         """One layer whose weight is `parts` stacked along N (same quant type and K): Q/K/V or
-        gate/up in one GEMV launch. Rows are independent, so each output equals its part's.
-        `interleave` (a bias-free gate/up pair of one width): row i of each at rows 2i, 2i+1."""
+        gate/up in one GEMV launch. Rows are independent, so each output equals its part's."""
         first = parts[0]
         layer = cls.__new__(cls)
         layer.name = "+".join(p.name for p in parts)
@@ -115,12 +106,10 @@ class GPULinear:
         layer.out_features = sum(p.out_features for p in parts)
         layer.scratch = first.scratch
         layer.dense = None
-        join = (lambda ts: torch.stack(ts, dim=1).flatten(0, 1)) if interleave else torch.cat
         layer.planes = PlaneWeight(first.planes.qtype, layer.out_features, first.planes.k,
-                                   {f: join([p.planes.planes[f] for p in parts]) for f in first.planes.planes})
+                                   {f: torch.cat([p.planes.planes[f] for p in parts]) for f in first.planes.planes})
         layer.kind, layer.use_mmvq = _decode_kind(layer.planes)
         layer.use_gemv = first.use_gemv
-        layer.pairs = interleave
         layer.bias = None
         if any(p.bias is not None for p in parts):
             layer.bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features, device=first.planes.device)
@@ -132,11 +121,6 @@ class GPULinear:
         return (isinstance(other, GPULinear) and self.planes is not None and other.planes is not None
                 and self.planes.qtype == other.planes.qtype and self.in_features == other.in_features)
 
-    def can_pair(self, other) -> bool:
-        """Whether gate (self) and up (other) can be one interleaved layer with the GLU epilogue."""
-        return (_switch_on("TALLOW_GEMV_EPILOGUE") and self.can_stack(other) and self.out_features == other.out_features
-                and self.bias is None and other.bias is None)
-
     @property
     def nbytes(self) -> int:
         total = self.planes.nbytes if self.planes is not None else self.dense.numel() * self.dense.element_size()
@@ -145,31 +129,15 @@ class GPULinear:
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
-        if self.pairs:
-            raise TypeError(f"{self.name} interleaves gate and up rows: call gated(), not the product.")
-        return self._product(x, out)
-
-    def gated(self, x: torch.Tensor, kind: str, partner: torch.Tensor | None = None) -> torch.Tensor:
-        """act(gate) * up for an interleaved gate/up layer, or act(x @ W^T) * partner: on decode
-        rows in the GEMV's epilogue (no launch of its own), else the product, then glu.py."""
-        epilogue = Epilogue(kind, partner)
-        if self.bias is None and self.dense is None and self.use_gemv and x.shape[0] <= GEMV_MAX_ROWS:
-            return self._product(x, None, epilogue)
-        y = self._product(x, None)
-        return glu(y[:, 0::2], y[:, 1::2], kind) if partner is None else glu(y, partner, kind)
-
-    def _product(self, x: torch.Tensor, out: torch.Tensor | None, epilogue: Epilogue | None = None) -> torch.Tensor:
         if isinstance(x, LazyInput):
             # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
             if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
                     and self.out_features <= PROLOGUE_MAX_N):
-                y = quant_gemv(x.x, self.planes, out=out, prologue=x.take(), epilogue=epilogue)
+                y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
                 return y.add_(self.bias) if self.bias is not None else y
             x = x.materialize()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if epilogue is not None:  # decode rows, no bias (gated())
-            return (mmvq if self.use_mmvq else quant_gemv)(x2, self.planes, epilogue=epilogue)
         if self.dense is None and x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
             y = (mmvq if self.use_mmvq else quant_gemv)(x2, self.planes, out=out)
         else:

@@ -3,9 +3,8 @@ with ggml's GELU (tanh approximation evaluated at the fp16-rounded gate, result 
 fp16, as tallow/layers.py geglu; the tanh here is exp-based, so a value can land one fp16 ulp
 from torch's at a rounding boundary).
 
-gate and up may be views into one (M, 2F) output of a concatenated gate/up GEMV (any strides:
-halves side by side, or an interleaved product's even and odd columns). Graph-safe with `out`
-given.
+gate and up may be views into one (M, 2F) output of a concatenated gate/up GEMV (any row
+stride, last dim contiguous). Graph-safe with `out` given.
 """
 
 from __future__ import annotations
@@ -31,33 +30,33 @@ def _act(g, u, KIND: tl.constexpr):
 
 
 @triton.jit
-def _glu_kernel(g_ptr, u_ptr, y_ptr, F, sgm, sum_, sym, sgc, suc, KIND: tl.constexpr, BLOCK: tl.constexpr,
-                PDL: tl.constexpr):
+def _glu_kernel(g_ptr, u_ptr, y_ptr, F, sgm, sum_, sym, KIND: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0)
     off = tl.program_id(1) * BLOCK
     e = off + tl.arange(0, BLOCK)
     msk = e < F
-    g = tl.load(g_ptr + row * sgm + e * sgc, mask=msk, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * sum_ + e * suc, mask=msk, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * sgm + e, mask=msk, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * sum_ + e, mask=msk, other=0.0).to(tl.float32)
     y = _act(g, u, KIND)
     tl.store(y_ptr + row * sym + e, y, mask=msk)
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, kind: str = "swiglu",
         out: torch.Tensor | None = None) -> torch.Tensor:
-    """kind 'swiglu' or 'geglu'; gate, up (M, F) or (F,) -> float32 of the same shape. gate and
-    up may be strided views (an interleaved gate/up product's even and odd columns)."""
+    """kind 'swiglu' or 'geglu'; gate, up (M, F) or (F,) -> float32 of the same shape."""
     squeeze = gate.ndim == 1
     g2 = gate.reshape(1, -1) if squeeze else gate
     u2 = up.reshape(1, -1) if squeeze else up
     m, f = g2.shape
+    if g2.stride(1) != 1 or u2.stride(1) != 1:
+        raise ValueError("glu: the last dim of gate and up must be contiguous.")
     if out is None:
         out = torch.empty((m, f), dtype=torch.float32, device=gate.device)
     o2 = out.reshape(m, f)
     block = 1024
     grid = (m, triton.cdiv(f, block))
-    _glu_kernel[grid](g2, u2, o2, f, g2.stride(0), u2.stride(0), o2.stride(0), g2.stride(1), u2.stride(1),
+    _glu_kernel[grid](g2, u2, o2, f, g2.stride(0), u2.stride(0), o2.stride(0),
                       KIND={"swiglu": 0, "geglu": 1}[kind], BLOCK=block, num_warps=4,
                       **pdl.launch(gate.device))
     return out

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
-from .quant_gemv import TICKET_SLOTS, Epilogue, _finish_rows, _tickets, _q4_k_scale_min, _epilogue_args
+from .quant_gemv import TICKET_SLOTS, _finish_rows, _tickets, _q4_k_scale_min
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
@@ -393,7 +393,7 @@ def _q4x_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, aux
 
 @triton.jit
 def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
-                 v_ptr, stride_vm, EPI: tl.constexpr, QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                 QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
                  PDL: tl.constexpr):
     # G: Q4_K chunks / Q6_K quarters (BLOCKS * 4) or Q8_0 blocks (BLOCKS) per K step.
@@ -439,8 +439,7 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, st
                 rows, kb, nb, kend, K, G, ROWS, QT - 3, DP4A)
     _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
                  tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1), tl.sum(acc3, axis=1),
-                 tl.sum(acc4, axis=1), tl.sum(acc5, axis=1), tl.sum(acc6, axis=1), tl.sum(acc7, axis=1), ROWS, SPLIT,
-                 v_ptr, stride_vm, EPI, BLOCK_N)
+                 tl.sum(acc4, axis=1), tl.sum(acc5, axis=1), tl.sum(acc6, axis=1), tl.sum(acc7, axis=1), ROWS, SPLIT)
 
 
 _PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),
@@ -476,10 +475,8 @@ def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bo
     return (4, 2, 1, 1, _fill_split(n, k, 4, 2, 256), True)
 
 
-def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None,
-            epilogue: Epilogue | None = None) -> torch.Tensor:
-    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES);
-    with an `epilogue`, its gated activation (quant_gemv.Epilogue)."""
+def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES)."""
     if w.qtype not in MMVQ_TYPES:
         raise ValueError(f"No MMVQ kernel for {w.qtype} (have: {', '.join(MMVQ_TYPES)}).")
     m_rows, k = xq.qs.shape
@@ -488,9 +485,8 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     if not 1 <= m_rows <= 8:
         raise ValueError(f"mmvq takes 1 to 8 rows, got {m_rows}.")
     dev = xq.qs.device
-    epi, v, stride_vm, width = _epilogue_args(epilogue, xq.d, m_rows, w.n)
     if out is None:
-        out = torch.empty((m_rows, width), dtype=torch.float32, device=dev)
+        out = torch.empty((m_rows, w.n), dtype=torch.float32, device=dev)
     cfg = tuple(config) if config is not None else mmvq_config(w.qtype, w.n, w.k)
     block_n, blocks, warps, stages, split = cfg[:5]
     dp4a = bool(cfg[5]) if len(cfg) > 5 else True
@@ -512,18 +508,18 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
     wide = max(p.numel() for p in planes) >= 2**31
     _mmvq_kernel[(tiles, split)](
         *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
-        v, stride_vm, EPI=epi, QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages,
+        QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages,
         BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype], SPLIT=split, DP4A=dp4a, WIDE=wide,
         num_warps=warps, **pdl.launch(dev))
     return out
 
 
 def mmvq(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None, config=None,
-         scratch: Q8Act | None = None, epilogue: Epilogue | None = None) -> torch.Tensor:
+         scratch: Q8Act | None = None) -> torch.Tensor:
     """y = x @ W^T with x quantized to Q8_1 first (two launches). x (M, K) or (K,), M <= 8."""
     squeeze = x.ndim == 1
-    y = mmvq_q8(quantize_q8_1(x, out=scratch), w, out=out, config=config, epilogue=epilogue)
-    return y.reshape(-1) if squeeze else y
+    y = mmvq_q8(quantize_q8_1(x, out=scratch), w, out=out, config=config)
+    return y.reshape(w.n) if squeeze else y
 
 
 def _weight_codes(w: PlaneWeight):

@@ -50,7 +50,7 @@ from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 from .rmsnorm import row_rstd
 
-__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "small_grid_split", "Prologue", "Epilogue", "SUPPORTED"]
+__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "small_grid_split", "Prologue", "SUPPORTED"]
 
 SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
@@ -64,23 +64,14 @@ SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 #          x + a to `s`, the new residual stream, for the next norm to read).
 #   PRO 2: RMSNorm(x) * w.
 #   PRO 3/4: SiLU/GELU(x[:K]) * x[K:2K]   (x: gate and up side by side; K = ffn).
-#   PRO 5: a + RMSNorm(x) * w   (a branch joining the stream after its norm, as rmsnorm_add; the
-#          program of row tile 0 writes the sum, the new stream, to `s`).
 # Same operations in the same order as rmsnorm.py and glu.py.
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _prologue(x_row, a_row, s_row, w_ptr, K, eps, first, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
+def _prologue(x_row, a_row, s_row, K, eps, first, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
     rstd = 1.0
     if PRO == 1 or PRO == 2:
         rstd = row_rstd(x_row, a_row, s_row, K, eps, first, PRO == 1, WRITE_SUM, 1024)
-    elif PRO == 5:
-        rstd = row_rstd(x_row, a_row, s_row, K, eps, first, False, False, 1024)
-        if WRITE_SUM:
-            if first:
-                for off in range(0, K, 1024):
-                    e = off + tl.arange(0, 1024)
-                    tl.store(s_row + e, _x(x_row, a_row, w_ptr, e, e < K, rstd, K, PRO), mask=e < K)
     return rstd
 
 
@@ -93,11 +84,6 @@ def _x(x_row, a_row, w_ptr, offs, mask, rstd, K, PRO: tl.constexpr):
         if PRO == 1:
             v += tl.load(a_row + offs, mask=mask, other=0.0).to(tl.float32)
         return (v * rstd) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    elif PRO == 5:
-        v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        y = (v * rstd) * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y += tl.load(a_row + offs, mask=mask, other=0.0).to(tl.float32)
-        return y
     else:
         g = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x_row + K + offs, mask=mask, other=0.0).to(tl.float32)
@@ -250,11 +236,11 @@ def _q4_x_tiles(qs_ptr, d_ptr, aux_ptr, rows, kb, nb, kend, BLOCKS: tl.constexpr
 # ------------------------------------------------------------------------------------------
 
 @triton.jit
-def _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first,
+def _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first,
               r: tl.constexpr, ROWS: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr):
     rstd = 1.0
     if r < ROWS:
-        rstd = _prologue(x_ptr + r * stride_xm, a_ptr + r * stride_am, s_ptr + r * stride_sm, w_ptr, K, eps, first,
+        rstd = _prologue(x_ptr + r * stride_xm, a_ptr + r * stride_am, s_ptr + r * stride_sm, K, eps, first,
                          PRO, WRITE_SUM)
     return rstd
 
@@ -281,35 +267,9 @@ def _store_row(y_ptr, stride_ym, rows, row_ok, y, r: tl.constexpr, ROWS: tl.cons
         tl.store(y_ptr + r * stride_ym + rows, y, mask=row_ok)
 
 
-# ------------------------------------------------------------------------------------------
-# Epilogues: the gated activation after the product, applied where a row's final sum is
-# stored, so the GLU costs no launch of its own and reads nothing back.
-#   EPI 0: y as summed.
-#   EPI 1/2: SiLU/GELU(y[2i]) * y[2i + 1] -> out[i]   (W's rows interleave gate and up, so
-#            every even-sized row tile holds whole pairs; out has N/2 columns).
-#   EPI 3/4: SiLU/GELU(y[n]) * v[n]   (v: the gate's partner, e.g. Gemma 4's per-layer input).
-# glu.py's _act, so the values are those of the GLU kernel fed the same sums.
-# ------------------------------------------------------------------------------------------
-
 @triton.jit
-def _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y, r: tl.constexpr, ROWS: tl.constexpr,
-                 EPI: tl.constexpr, BLOCK_N: tl.constexpr):
-    if r < ROWS:
-        if EPI == 0:
-            tl.store(y_ptr + r * stride_ym + rows, y, mask=row_ok)
-        elif EPI <= 2:
-            g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
-            pair, _ = tl.split(tl.reshape(rows, (BLOCK_N // 2, 2)))
-            ok, _ = tl.split(tl.reshape(row_ok.to(tl.int32), (BLOCK_N // 2, 2)))
-            tl.store(y_ptr + r * stride_ym + pair // 2, _act(g, u, EPI - 1), mask=ok != 0)
-        else:
-            v = tl.load(v_ptr + r * stride_vm + rows, mask=row_ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + r * stride_ym + rows, _act(y, v, EPI - 3), mask=row_ok)
-
-
-@triton.jit
-def _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, r: tl.constexpr, ROWS: tl.constexpr,
-                 SPLIT: tl.constexpr, EPI: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, ROWS: tl.constexpr,
+                 SPLIT: tl.constexpr):
     # Split order, whichever program came last: the result does not depend on scheduling, and
     # row r of a ROWS-row product still equals its one-row product bit for bit. ".cg" reads
     # past L1 (not coherent across SMs) the partials other programs wrote.
@@ -317,48 +277,39 @@ def _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 
         total = tl.load(part_ptr + r * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
         for s in tl.static_range(1, SPLIT):
             total += tl.load(part_ptr + (s * ROWS + r) * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, total, r, ROWS, EPI, BLOCK_N)
+        tl.store(y_ptr + r * stride_ym + rows, total, mask=row_ok)
 
 
 @triton.jit
 def _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
-                 y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr,
-                 v_ptr, stride_vm, EPI: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A GEMV program's row sums y0..y7 (those below ROWS) into y (through the epilogue EPI);
-    with K splits, into this split's partials part[ks, r, rows], then a ticket per row tile: the
-    last of its programs to finish merges them in split order, applies the epilogue and resets
-    the ticket for the next launch."""
+                 y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr):
+    """A GEMV program's row sums y0..y7 (those below ROWS) into y; with K splits, into this
+    split's partials part[ks, r, rows], then a ticket per row tile: the last of its programs to
+    finish merges them in split order and resets the ticket for the next launch."""
     if SPLIT == 1:
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y0, 0, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y1, 1, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y2, 2, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y3, 3, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y4, 4, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y5, 5, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y6, 6, ROWS, EPI, BLOCK_N)
-        _store_final(y_ptr, stride_ym, v_ptr, stride_vm, rows, row_ok, y7, 7, ROWS, EPI, BLOCK_N)
+        out, out_stride = y_ptr, stride_ym
     else:
-        out = part_ptr + ks * (ROWS * N)
-        _store_row(out, N, rows, row_ok, y0, 0, ROWS)
-        _store_row(out, N, rows, row_ok, y1, 1, ROWS)
-        _store_row(out, N, rows, row_ok, y2, 2, ROWS)
-        _store_row(out, N, rows, row_ok, y3, 3, ROWS)
-        _store_row(out, N, rows, row_ok, y4, 4, ROWS)
-        _store_row(out, N, rows, row_ok, y5, 5, ROWS)
-        _store_row(out, N, rows, row_ok, y6, 6, ROWS)
-        _store_row(out, N, rows, row_ok, y7, 7, ROWS)
+        out, out_stride = part_ptr + ks * (ROWS * N), N
+    _store_row(out, out_stride, rows, row_ok, y0, 0, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y1, 1, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y2, 2, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y3, 3, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y4, 4, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y5, 5, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y6, 6, ROWS)
+    _store_row(out, out_stride, rows, row_ok, y7, 7, ROWS)
     if SPLIT > 1:
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 0, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 1, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 2, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 3, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 4, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 5, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 6, ROWS, SPLIT, EPI, BLOCK_N)
-            _split_merge(part_ptr, y_ptr, stride_ym, v_ptr, stride_vm, N, rows, row_ok, 7, ROWS, SPLIT, EPI, BLOCK_N)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -376,8 +327,8 @@ def _tiles(p0, p1, p2, p3, rows, kb, nb, kend, QT: tl.constexpr, G: tl.constexpr
 
 @triton.jit
 def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
-                 a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, part_ptr, ticket_ptr, split_blocks, v_ptr, stride_vm,
-                 PRO: tl.constexpr, WRITE_SUM: tl.constexpr, EPI: tl.constexpr,
+                 a_ptr, w_ptr, s_ptr, stride_am, stride_sm, eps, part_ptr, ticket_ptr, split_blocks,
+                 PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
                  T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
@@ -400,22 +351,14 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
         n0, n1, n2, n3, noff, nm = _tiles(p0, p1, p2, p3, rows, kstart, nb, kend, QT, G)
     pdl.wait(PDL)
     first = (pid == 0) & (ks == 0)  # the program that writes the prologue's residual sum
-    r0 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 0, ROWS, PRO,
-                    WRITE_SUM)
-    r1 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 1, ROWS, PRO,
-                    WRITE_SUM)
-    r2 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 2, ROWS, PRO,
-                    WRITE_SUM)
-    r3 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 3, ROWS, PRO,
-                    WRITE_SUM)
-    r4 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 4, ROWS, PRO,
-                    WRITE_SUM)
-    r5 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 5, ROWS, PRO,
-                    WRITE_SUM)
-    r6 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 6, ROWS, PRO,
-                    WRITE_SUM)
-    r7 = _row_rstd(x_ptr, a_ptr, s_ptr, w_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 7, ROWS, PRO,
-                    WRITE_SUM)
+    r0 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 0, ROWS, PRO, WRITE_SUM)
+    r1 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 1, ROWS, PRO, WRITE_SUM)
+    r2 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 2, ROWS, PRO, WRITE_SUM)
+    r3 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 3, ROWS, PRO, WRITE_SUM)
+    r4 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 4, ROWS, PRO, WRITE_SUM)
+    r5 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 5, ROWS, PRO, WRITE_SUM)
+    r6 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 6, ROWS, PRO, WRITE_SUM)
+    r7 = _row_rstd(x_ptr, a_ptr, s_ptr, stride_xm, stride_am, stride_sm, K, eps, first, 7, ROWS, PRO, WRITE_SUM)
     acc0 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, G, J), dtype=tl.float32)
@@ -442,8 +385,7 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
                  tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
                  tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1),
                  tl.sum(tl.sum(acc4, axis=2), axis=1), tl.sum(tl.sum(acc5, axis=2), axis=1),
-                 tl.sum(tl.sum(acc6, axis=2), axis=1), tl.sum(tl.sum(acc7, axis=2), axis=1), ROWS, SPLIT,
-                 v_ptr, stride_vm, EPI, BLOCK_N)
+                 tl.sum(tl.sum(acc6, axis=2), axis=1), tl.sum(tl.sum(acc7, axis=2), axis=1), ROWS, SPLIT)
 
 
 # Per type: kernel code, elements per GGUF block, and the tile layout (G per BLOCKS, J, terms T
@@ -511,9 +453,8 @@ def _tickets(device: torch.device) -> torch.Tensor:
 @dataclass
 class Prologue:
     """The op folded into a GEMV's x loads (see `_prologue`): kind "norm" (RMSNorm of x, plus
-    `residual` when given, times `weight`; `sum_out` receives x + residual), "norm_add" (residual
-    + RMSNorm(x) * weight; `sum_out` receives it) or "swiglu"/"geglu" (x holds gate and up side
-    by side, K = ffn)."""
+    `residual` when given, times `weight`; `sum_out` receives x + residual) or "swiglu"/"geglu"
+    (x holds gate and up side by side, K = ffn)."""
 
     kind: str
     weight: torch.Tensor | None = None
@@ -525,58 +466,21 @@ class Prologue:
     def code(self) -> int:
         if self.kind == "norm":
             return 1 if self.residual is not None else 2
-        return {"swiglu": 3, "geglu": 4, "norm_add": 5}[self.kind]
-
-
-@dataclass
-class Epilogue:
-    """The gated activation applied where a product's rows are stored (see `_store_final`):
-    kind "swiglu"/"geglu"; without a `partner`, W's rows interleave gate and up and the output
-    has N/2 columns; with one (M, N), the output is act(y) * partner."""
-
-    kind: str
-    partner: torch.Tensor | None = None
-
-    @property
-    def code(self) -> int:
-        return {"swiglu": 1, "geglu": 2}[self.kind] + (0 if self.partner is None else 2)
-
-    def width(self, n: int) -> int:
-        return n // 2 if self.partner is None else n
-
-    def args(self, fallback: torch.Tensor, m_rows: int, n: int) -> tuple[torch.Tensor, int]:
-        """The kernel's (v_ptr, stride_vm) arguments."""
-        if self.partner is None:
-            if n % 2:
-                raise ValueError(f"a gate/up pair epilogue needs an even N, got {n}.")
-            return fallback, 0
-        v = self.partner.reshape(m_rows, n)
-        if v.stride(1) != 1:
-            raise ValueError("the epilogue's partner must have a unit last stride.")
-        return v, v.stride(0)
-
-
-def _epilogue_args(epilogue: Epilogue | None, fallback: torch.Tensor, m_rows: int, n: int) -> tuple[int, torch.Tensor, int, int]:
-    """(EPI, v_ptr, stride_vm, output columns) for a GEMV launch."""
-    if epilogue is None:
-        return 0, fallback, 0, n
-    return (epilogue.code, *epilogue.args(fallback, m_rows, n), epilogue.width(n))
+        return {"swiglu": 3, "geglu": 4}[self.kind]
 
 
 def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
-               config: tuple[int, int, int, int] | None = None, prologue: Prologue | None = None,
-               epilogue: Epilogue | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None, prologue: Prologue | None = None) -> torch.Tensor:
     """y = x @ W^T. x float32/float16/bfloat16 (M, K) or (K,) with M <= 8 -> float32 (M, N).
 
     `out` (float32 (M, N), unit last stride) lets a CUDA-graph caller keep a static output buffer.
-    With a `prologue`, the product is over prologue(x) instead (x is (M, 2K) for a GLU); with an
-    `epilogue`, y is its gated activation (N/2 columns for an interleaved gate/up pair)."""
+    With a `prologue`, the product is over prologue(x) instead (x is (M, 2K) for a GLU)."""
     if w.qtype not in SUPPORTED:
         raise ValueError(f"No Triton GEMV for {w.qtype}.")
     squeeze = x.ndim == 1
     x2 = x.reshape(1, -1) if squeeze else x
     pro = prologue.code if prologue is not None else 0
-    width = 2 * w.k if pro in (3, 4) else w.k
+    width = 2 * w.k if pro >= 3 else w.k
     if x2.ndim != 2 or x2.shape[1] != width:
         raise ValueError(f"quant_gemv: x has shape {tuple(x.shape)}, the weight wants K={w.k}.")
     if x2.stride(1) != 1:
@@ -584,12 +488,11 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     m_rows = x2.shape[0]
     if not 1 <= m_rows <= 8:
         raise ValueError(f"quant_gemv takes 1 to 8 rows, got {m_rows}.")
-    epi, v, stride_vm, width = _epilogue_args(epilogue, x2, m_rows, w.n)
     if out is None:
-        out = torch.empty((m_rows, width), dtype=torch.float32, device=x2.device)
-    a = prologue.residual if pro in (1, 5) else x2
-    wt = prologue.weight if pro in (1, 2, 5) else x2
-    sum_out = prologue.sum_out if pro in (1, 5) and prologue.sum_out is not None else None
+        out = torch.empty((m_rows, w.n), dtype=torch.float32, device=x2.device)
+    a = prologue.residual if pro == 1 else x2
+    wt = prologue.weight if pro in (1, 2) else x2
+    sum_out = prologue.sum_out if pro == 1 and prologue.sum_out is not None else None
     s_t = sum_out if sum_out is not None else x2
     cfg = tuple(config) if config is not None else gemv_config(w.qtype, w.n, w.k)
     block_n, blocks, warps, stages = cfg[:4]
@@ -609,12 +512,12 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
     planes += [planes[0]] * (4 - len(planes))  # unused pointer slots
     _gemv_kernel[(tiles, split)](
         x2, *planes, out, w.n, w.k, x2.stride(0), out.stride(0), a, wt, s_t, a.stride(0), s_t.stride(0),
-        float(prologue.eps) if prologue is not None else 0.0, part, tickets, split_blocks, v, stride_vm,
-        PRO=pro, WRITE_SUM=sum_out is not None, EPI=epi,
+        float(prologue.eps) if prologue is not None else 0.0, part, tickets, split_blocks,
+        PRO=pro, WRITE_SUM=sum_out is not None,
         QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
         G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, PREFETCH=switches.enabled("TALLOW_GEMV_PREFETCH"),
         num_warps=warps, **pdl.launch(x2.device))
-    return out.reshape(width) if squeeze else out
+    return out.reshape(w.n) if squeeze else out
 
 
 def quant_gemv_reference(x: torch.Tensor, w: PlaneWeight) -> torch.Tensor:
