@@ -13,8 +13,9 @@
 #        piece (the real smollm2 file's pieces carried in .mpiece1/2/3, one per call, kept in /root/m),
 #        conform (the pieces joined and checked; the smollm2 conformance tests with TALLOW_GEMV_MMVQ=0 and 1),
 #        spec-mmvq (scripts/gpu_speculate.py's exactness check with the integer-dot GEMV: verification rows vs
-#        decode steps, E2B and qwen3-4b), e2b-ab (E2B tg128 at depths 0 and 32768, base and TALLOW_GEMV_MMVQ=0,
-#        then llama-bench's), profile-e2b (one E2B decode step's kernels),
+#        decode steps, E2B and qwen3-4b), epi-ab (E2B, qwen3-4b, smollm2 tg128: the default against $AB),
+#        e2b-ab (E2B tg128 at depths 0 and 32768, the default and $AB, then llama-bench's),
+#        profile-e2b (one E2B decode step's kernels),
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
 #        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
 # (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
@@ -28,6 +29,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT /root/twins
   --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 LLAMA=/root/llama/bin/llama-bench
+AB=${AB:-TALLOW_GEMV_EPILOGUE=0}  # the variant the A/B steps compare with the default
 T0=$SECONDS
 say() { echo "[$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
 state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
@@ -109,11 +111,15 @@ for step in "$@"; do
       for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
       timeout 300 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf /root/twins/qwen3-4b.gguf \
         --reps 20 2>&1 | tail -30 | tee -a $OUT/spec_mmvq.txt ;;
-    e2b-ab) say "e2b-ab"
+    epi-ab) say "epi-ab: $AB against the default, tg128"
+      for t in gemma4-e2b qwen3-4b smollm2-135m; do twin $t || say "twin $t FAILED"; done
+      python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b,qwen3-4b,smollm2-135m --tests "-p 0 -n 128 -r 3" \
+        base $AB 2>&1 | tee -a $OUT/epi_ab.txt ;;
+    e2b-ab) say "e2b-ab: $AB against the default"
       twin gemma4-e2b || say "twin gemma4-e2b FAILED"
       for d in 0 32768; do state
         python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b --tests "-p 0 -n 128 -d $d -r 3" \
-          base TALLOW_GEMV_MMVQ=0 2>&1 | tee -a $OUT/e2b_ab.txt
+          base $AB 2>&1 | tee -a $OUT/e2b_ab.txt
         state; llama_json /root/twins/gemma4-e2b.gguf -p 0 -n 128 -d $d -r 5 | tee -a $OUT/e2b_ab.txt; done ;;
     profile-e2b) say "profile-e2b"
       python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
