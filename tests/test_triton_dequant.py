@@ -38,13 +38,3 @@ def test_dequantize_to_is_the_rounded_reference(name: str, dtype: torch.dtype) -
     exact = dequantize_planes(w)
     assert ((dense.float() - exact).abs() <= exact.abs() * 2.0 ** -7).all()
 
-
-
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "Q4_1"])
-def test_dequantize_rows_by_id_is_those_rows(name: str) -> None:
-    """An embedding lookup's one launch (ids read by the kernel): out[i] is row ids[i] of the
-    whole weight's dequantization, bit for bit, repeated and out-of-order ids included."""
-    w, _ = _weight(name, 20, 512, f"ids{name}")
-    ids = torch.tensor([19, 0, 7, 7, 3])
-    assert torch.equal(dequantize_to(w, torch.float32, ids=ids), dequantize_to(w, torch.float32)[ids])
-    assert dequantize_to(w, torch.float32, ids=ids[:0]).shape == (0, 512)

@@ -177,9 +177,6 @@ class GPUEmbedding:
         ids = ids.to(self.planes.device if self.planes is not None else self.dense.device)
         if self.dense is not None:
             return self.dense[ids]
-        # The Triton dequantization of the ids' rows (fp32 out), one launch: no host tensors, so a
-        # CUDA graph can capture it. TALLOW_EMBED_GATHER=0: the planes' rows gathered by torch first.
-        if switches.enabled("TALLOW_EMBED_GATHER"):
-            return dequantize_to(self.planes, torch.float32, ids=ids)  # (n, dim)
         rows = PlaneWeight(self.planes.qtype, ids.numel(), self.planes.k, {k: v[ids] for k, v in self.planes.planes.items()})
-        return dequantize_to(rows, torch.float32)
+        # The Triton dequantization (fp32 out): no host tensors, so a CUDA graph can capture it.
+        return dequantize_to(rows, torch.float32)  # (n, dim)

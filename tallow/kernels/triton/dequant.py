@@ -24,30 +24,19 @@ __all__ = ["dequantize_to", "scratch_matmul"]
 
 
 @triton.jit
-def _source_rows(ids_ptr, rows, GATHER: tl.constexpr):
-    """The weight rows that output rows `rows` read: themselves, or ids[rows] (an embedding
-    lookup, the ids read on the device so a CUDA graph can take a token sampled on the GPU)."""
-    src = rows
-    if GATHER:
-        src = tl.load(ids_ptr + rows).to(tl.int64)
-    return src
-
-
-@triton.jit
-def _q4_k_dequant_kernel(qs_ptr, sc_ptr, dm_ptr, w_ptr, ids_ptr, N, K, BLOCK_N: tl.constexpr, GATHER: tl.constexpr):
+def _q4_k_dequant_kernel(qs_ptr, sc_ptr, dm_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr):
     # one program: BLOCK_N rows x one 256-element block
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)
-    src = _source_rows(ids_ptr, rows, GATHER)
     b = tl.program_id(1)
     nb = K // 256
     c = tl.arange(0, 4)
     j = tl.arange(0, 32)
-    q = tl.load(qs_ptr + src[:, None, None] * (nb * 128) + b * 128 + c[None, :, None] * 32 + j[None, None, :]).to(tl.int32)
-    sbase = sc_ptr + src[:, None] * (nb * 12) + b * 12
-    d = tl.load(dm_ptr + src * (nb * 2) + b * 2).to(tl.float32)[:, None]
-    dmin = tl.load(dm_ptr + src * (nb * 2) + b * 2 + 1).to(tl.float32)[:, None]
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 128) + b * 128 + c[None, :, None] * 32 + j[None, None, :]).to(tl.int32)
+    sbase = sc_ptr + rows[:, None] * (nb * 12) + b * 12
+    d = tl.load(dm_ptr + rows * (nb * 2) + b * 2).to(tl.float32)[:, None]
+    dmin = tl.load(dm_ptr + rows * (nb * 2) + b * 2 + 1).to(tl.float32)[:, None]
     s_lo = (c * 2)[None, :]
     s_hi = s_lo + 1
     low = s_lo < 4
@@ -70,13 +59,11 @@ def _q4_k_dequant_kernel(qs_ptr, sc_ptr, dm_ptr, w_ptr, ids_ptr, N, K, BLOCK_N: 
 
 
 @triton.jit
-def _q6_k_dequant_kernel(ql_ptr, qh_ptr, sc_ptr, d_ptr, w_ptr, ids_ptr, N, K, BLOCK_N: tl.constexpr,
-                         GATHER: tl.constexpr):
+def _q6_k_dequant_kernel(ql_ptr, qh_ptr, sc_ptr, d_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr):
     # one program: BLOCK_N rows x one 256-element block, as 2 halves x 2 runs of 16 x 4 parts r
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)
-    src = _source_rows(ids_ptr, rows, GATHER)
     b = tl.program_id(1)
     nb = K // 256
     h = tl.arange(0, 4)  # (half, hh)
@@ -84,12 +71,12 @@ def _q6_k_dequant_kernel(ql_ptr, qh_ptr, sc_ptr, d_ptr, w_ptr, ids_ptr, N, K, BL
     g = b * 2 + h // 2
     hh = h % 2
     boff = (g * 64 + hh * 16)[None, :, None] + jj[None, None, :]
-    lrow = ql_ptr + src[:, None, None] * (nb * 128)
+    lrow = ql_ptr + rows[:, None, None] * (nb * 128)
     qa = tl.load(lrow + boff).to(tl.int32)
     qb = tl.load(lrow + boff + 32).to(tl.int32)
-    qhv = tl.load(qh_ptr + src[:, None, None] * (nb * 64) + (g * 32 + hh * 16)[None, :, None] + jj[None, None, :]).to(tl.int32)
-    d = tl.load(d_ptr + src * nb + b).to(tl.float32)[:, None]
-    srow = sc_ptr + src[:, None] * (nb * 16) + (g * 8 + hh)[None, :]
+    qhv = tl.load(qh_ptr + rows[:, None, None] * (nb * 64) + (g * 32 + hh * 16)[None, :, None] + jj[None, None, :]).to(tl.int32)
+    d = tl.load(d_ptr + rows * nb + b).to(tl.float32)[:, None]
+    srow = sc_ptr + rows[:, None] * (nb * 16) + (g * 8 + hh)[None, :]
     out = w_ptr + rows[:, None, None] * K + (g * 128 + hh * 16)[None, :, None] + jj[None, None, :]
     mask = row_ok[:, None, None]
     for r in tl.static_range(4):
@@ -101,51 +88,48 @@ def _q6_k_dequant_kernel(ql_ptr, qh_ptr, sc_ptr, d_ptr, w_ptr, ids_ptr, N, K, BL
 
 
 @triton.jit
-def _q8_0_dequant_kernel(qs_ptr, d_ptr, w_ptr, ids_ptr, N, K, BLOCK_N: tl.constexpr, B: tl.constexpr,
-                         GATHER: tl.constexpr):
+def _q8_0_dequant_kernel(qs_ptr, d_ptr, w_ptr, N, K, BLOCK_N: tl.constexpr, B: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)
-    src = _source_rows(ids_ptr, rows, GATHER)
     nb = K // 32
     blk = tl.program_id(1) * B + tl.arange(0, B)
     ok = blk < nb
     blk = tl.where(ok, blk, 0)
     j = tl.arange(0, 32)
-    col = blk[None, :, None] * 32 + j[None, None, :]
-    q = tl.load(qs_ptr + src[:, None, None] * K + col)
-    d = tl.load(d_ptr + src[:, None] * nb + blk[None, :]).to(tl.float32)
-    tl.store(w_ptr + rows[:, None, None] * K + col, (q.to(tl.float32) * d[:, :, None]).to(w_ptr.dtype.element_ty),
+    off = rows[:, None, None] * K + blk[None, :, None] * 32 + j[None, None, :]
+    q = tl.load(qs_ptr + off)
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)
+    tl.store(w_ptr + off, (q.to(tl.float32) * d[:, :, None]).to(w_ptr.dtype.element_ty),
              mask=row_ok[:, None, None] & ok[None, :, None])
 
 
 @triton.jit
-def _q4_x_dequant_kernel(qs_ptr, d_ptr, aux_ptr, w_ptr, ids_ptr, N, K, VARIANT: tl.constexpr, BLOCK_N: tl.constexpr,
-                         B: tl.constexpr, GATHER: tl.constexpr):
+def _q4_x_dequant_kernel(qs_ptr, d_ptr, aux_ptr, w_ptr, N, K, VARIANT: tl.constexpr, BLOCK_N: tl.constexpr,
+                         B: tl.constexpr):
     """Q4_0 (VARIANT 0: d*(q-8)), Q4_1 (1: d*q + m, aux = m) and Q5_0 (2: d*((q | hi<<4) - 16),
     aux = qh bits). Byte j of a block holds element j (low nibble) and j+16 (high nibble)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.minimum(rows, N - 1).to(tl.int64)
-    src = _source_rows(ids_ptr, rows, GATHER)
     nb = K // 32
     blk = tl.program_id(1) * B + tl.arange(0, B)
     ok = blk < nb
     blk = tl.where(ok, blk, 0)
     j = tl.arange(0, 16)
-    q = tl.load(qs_ptr + src[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + j[None, None, :]).to(tl.int32)
+    q = tl.load(qs_ptr + rows[:, None, None] * (nb * 16) + blk[None, :, None] * 16 + j[None, None, :]).to(tl.int32)
     lo = q & 15
     hi = q >> 4
-    d = tl.load(d_ptr + src[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
+    d = tl.load(d_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
     if VARIANT == 0:
         v_lo = d * (lo - 8).to(tl.float32)
         v_hi = d * (hi - 8).to(tl.float32)
     elif VARIANT == 1:
-        m = tl.load(aux_ptr + src[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
+        m = tl.load(aux_ptr + rows[:, None] * nb + blk[None, :]).to(tl.float32)[:, :, None]
         v_lo = d * lo.to(tl.float32) + m
         v_hi = d * hi.to(tl.float32) + m
     else:
-        qh = tl.load(aux_ptr + src[:, None] * nb + blk[None, :])[:, :, None]
+        qh = tl.load(aux_ptr + rows[:, None] * nb + blk[None, :])[:, :, None]
         lo = lo | (((qh >> j[None, None, :]) & 1) << 4)
         hi = hi | (((qh >> (j[None, None, :] + 16)) & 1) << 4)
         v_lo = d * (lo - 16).to(tl.float32)
@@ -157,39 +141,31 @@ def _q4_x_dequant_kernel(qs_ptr, d_ptr, aux_ptr, w_ptr, ids_ptr, N, K, VARIANT: 
 
 
 def dequantize_to(w: PlaneWeight, dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None,
-                  block_n: int = 16, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Dense (N, K) weight in `dtype` (into `out`, e.g. a shared scratch buffer, if given); with
-    `ids` (n,) on W's device, only those rows: (n, K), out[i] = W[ids[i]] (no bounds check)."""
-    n = w.n if ids is None else ids.numel()
+                  block_n: int = 16) -> torch.Tensor:
+    """Dense (N, K) weight in `dtype` (into `out`, e.g. a shared scratch buffer, if given)."""
     if out is None:
-        out = torch.empty((n, w.k), dtype=dtype, device=w.device)
-    elif out.shape != (n, w.k) or not out.is_contiguous():
-        raise ValueError(f"dequantize_to: out must be contiguous ({n}, {w.k}), got {tuple(out.shape)}.")
-    if n == 0:
-        return out
+        out = torch.empty((w.n, w.k), dtype=dtype, device=w.device)
+    elif out.shape != (w.n, w.k) or not out.is_contiguous():
+        raise ValueError(f"dequantize_to: out must be contiguous ({w.n}, {w.k}), got {tuple(out.shape)}.")
     p = w.planes
-    gather = ids is not None
-    idx = ids.reshape(-1) if gather else out
-    rows = triton.cdiv(n, block_n)
     if w.qtype == "Q4_K":
-        _q4_k_dequant_kernel[(rows, w.k // 256)](p["qs"], p["scales"], p["dm"], out, idx, n, w.k,
-                                                BLOCK_N=block_n, GATHER=gather, num_warps=4)
+        _q4_k_dequant_kernel[(triton.cdiv(w.n, block_n), w.k // 256)](p["qs"], p["scales"], p["dm"], out, w.n, w.k,
+                                                                     BLOCK_N=block_n, num_warps=4)
     elif w.qtype == "Q6_K":
-        _q6_k_dequant_kernel[(rows, w.k // 256)](p["ql"], p["qh"], p["sc"], p["d"], out, idx, n, w.k,
-                                                BLOCK_N=block_n, GATHER=gather, num_warps=4)
+        _q6_k_dequant_kernel[(triton.cdiv(w.n, block_n), w.k // 256)](p["ql"], p["qh"], p["sc"], p["d"], out, w.n,
+                                                                     w.k, BLOCK_N=block_n, num_warps=4)
     elif w.qtype == "Q8_0":
         blocks = 8
-        _q8_0_dequant_kernel[(rows, triton.cdiv(w.k // 32, blocks))](
-            p["qs"], p["d"], out, idx, n, w.k, BLOCK_N=block_n, B=blocks, GATHER=gather, num_warps=4)
+        _q8_0_dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k // 32, blocks))](
+            p["qs"], p["d"], out, w.n, w.k, BLOCK_N=block_n, B=blocks, num_warps=4)
     elif w.qtype in ("Q4_0", "Q4_1", "Q5_0"):
         variant = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2}[w.qtype]
         aux = p["d"] if variant == 0 else (p["m"] if variant == 1 else p["qh"])
         blocks = 8
-        _q4_x_dequant_kernel[(rows, triton.cdiv(w.k // 32, blocks))](
-            p["qs"], p["d"], aux, out, idx, n, w.k, VARIANT=variant, BLOCK_N=block_n, B=blocks, GATHER=gather,
-            num_warps=4)
+        _q4_x_dequant_kernel[(triton.cdiv(w.n, block_n), triton.cdiv(w.k // 32, blocks))](
+            p["qs"], p["d"], aux, out, w.n, w.k, VARIANT=variant, BLOCK_N=block_n, B=blocks, num_warps=4)
     else:
-        out.copy_(dequantize_planes(w)[ids.reshape(-1)] if gather else dequantize_planes(w))
+        out.copy_(dequantize_planes(w))
     return out
 
 
