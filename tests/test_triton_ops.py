@@ -29,9 +29,12 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-# Against the reference on three shapes: tests/kernel_cases.py. Here: the residual sum, buffers, 1-D rows.
+# Against the reference on three shapes: tests/kernel_cases.py. Here: the residual sum, buffers, 1-D rows,
+# with rows held in registers and (TALLOW_NORM_ONE_PASS=0) looped over in chunks.
+@pytest.mark.parametrize("one_pass", ["1", "0"])
 @pytest.mark.parametrize("m,d,res", [(1, 576, False), (2, 1536, True)])
-def test_rmsnorm_with_residual_and_sum_out(m: int, d: int, res: bool) -> None:
+def test_rmsnorm_with_residual_and_sum_out(m: int, d: int, res: bool, one_pass: str, monkeypatch) -> None:
+    monkeypatch.setenv("TALLOW_NORM_ONE_PASS", one_pass)
     g = torch.Generator().manual_seed(d)
     x, r, w = torch.randn(m, d, generator=g), torch.randn(m, d, generator=g), torch.randn(d, generator=g)
     s_out = torch.full((m, d), float("nan"))
@@ -153,3 +156,21 @@ def test_programmatic_dependent_launch_only_where_it_applies(monkeypatch):
     assert pdl.launch(cuda) == {"PDL": False}
     monkeypatch.delenv("TALLOW_PDL")
     switches.refresh()
+
+
+@pytest.mark.parametrize("one_pass", ["1", "0"])
+def test_rmsnorm_add_both_geometries(one_pass: str, monkeypatch) -> None:
+    """rmsnorm_add with a scale and the next norm, the row in registers or in 1024-element chunks
+    (1536 wide: two chunks), against the reference; `out` may be the residual itself."""
+    from tallow.kernels.triton.rmsnorm import rmsnorm_add, rmsnorm_add_reference
+
+    monkeypatch.setenv("TALLOW_NORM_ONE_PASS", one_pass)
+    g = torch.Generator().manual_seed(3)
+    x, r, w, w2 = (torch.randn(2, 1536, generator=g), torch.randn(2, 1536, generator=g),
+                   torch.randn(1536, generator=g), torch.randn(1536, generator=g))
+    scale = torch.tensor([0.5])
+    want, want_h = rmsnorm_add_reference(x, w, 1e-6, r, scale, next_weight=w2)
+    got, h = rmsnorm_add(x, w, 1e-6, r.clone(), scale, next_weight=w2)
+    assert _rel(got, want) < 1e-6 and _rel(h, want_h) < 1e-6
+    inplace = r.clone()
+    assert torch.equal(rmsnorm_add(x, w, 1e-6, inplace, scale, out=inplace), rmsnorm_add(x, w, 1e-6, r, scale))
