@@ -72,6 +72,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_PDL", "flag", True, "0", "GPU (compute capability 9+): the decode step's Triton kernels launch one after another instead of each starting while the previous one finishes (programmatic dependent launch)", "call"),
     Switch("TALLOW_GEMV_PREFETCH", "flag", False, "1", "GPU: the decode GEMV loads each K step's weights one step ahead, the first before waiting for the previous kernel; opt-in: measured 3% slower on the smollm2 twin with programmatic dependent launch (docs/performance.md)", "call"),
     Switch("TALLOW_NORM_ONE_PASS", "flag", True, "0", "GPU: RMSNorm kernels loop over their row in 1024-element chunks, a pass over memory per step, instead of holding rows up to 8192 wide in registers", "call", numeric=True),
+    Switch("TALLOW_ATTN_PIPELINE", "flag", True, "0", "GPU decode attention: each split loads its next K/V tiles only after the current ones are used, instead of two stages deep", "call"),
     Switch("TALLOW_GEMV_PROLOGUE", "flag", True, "0", "GPU: small models' norms and GLUs run as their own kernels instead of inside the next GEMV", "call", numeric=True),
     Switch("TALLOW_TRITON_ATTENTION", "flag", True, "0", "GPU: prefill attention through torch (mask + SDPA) instead of the flash kernel", "call", numeric=True),
     Switch("TALLOW_SSM_TRITON", "flag", True, "0", "GPU, mamba/mamba2/falcon-h1: the conv1d and selective scan through the torch reference ops (kernels/cpu/ssm.py, a few launches per token) instead of one Triton launch each", "load", numeric=True),

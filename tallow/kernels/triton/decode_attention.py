@@ -28,6 +28,10 @@ layer's ring (n_slots = window + chunk - 1 < context) and a plain cache (n_slots
 e4m3 caches carry one fp32 scale per (head, slot); each K/V tile is dequantized in registers to
 fp16 (code * scale) before the same two tensor-core products.
 
+Pipelining: with TALLOW_ATTN_PIPELINE (default) the key loop runs two stages deep, so the next
+K/V tiles are in flight while the current ones are multiplied (at depth a split walks hundreds of
+keys, a serial memory latency per tile otherwise).
+
 Sliding window: key position p is visible iff p < seq_len and (window == 0 or
 p >= seq_len - window), i.e. llama.cpp's rule `pos_q - pos_k < window` with pos_q = seq_len - 1.
 """
@@ -40,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import switches
 from . import pdl
 
 from ...memory.kv_format import storage_is_scaled
@@ -54,7 +59,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
                   stride_qr, stride_qh, n_heads, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
                   qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     kvh = tl.program_id(0)
     s = tl.program_id(1)
@@ -82,7 +87,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
     tt = tl.arange(0, BLOCK_T)
     k_base = k_ptr + kvh.to(tl.int64) * stride_kh
     v_base = v_ptr + kvh.to(tl.int64) * stride_vh
-    for t0 in range(lo, hi, BLOCK_T):
+    for t0 in tl.range(lo, hi, BLOCK_T, num_stages=STAGES):
         t = t0 + tt
         tmask = t < hi
         slot = (t % ring).to(tl.int64)  # a ring buffer holds position t in slot t % ring
@@ -193,7 +198,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_scale.stride(0) if scaled else 0,
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
-        SCALED=scaled, num_warps=num_warps, **pdl.launch(q.device))
+        SCALED=scaled, STAGES=2 if switches.enabled("TALLOW_ATTN_PIPELINE") else 1, num_warps=num_warps,
+        **pdl.launch(q.device))
     _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
                                      BLOCK_D=block_d, num_warps=4, **pdl.launch(q.device))
     return out
