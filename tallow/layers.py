@@ -222,9 +222,15 @@ def decode_attention(
     every key it is given. Without a softcap this is `attention`'s SDPA call on the sliced keys;
     with one, grouped heads are batched per KV head (query head h uses KV head h // group, as
     repeat_interleave in `attention`), so K/V are never repeated.
+    An f16 cache on the CPU goes to the C kernel where it is built (TALLOW_CPU_C_ATTENTION=0: here).
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0
+    if k_cache.dtype == torch.float16 and v_cache.dtype == torch.float16 and k_cache.device.type == "cpu":
+        from .kernels.cpu import c_attention
+
+        if c_attention.usable():  # each K/V row read once in f16 (kernels/cpu/decode_attention.c)
+            return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap)
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()
     return attend_keys(q, k, v, scale, softcap)

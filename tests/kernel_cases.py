@@ -311,6 +311,34 @@ register(op="linear:ggml_dot", impl="tallow.kernels.cpu.ggml_dot:GgmlDotLinear",
          run=_ggml_dot, reference=_ggml_fp32)
 
 
+# Decode attention over an f16 cache in C (decode_attention.c) against torch's SDPA on the window copied
+# to fp32 (the path it replaces): fp32 throughout in another order, ~1e-6 relative; shapes: (n_kv, heads,
+# head_dim, positions, begin, end, softcap) — GQA, a window's begin, a softcap, E2B's 512-wide global heads.
+def _f16_attention_inputs(shape, dtype, g):
+    n_kv, heads, dim, n_ctx, begin, end, softcap = shape
+    return {"q": torch.randn(1, heads, dim, generator=g), "k": torch.randn(n_kv, n_ctx, dim, generator=g).half(),
+            "v": torch.randn(n_kv, n_ctx, dim, generator=g).half(), "begin": begin, "end": end, "softcap": softcap}
+
+
+def _f16_attention_reference(a):
+    from tallow.layers import attend_keys
+
+    b, e = a["begin"], a["end"]
+    return attend_keys(a["q"], a["k"][:, b:e].float(), a["v"][:, b:e].float(), 0.125, a["softcap"])
+
+
+def _f16_attention(a):
+    from tallow.kernels.cpu.c_attention import attend_f16
+
+    return attend_f16(a["q"], a["k"], a["v"], a["begin"], a["end"], 0.125, a["softcap"])
+
+
+register(op="attend_f16", impl="tallow.kernels.cpu.c_attention:attend_f16", needs="ggml_dot", tol=2e-5,
+         inputs=_f16_attention_inputs, shapes=((2, 8, 64, 100, 3, 97, None), (4, 8, 128, 700, 0, 700, 30.0),
+                                               (1, 8, 512, 2048, 1000, 2048, None), (1, 4, 256, 5, 0, 5, None)),
+         run=_f16_attention, reference=_f16_attention_reference)
+
+
 def _experts_inputs(shape, dtype, g):
     """Routed experts: (type, n_experts, k, dim, width, rows); gate/up as one 3-D tensor."""
     from gguf import GGMLQuantizationType as QT
@@ -608,6 +636,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.interpreter_compat:apply",
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
+    "tallow.kernels.cpu.c_attention:usable", "tallow.kernels.cpu.c_attention:set_simd",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting

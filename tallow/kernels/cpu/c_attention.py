@@ -1,0 +1,61 @@
+"""Decode attention over an f16 KV cache in C (decode_attention.c, built into the optional C
+library with ggml_dot.c): each K and V row read once in f16, where the torch path copies the
+whole window to fp32 at every step. Used by layers.decode_attention for one query token over an
+f16 cache when the library is built (TALLOW_CPU_C_ATTENTION=0: the torch path)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ... import switches
+from . import ggml_dot
+
+__all__ = ["usable", "attend_f16", "set_simd"]
+
+_ready: bool | None = None
+
+
+def _lib() -> ctypes.CDLL | None:
+    global _ready
+    lib = ggml_dot._load()
+    if lib is None or not hasattr(lib, "ta_attend_f16"):
+        return None
+    if _ready is None:
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
+        lib.ta_attend_f16.restype = i32
+        lib.ta_set_simd.argtypes = [i32]
+        _ready = True
+    return lib
+
+
+def usable() -> bool:
+    return switches.enabled("TALLOW_CPU_C_ATTENTION") and _lib() is not None
+
+
+def set_simd(on: bool) -> None:
+    """Tests: False runs the portable C (the same algorithm without AVX-512)."""
+    _lib().ta_set_simd(int(on))
+
+
+def attend_f16(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, begin: int, end: int, scale: float,
+               softcap: float | None = None, threads: int | None = None) -> torch.Tensor:
+    """q (1, n_heads, dk) float32; k_cache (n_kv, n_ctx, dk), v_cache (n_kv, n_ctx, dv) float16, last dim
+    contiguous; keys [begin, end) -> (1, n_heads * dv) float32. `threads`: torch's count by default
+    (the keys of a KV head are split into chunks across them, merged as split-K decoding does)."""
+    lib = _lib()
+    n_heads, dk = q.shape[1], q.shape[2]
+    n_kv, dv = k_cache.shape[0], v_cache.shape[2]
+    if k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("attend_f16 wants float16 K and V caches with a contiguous last dim.")
+    qc = q.reshape(n_heads, dk).float().contiguous()
+    out = torch.empty((1, n_heads * dv), dtype=torch.float32)
+    rc = lib.ta_attend_f16(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
+                           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), begin, end,
+                           float(scale), float(softcap or 0.0), out.data_ptr(),
+                           threads or torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("decode attention: the C kernel could not allocate its scratch.")
+    return out

@@ -1,0 +1,42 @@
+"""CPU decode attention over an f16 cache in C (tallow/kernels/cpu/decode_attention.c): the portable
+code and the AVX-512 code against torch's path, and layers.decode_attention's routing and switch.
+(The kernel case in tests/kernel_cases.py holds the default code to 2e-5 on four shapes.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tallow.kernels.cpu import c_attention, ggml_dot
+from tallow.layers import attend_keys, decode_attention
+
+pytestmark = pytest.mark.skipif(not ggml_dot.available(), reason="the optional C library is not built")
+
+
+def _cache(n_kv=2, heads=8, dim=64, n_ctx=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, heads, dim, generator=g), torch.randn(n_kv, n_ctx, dim, generator=g).half(),
+            torch.randn(n_kv, n_ctx, dim, generator=g).half())
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("threads", [1, 4])  # 4: each KV head's keys in chunks, merged
+def test_portable_and_simd_code_match_torch(simd, threads):
+    q, k, v = _cache(n_kv=1, n_ctx=1500)
+    want = attend_keys(q, k[:, 10:1490].float(), v[:, 10:1490].float(), 0.2, 20.0)
+    c_attention.set_simd(simd)
+    try:
+        got = c_attention.attend_f16(q, k, v, 10, 1490, 0.2, 20.0, threads=threads)
+    finally:
+        c_attention.set_simd(True)
+    assert float((got - want).norm() / want.norm()) < 2e-6
+
+
+def test_decode_attention_routes_f16_caches_to_c_and_the_switch_restores_torch(monkeypatch):
+    q, k, v = _cache(seed=1)
+    want = attend_keys(q, k[:, 44:].float(), v[:, 44:].float(), 0.125)
+    fast = decode_attention(q, k, v, 300, 0.125, window=256)
+    assert float((fast - want).norm() / want.norm()) < 2e-6
+    assert not torch.equal(fast, want)  # another summation order: the C kernel ran
+    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "0")
+    assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)
