@@ -222,7 +222,7 @@ def decode_attention(
     every key it is given. Without a softcap this is `attention`'s SDPA call on the sliced keys;
     with one, grouped heads are batched per KV head (query head h uses KV head h // group, as
     repeat_interleave in `attention`), so K/V are never repeated.
-    An f16 cache on the CPU goes to the C kernel where it is built (TALLOW_CPU_C_ATTENTION=0: here).
+    With TALLOW_CPU_C_ATTENTION=1 an f16 cache on the CPU goes to the C kernel (kernels/cpu/c_attention.py).
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0

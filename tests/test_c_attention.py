@@ -32,11 +32,27 @@ def test_portable_and_simd_code_match_torch(simd, threads):
     assert float((got - want).norm() / want.norm()) < 2e-6
 
 
-def test_decode_attention_routes_f16_caches_to_c_and_the_switch_restores_torch(monkeypatch):
+def test_decode_attention_routes_f16_caches_to_c_only_when_asked(monkeypatch):
     q, k, v = _cache(seed=1)
     want = attend_keys(q, k[:, 44:].float(), v[:, 44:].float(), 0.125)
+    assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)  # default: torch's path
+    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "1")
     fast = decode_attention(q, k, v, 300, 0.125, window=256)
     assert float((fast - want).norm() / want.norm()) < 2e-6
     assert not torch.equal(fast, want)  # another summation order: the C kernel ran
-    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "0")
-    assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)
+
+
+def test_speculation_turns_itself_off_with_it(monkeypatch, tmp_path):
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_model
+
+    from tallow.engine.speculate import rows_are_exact
+    from tallow.gguf_file import GGUFFile
+    from tallow.models import build_model
+    from tallow.spec import spec_from_gguf
+
+    gf = GGUFFile(write_tiny_model("llama", tmp_path / "t.gguf", qtype=QT.Q8_0))  # row-exact int8 kernels
+    model = build_model(gf, spec_from_gguf(gf))
+    assert rows_are_exact(model)
+    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "1")
+    assert not rows_are_exact(model)

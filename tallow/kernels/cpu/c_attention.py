@@ -1,7 +1,9 @@
 """Decode attention over an f16 KV cache in C (decode_attention.c, built into the optional C
 library with ggml_dot.c): each K and V row read once in f16, where the torch path copies the
 whole window to fp32 at every step. Used by layers.decode_attention for one query token over an
-f16 cache when the library is built (TALLOW_CPU_C_ATTENTION=0: the torch path)."""
+f16 cache when the library is built and TALLOW_CPU_C_ATTENTION=1 (opt-in: prefill's attention is
+torch's, in another summation order, so decode then no longer gives prefill's bits, which prefix
+reuse and speculative verification rely on)."""
 
 from __future__ import annotations
 
