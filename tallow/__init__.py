@@ -5,9 +5,17 @@
     print(llm.generate("The capital of France is", max_tokens=16).text)
 """
 
+import os
 from typing import Any
 
+from . import switches as _switches
 from .errors import TallowError
+
+# oneDNN's AMX bf16 GEMMs (Sapphire Rapids and later) round a row differently for different row
+# counts, so a prompt served from the prefix cache would no longer give a cold prefill's bits.
+# Capped here, before torch's first operation reads the ISA (TALLOW_CPU_AMX=1: leave it).
+if not _switches.enabled("TALLOW_CPU_AMX"):
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 __all__ = ["LLM", "Completion", "TallowError", "load"]
 __version__ = "0.1.0"

@@ -169,3 +169,24 @@ def test_real_models_answer_the_same_whatever_the_cache(llm, tmp_path, monkeypat
         warm = answer(engine, llm.chat_prompt(turn), n)
         engine.reset()
         same(warm, answer(engine, llm.chat_prompt(turn), n), "the next turn")
+
+
+def test_importing_tallow_keeps_bf16_gemms_row_invariant():
+    """oneDNN's AMX bf16 GEMMs round a row differently for different row counts (measured on a
+    Sapphire Rapids CPU: up to 0.25 apart on one output); importing tallow caps oneDNN below AMX
+    unless TALLOW_CPU_AMX=1, so a row computed alone equals the same row of a 64-row product."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, tallow, torch\n"
+            "torch.manual_seed(0)\n"
+            "w = torch.randn(1536, 576).bfloat16(); x = torch.randn(64, 576).bfloat16()\n"
+            "one = torch.cat([x[i:i + 1] @ w.T for i in range(64)])\n"
+            "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), torch.equal(x @ w.T, one))")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "TALLOW_CPU_AMX")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["AVX512_CORE_BF16", "True"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "TALLOW_CPU_AMX": "1"}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "None"  # left to oneDNN (row-invariant or not, depending on the CPU)
