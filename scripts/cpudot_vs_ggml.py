@@ -5,12 +5,15 @@ this writes with --write).
   mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
   PYTHONPATH=$PWD python scripts/cpudot_vs_ggml.py /tmp/llama [--rows 4096] [--write]
 
-What llama.cpp runs for a one-token product on this machine (AVX-512, its REPACK buffer on):
-Q4_K weights are repacked (ggml_repack_get_optimal_repack_type: q4_K_8x8_q8_K when AVX2 and rows % 8
-== 0) and multiplied by ggml_gemv_q4_K_8x8_q8_K; Q4_1, Q5_0, Q8_0 and Q6_K are not repacked on
-x86 and take type_traits_cpu[type].vec_dot per row (llamafile's sgemm declines one-row products).
-Activations: from_float of the vec_dot_type (Q8_K / Q8_1 / Q8_0). This script calls exactly those,
-repacking Q4_K into block_q4_Kx8 the way repack.cpp's make_block_q4_Kx8 lays it out.
+What llama.cpp runs for a product in the configuration of the conformance fixtures and
+TALLOW_NUMERICS=ggml (scripts/numerics_reference.py's CONFIG: weight repacking off, so no
+CPU_REPACK buffer): every quantized weight stays in the file's layout and each row takes
+type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
+_q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
+calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
+Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
+mirror it.) Prompts of 2+ rows go to llamafile's tinyBLAS_Q0 for Q5_0/Q8_0, whose per-output order
+is vec_dot's (read in sgemm.cpp), and to vec_dot per row for the rest.
 """
 
 from __future__ import annotations
@@ -62,32 +65,6 @@ def activations(k: int, rng: np.random.Generator, variant: int) -> np.ndarray:
     return x
 
 
-def repack_q4_k_8x8(raw: np.ndarray) -> np.ndarray:
-    """(N, nb*144) Q4_K rows -> block_q4_Kx8 bytes (N/8 groups x nb blocks x 1152), as repack.cpp."""
-    n, row_bytes = raw.shape
-    nb = row_bytes // 144
-    blocks = raw.reshape(n // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # (groups, nb, 8 rows, 144)
-    out = np.zeros((n // 8, nb, 1152), np.uint8)
-    out[..., 0:16] = blocks[..., 0:2].reshape(n // 8, nb, 16)
-    out[..., 16:32] = blocks[..., 2:4].reshape(n // 8, nb, 16)
-    sc = blocks[..., 4:16].astype(np.int32)  # (g, nb, 8, 12)
-    qs = blocks[..., 16:144]  # (g, nb, 8, 128)
-    # qs: 8-byte pieces taken round-robin from the 8 rows
-    out[..., 128:] = qs.reshape(n // 8, nb, 8, 16, 8).transpose(0, 1, 3, 2, 4).reshape(n // 8, nb, 1024)
-    s = np.zeros((n // 8, nb, 96), np.int32)
-    for i in range(4):
-        for half, (sv, mv) in enumerate((
-                (sc[..., i] & 63, sc[..., i + 4] & 63),
-                (((sc[..., i] & 192) >> 2) | (sc[..., i + 8] & 15), ((sc[..., i + 4] & 192) >> 2) | ((sc[..., i + 8] & 240) >> 4)))):
-            base = i * 12 + 48 * half
-            for j in range(4):
-                s[..., base + j] = (sv[..., j] & 63) + ((sv[..., j + 4] & 48) << 2)
-                s[..., base + 4 + j] = (mv[..., j] & 63) + ((mv[..., j + 4] & 48) << 2)
-                s[..., base + 8 + j] = (sv[..., j + 4] & 15) + ((mv[..., j + 4] & 15) << 4)
-    out[..., 32:128] = (s & 255).astype(np.uint8)
-    return out.reshape(-1)
-
-
 def main() -> None:
     args = sys.argv[1:]
     lib_dir = Path(args[0]) if args and not args[0].startswith("--") else Path("/tmp/llama")
@@ -96,8 +73,6 @@ def main() -> None:
     lib = ctypes.CDLL(str(next(p for p in (lib_dir / "libggml-cpu.so", lib_dir / "libggml-cpu.so.0") if p.exists())))
     lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_Traits)
     lib.ggml_cpu_init()
-    gemv_q4k = lib.ggml_gemv_q4_K_8x8_q8_K
-    gemv_q4k.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     if not ggml_dot.available():
         sys.exit(f"the C kernel is not built: {ggml_dot.unavailable_reason()}")
     rng = np.random.default_rng(8)
@@ -109,7 +84,6 @@ def main() -> None:
         traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
         vt = QT(traits.vec_dot_type)
         vt_traits = lib.ggml_get_type_traits_cpu(int(vt)).contents
-        packed = repack_q4_k_8x8(raw) if qtype == QT.Q4_K else None
         stats = {"quant_bytes_differ": 0, "bits_differ": {}, "max_rel": {}}
         for variant in range(4):
             x = activations(k, rng, variant)
@@ -118,13 +92,10 @@ def main() -> None:
             ours_q = ggml_dot.quantize(x[None], qtype).reshape(-1)
             stats["quant_bytes_differ"] += int((ours_q != xq).sum())
             ref = np.zeros(rows, np.float32)
-            if packed is not None:
-                gemv_q4k(k, ref.ctypes.data, 0, packed.ctypes.data, xq.ctypes.data, 1, rows)
-            else:
-                vd = _VEC_DOT(traits.vec_dot)
-                for r in range(rows):
-                    row = raw[r]
-                    vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
+            vd = _VEC_DOT(traits.vec_dot)
+            for r in range(rows):
+                row = raw[r]
+                vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
             for simd in (1, 0):
                 ggml_dot.set_simd(bool(simd))
                 ours = ggml_dot.gemv_quantized(raw, qtype, k, xq[None]).reshape(-1)

@@ -1,6 +1,6 @@
 """The C kernel (tallow/kernels/cpu/ggml_dot.c): bit-identical to libggml-cpu b11434 on the fixture
-scripts/cpudot_vs_ggml.py recorded (its from_float bytes and its vec_dot / repacked-gemv outputs),
-its AVX-512 and portable code identical to each other, its quantization identical to the torch
+scripts/cpudot_vs_ggml.py recorded (its from_float bytes and its vec_dot outputs: the products
+llama.cpp runs with weight repacking off), its AVX-512 and portable code identical to each other, its quantization identical to the torch
 reference (q8_activations.py), and the layers it backs equal to their torch counterparts."""
 
 from __future__ import annotations

@@ -6,12 +6,15 @@
  *                Q8_1's s = fp16((amax / 127) * sum(codes));
  *     Q8_K:      the first value of largest magnitude m, iscale = -127 / m,
  *                codes = min(127, round-half-even(x * iscale)), d = 1 / iscale, 16-value sums.
- *   - y[r] = dot(weight row r, quantized activations) for Q4_1, Q5_0, Q8_0, Q6_K (ggml_vec_dot_*:
- *     eight float lanes, lane l holding values 4l..4l+3 of every 32, one fused multiply-add per block
- *     and lane, then ggml's horizontal sum ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))), and Q4_K in the
- *     order of the repacked decode kernel llama.cpp uses for it on AVX2 machines
- *     (ggml_gemv_q4_K_8x8_q8_K: per column acc += isum * (d*dx), accmin += imin * (dmin*dx), one fused
- *     multiply-add per super-block each, then acc - accmin).
+ *   - y[r] = dot(weight row r, quantized activations), in the order of ggml_vec_dot_* as llama.cpp
+ *     runs it on x86 with weight repacking off (the configuration of tallow's conformance fixtures and
+ *     TALLOW_NUMERICS=ggml; docs/performance.md, session 8): for Q4_1, Q5_0, Q8_0, Q6_K eight float
+ *     lanes, lane l holding values 4l..4l+3 of every 32, one fused multiply-add per block and lane, then
+ *     ggml's horizontal sum ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); for Q4_K the same eight lanes over
+ *     the scaled 32-value groups, acc[l] = fma(d, lane, acc[l]) per super-block, and its mins in four
+ *     more lanes, accm[u] = fma(-dmin, mins 2u..2u+1 times their activation sums, accm[u]), added last as
+ *     ((m0+m2)+(m1+m3)). (With repacking on, llama.cpp's AVX2 default, Q4_K goes through the repacked
+ *     ggml_gemv_q4_K_8x8_q8_K instead, another float order: not this one.)
  *   Integer sums are exact, so only the float steps above fix the result; the scalar code and the
  *   AVX-512 VNNI code below perform the same float operations in the same order and give the same
  *   bits (tests/test_ggml_dot.py checks that, and scripts/cpudot_vs_ggml.py checks both against
@@ -249,31 +252,40 @@ static inline void q4_k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
     }
 }
 
+/* ggml_vec_dot_q4_K_q8_K (AVX2 form): eight float lanes, lane l holding the scaled integer sums of
+ * values 4l..4l+3 of each of the eight 32-value groups, acc[l] = fma(d, lane, acc[l]) per super-block;
+ * the mins in four lanes, lane u = mins 2u, 2u+1 times their 32-value activation sums,
+ * accm[u] = fma(-dmin, lane, accm[u]); then hsum8(acc) + ((accm0 + accm2) + (accm1 + accm3)). */
 static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    float acc = 0.0f, accmin = 0.0f;
+    float acc[8] = {0}, accm[4] = {0};
     for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
+        const float d = dx * rdh(w), dmin = -dx * rdh(w + 2);
         uint8_t sc[8], mn[8];
         q4_k_scales(w + 4, sc, mn);
         const int8_t *q8 = (const int8_t *)(x + 4);
         int16_t bs[16];
         memcpy(bs, x + 4 + QKK, sizeof bs);
         const uint8_t *qs = w + 16;
-        int isum = 0, imin = 0;
-        for (int j = 0; j < 4; j++) {
-            int s0 = 0, s1 = 0;
-            for (int i = 0; i < 32; i++) {
-                s0 += (qs[32 * j + i] & 15) * q8[64 * j + i];
-                s1 += (qs[32 * j + i] >> 4) * q8[64 * j + 32 + i];
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int j = 0; j < 4; j++) {
+                int s0 = 0, s1 = 0;
+                for (int i = 4 * l; i < 4 * l + 4; i++) {
+                    s0 += (qs[32 * j + i] & 15) * q8[64 * j + i];
+                    s1 += (qs[32 * j + i] >> 4) * q8[64 * j + 32 + i];
+                }
+                s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
             }
-            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+            acc[l] = fmaf(d, (float)s, acc[l]);
         }
-        for (int j = 0; j < 8; j++) imin += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
-        acc = fmaf((float)isum, rdh(w) * dx, acc);
-        accmin = fmaf((float)imin, rdh(w + 2) * dx, accmin);
+        for (int u = 0; u < 4; u++) {
+            const int m = mn[2 * u] * (bs[4 * u] + bs[4 * u + 1]) + mn[2 * u + 1] * (bs[4 * u + 2] + bs[4 * u + 3]);
+            accm[u] = fmaf(dmin, (float)m, accm[u]);
+        }
     }
-    return acc - accmin;
+    return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
 }
 
 /* ---------------------------------------------------------------- AVX-512 VNNI row dots */
@@ -408,7 +420,8 @@ static inline void q4_k_unpack(const uint8_t *q, uint32_t u[4]) {
 }
 
 TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
-    float acc = 0.0f, accmin = 0.0f;
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(15);
     /* int16 lane t (0..31) of a group pair's products takes scale 2*(2p + t/16) + half */
     const __m512i i00 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -432,16 +445,18 @@ TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb
         __m512i t3 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
                                                             _mm512_loadu_si512((const void *)(y + 192))),
                                        _mm512_permutexvar_epi16(_mm512_add_epi16(i00, _mm512_add_epi16(four, one)), sc));
-        const int is = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3)));
+        /* lane k < 8 holds value lane k of the 64-value chunks 0 and 2, lane k + 8 that of chunks 1 and 3:
+         * their sum is ggml's integer lane k (integer sums: any order gives the same) */
+        const __m512i t = _mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3));
+        const __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * _cvtsh_ss(rd16(w))), _mm256_cvtepi32_ps(lanes), acc);
         const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
-        __m128i mm = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
-        const int imin = _mm_cvtsi128_si32(mm);
-        acc = fmaf((float)is, _cvtsh_ss(rd16(w)) * dx, acc);
-        accmin = fmaf((float)imin, _cvtsh_ss(rd16(w + 2)) * dx, accmin);
+        const __m128i mm = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
+        accm = _mm_fmadd_ps(_mm_set1_ps(-dx * _cvtsh_ss(rd16(w + 2))), _mm_cvtepi32_ps(mm), accm);
     }
-    return acc - accmin;
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    return hsum8_v(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
 }
 #endif
 
