@@ -12,8 +12,12 @@ type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _
 _q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
 calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
 Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
-mirror it.) Prompts of 2+ rows go to llamafile's tinyBLAS_Q0 for Q5_0/Q8_0, whose per-output order
-is vec_dot's (read in sgemm.cpp), and to vec_dot per row for the rest.
+mirror it.) Prompts: for 8 or more activation rows llama.cpp b11434 takes its tiled K-quant product
+(ggml-cpu/tiled) for Q4_K and Q6_K, another float order, which the C kernel follows for 8+ rows;
+Q5_0/Q8_0 prompts go to llamafile's tinyBLAS_Q0 (per-output order vec_dot's), Q4_1 stays on vec_dot.
+The second check runs whole products of 2, 7, 8, 16 and 40 activation rows through ggml_mul_mat in a
+graph of libggml-cpu's own and compares them bit for bit; --write also records 8-row products
+(prompt_cases) for tests/test_ggml_dot.py.
 """
 
 from __future__ import annotations
@@ -65,6 +69,50 @@ def activations(k: int, rng: np.random.Generator, variant: int) -> np.ndarray:
     return x
 
 
+def graph_products(lib_dir: Path, qtype: QT, raw: np.ndarray, k: int, x: np.ndarray, threads: int = 2) -> np.ndarray:
+    """ggml_mul_mat(weight, x) computed by libggml-cpu in a graph of its own (no repack buffer, as with
+    repacking off): x (M, K) float32 -> (M, N). M picks ggml's path: 1 row vec_dot; 2+ rows llamafile's
+    tinyBLAS for Q5_0/Q8_0, vec_dot per row for Q4_1; 8+ rows the tiled K-quant product for Q4_K/Q6_K."""
+    C = ctypes
+    base = C.CDLL(str(lib_dir / "libggml-base.so.0"), mode=C.RTLD_GLOBAL)
+    cpu = C.CDLL(str(lib_dir / "libggml-cpu.so.0"), mode=C.RTLD_GLOBAL)
+
+    class Params(C.Structure):
+        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+
+    base.ggml_init.restype = C.c_void_p
+    base.ggml_init.argtypes = [Params]
+    for f in ("ggml_new_tensor_2d", "ggml_mul_mat", "ggml_new_graph", "ggml_get_data"):
+        getattr(base, f).restype = C.c_void_p
+    base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
+    base.ggml_mul_mat.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p]
+    base.ggml_new_graph.argtypes = [C.c_void_p]
+    base.ggml_build_forward_expand.argtypes = [C.c_void_p, C.c_void_p]
+    base.ggml_get_data.argtypes = [C.c_void_p]
+    base.ggml_free.argtypes = [C.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [C.c_void_p, C.c_void_p, C.c_int]
+    n, m = raw.shape[0], x.shape[0]
+    ctx = base.ggml_init(Params(raw.nbytes + x.nbytes + 4 * n * m + (64 << 20), None, False))
+    try:
+        tw = base.ggml_new_tensor_2d(ctx, int(qtype), k, n)
+        tx = base.ggml_new_tensor_2d(ctx, 0, k, m)
+        C.memmove(base.ggml_get_data(tw), np.ascontiguousarray(raw).ctypes.data, raw.nbytes)
+        xc = np.ascontiguousarray(x, dtype=np.float32)
+        C.memmove(base.ggml_get_data(tx), xc.ctypes.data, xc.nbytes)
+        ty = base.ggml_mul_mat(ctx, tw, tx)
+        g = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(g, ty)
+        if cpu.ggml_graph_compute_with_ctx(ctx, g, threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        return np.frombuffer(C.string_at(base.ggml_get_data(ty), 4 * n * m), np.float32).reshape(m, n).copy()
+    finally:
+        base.ggml_free(ctx)
+
+
+PROMPT_ROWS = (2, 7, 8, 16, 40)  # activation rows of the whole-product check: vec_dot / tinyBLAS, then tiled
+PROMPT_FIXTURE_ROWS, PROMPT_FIXTURE_K = 8, 512
+
+
 def main() -> None:
     args = sys.argv[1:]
     lib_dir = Path(args[0]) if args and not args[0].startswith("--") else Path("/tmp/llama")
@@ -77,7 +125,7 @@ def main() -> None:
         sys.exit(f"the C kernel is not built: {ggml_dot.unavailable_reason()}")
     rng = np.random.default_rng(8)
     k = 1536
-    fixture_cases = []
+    fixture_cases, prompt_cases = [], []
     worst = 0
     for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K):
         raw = random_weight(qtype, rows, k, rng)
@@ -115,9 +163,31 @@ def main() -> None:
         print(f"{qtype.name:5s} x {vt.name}: {rows} rows x 4 activations, K={k}: activation bytes differing "
               f"{stats['quant_bytes_differ']}, outputs differing in any bit {stats['bits_differ']}, "
               f"max |diff|/max|y| {stats['max_rel']}")
+        # whole products of several activation rows through ggml's graph (prompt paths)
+        prompt = {}
+        for m in PROMPT_ROWS:
+            xs = np.stack([activations(k, rng, v % 4) for v in range(m)])
+            theirs = graph_products(lib_dir, qtype, raw[: min(rows, 512)], k, xs)
+            for simd in (1, 0):
+                ggml_dot.set_simd(bool(simd))
+                ours = ggml_dot.gemv_quantized(raw[: min(rows, 512)], qtype, k, ggml_dot.quantize(xs, qtype))
+                key = "avx512" if simd and ggml_dot.simd() else "portable"
+                diff = int((ours.view(np.uint32) != theirs.view(np.uint32)).sum())
+                prompt[f"{m}/{key}"] = diff
+                worst = max(worst, diff)
+            ggml_dot.set_simd(True)
+        print(f"      ggml_mul_mat, {min(rows, 512)} weight rows x M activation rows, outputs differing in any bit "
+              f"(M/code): {prompt}")
+        kp = PROMPT_FIXTURE_K
+        wp = random_weight(qtype, 16, kp, rng)
+        xp = np.stack([activations(kp, rng, v % 4) for v in range(PROMPT_FIXTURE_ROWS)])
+        prompt_cases.append({"weight_type": qtype.name, "K": kp, "rows": PROMPT_FIXTURE_ROWS,
+                             "x_quantized": base64.b64encode(ggml_dot.quantize(xp, qtype).tobytes()).decode(),
+                             "weight": base64.b64encode(np.ascontiguousarray(wp).tobytes()).decode(),
+                             "products": base64.b64encode(graph_products(lib_dir, qtype, wp, kp, xp).tobytes()).decode()})
     if write:
         FIXTURE.write_text(json.dumps({"source": f"libggml-cpu b11434 ({lib_dir}); scripts/cpudot_vs_ggml.py", "K": k,
-                                       "cases": fixture_cases}) + "\n")
+                                       "cases": fixture_cases, "prompt_cases": prompt_cases}) + "\n")
         print(f"wrote {FIXTURE}")
     sys.exit(1 if worst else 0)
 

@@ -4,8 +4,9 @@
 the torch paths run) quantizes the activations to Q8_0/Q8_1/Q8_K exactly as ggml's x86 from_float
 and takes the integer block dot products of Q4_1, Q5_0, Q8_0, Q6_K and Q4_K rows, combining the
 block sums in the float order of llama.cpp b11434's x86 vec_dot_* with weight repacking off (the
-fixtures' configuration; with repacking on, Q4_K would take the repacked gemv's other order): the
-same bits as libggml-cpu (scripts/cpudot_vs_ggml.py). It reads the weight
+fixtures' configuration; with repacking on, Q4_K would take the repacked gemv's other order), and for
+products of 8+ rows Q4_K/Q6_K in the order of llama.cpp's tiled K-quant product, as ggml_mul_mat does
+for prompts: the same bits as libggml-cpu (scripts/cpudot_vs_ggml.py). It reads the weight
 where it lies in the file map: the kernel itself costs the file's bytes and nothing else.
 
 GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
