@@ -75,6 +75,25 @@ def test_prompt_products_bit_identical_to_ggml_mul_mat(case, simd):
 
 
 @needs_c
+@pytest.mark.parametrize("rows", [1, 8])
+def test_prefetch_distance_changes_no_bit(rows):
+    """The weight-row prefetch only touches memory earlier: any distance, the same outputs."""
+    k = 512
+    for qt in sorted(ggml_dot.TYPES, key=int):
+        raw = random_rows(qt, 96, k, seed=int(qt) + rows)
+        xq = ggml_dot.quantize(torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)), qt)
+        old = ggml_dot.prefetch_bytes()
+        try:
+            outs = []
+            for distance in (0, 64, 2048, 1 << 20):
+                ggml_dot.prefetch_bytes(distance)
+                outs.append(ggml_dot.gemv_quantized(raw, qt, k, xq))
+        finally:
+            ggml_dot.prefetch_bytes(old)
+        assert all((o.view(np.uint32) == outs[0].view(np.uint32)).all() for o in outs[1:])
+
+
+@needs_c
 @pytest.mark.parametrize("qt", sorted(ggml_dot.TYPES, key=int), ids=lambda q: q.name)
 def test_quantization_matches_the_torch_reference(qt):
     g = torch.Generator().manual_seed(int(qt))

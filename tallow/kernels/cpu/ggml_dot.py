@@ -40,7 +40,7 @@ from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
 __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
-           "linear", "parallel_min_bytes", "GgmlDotLinear", "GgmlDotGroup"]
+           "linear", "parallel_min_bytes", "prefetch_bytes", "GgmlDotLinear", "GgmlDotGroup"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
@@ -87,6 +87,8 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_plan_scratch.restype = i64
     lib.tg_set_par_min.argtypes = [i64]
     lib.tg_set_par_min.restype = i64
+    lib.tg_set_prefetch.argtypes = [i64]
+    lib.tg_set_prefetch.restype = i64
     lib.tg_act_row_bytes.argtypes = [i32, i64]
     for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
@@ -193,6 +195,12 @@ def parallel_min_bytes(nbytes: int | None = None) -> int:
     """The weight bytes (times rows) under which a product stays on the calling thread; with
     `nbytes`, set it (returns the previous value). For measurements."""
     return int((_lib or _load()).tg_set_par_min(-1 if nbytes is None else int(nbytes)))
+
+
+def prefetch_bytes(nbytes: int | None = None) -> int:
+    """How far ahead of the weight row being read the kernel prefetches (bytes, 0: not at all); with
+    `nbytes`, set it (returns the previous value). For measurements: results do not depend on it."""
+    return int((_lib or _load()).tg_set_prefetch(-1 if nbytes is None else int(nbytes)))
 
 
 class _Products:
