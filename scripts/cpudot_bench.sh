@@ -1,10 +1,12 @@
 #!/bin/sh
-# Decode side by side, one after the other in one run: llama-bench b11434 (tg64), `tallow bench`
-# default, `tallow bench` with the C kernel (TALLOW_CPU_GGML_DOT=1); R repetitions each, mean and
-# best repetition (the best is the least disturbed on a shared machine), load average before each.
+# Decode side by side, one after the other in one run: llama-bench b11434 (tg64) with its default weight
+# repacking and with `--repack 0` (the fixtures' configuration), then `tallow bench` default
+# (TALLOW_CPU_GGML_DOT=0), with the C kernel (=1), and under TALLOW_NUMERICS=ggml (C kernel on there);
+# R repetitions each, mean and best repetition (the best is the least disturbed on a shared machine),
+# load average before each.
 #   mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
 #   R=5 sh scripts/cpudot_bench.sh [MODEL ...]     (default: the three real models; a path is taken as is,
-#   e.g. /work/twins/gemma4-e2b.gguf; N=32 for tg32)
+#   e.g. /work/twins/gemma4-e2b.gguf; N=32 for tg32; MODES="0 1 ggml" picks the tallow rows)
 cd "$(dirname "$0")/.." || exit 1
 R=${R:-5}
 models=${*:-"smollm2-135m gemma3-270m qwen2.5-coder-1.5b-instruct"}
@@ -12,8 +14,11 @@ best() { python3 -c "import json,sys; d=json.load(sys.stdin); s=d[0]['samples_ts
 for m in $models; do
   case $m in */*) f=$m ;; *) f=$HOME/.cache/tallow/models/$m.gguf ;; esac
   echo "### $m tg${N:-64}  $(date -u +%H:%M:%S)"
-  echo "llama.cpp  load $(cut -d' ' -f1 /proc/loadavg): $(LD_LIBRARY_PATH=/tmp/llama /tmp/llama/llama-bench -m "$f" -t 2 -p 0 -n "${N:-64}" -r "$R" -o json 2>/dev/null | best)"
-  for c in 0 1; do
-    echo "tallow C=$c load $(cut -d' ' -f1 /proc/loadavg): $(TALLOW_CPU_GGML_DOT=$c PYTHONPATH=$PWD python -m tallow.cli bench -m "$f" -p 0 -n "${N:-64}" -r "$R" --json 2>/dev/null | best)"
+  for rp in 1 0; do
+    echo "llama.cpp repack=$rp load $(cut -d' ' -f1 /proc/loadavg): $(LD_LIBRARY_PATH=/tmp/llama /tmp/llama/llama-bench -m "$f" -t 2 -p 0 -n "${N:-64}" -r "$R" --repack $rp -o json 2>/dev/null | best)"
+  done
+  for c in ${MODES:-0 1 ggml}; do
+    if [ "$c" = ggml ]; then env="TALLOW_NUMERICS=ggml"; else env="TALLOW_CPU_GGML_DOT=$c"; fi
+    echo "tallow $env load $(cut -d' ' -f1 /proc/loadavg): $(env $env PYTHONPATH=$PWD python -m tallow.cli bench -m "$f" -p 0 -n "${N:-64}" -r "$R" --json 2>/dev/null | best)"
   done
 done

@@ -5,12 +5,19 @@ this writes with --write).
   mkdir -p /tmp/llama && tar xJf ../shared/llama.cpp/llama-b11434-cpu.tar.xz -C /tmp/llama
   PYTHONPATH=$PWD python scripts/cpudot_vs_ggml.py /tmp/llama [--rows 4096] [--write]
 
-What llama.cpp runs for a one-token product on this machine (AVX-512, its REPACK buffer on):
-Q4_K weights are repacked (ggml_repack_get_optimal_repack_type: q4_K_8x8_q8_K when AVX2 and rows % 8
-== 0) and multiplied by ggml_gemv_q4_K_8x8_q8_K; Q4_1, Q5_0, Q8_0 and Q6_K are not repacked on
-x86 and take type_traits_cpu[type].vec_dot per row (llamafile's sgemm declines one-row products).
-Activations: from_float of the vec_dot_type (Q8_K / Q8_1 / Q8_0). This script calls exactly those,
-repacking Q4_K into block_q4_Kx8 the way repack.cpp's make_block_q4_Kx8 lays it out.
+What llama.cpp runs for a product in the configuration of the conformance fixtures and
+TALLOW_NUMERICS=ggml (scripts/numerics_reference.py's CONFIG: weight repacking off, so no
+CPU_REPACK buffer): every quantized weight stays in the file's layout and each row takes
+type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
+_q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
+calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
+Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
+mirror it.) Prompts: for 8 or more activation rows llama.cpp b11434 takes its tiled K-quant product
+(ggml-cpu/tiled) for Q4_K and Q6_K, another float order, which the C kernel follows for 8+ rows;
+Q5_0/Q8_0 prompts go to llamafile's tinyBLAS_Q0 (per-output order vec_dot's), Q4_1 stays on vec_dot.
+The second check runs whole products of 2, 7, 8, 16 and 40 activation rows through ggml_mul_mat in a
+graph of libggml-cpu's own and compares them bit for bit; --write also records 8-row products
+(prompt_cases) for tests/test_ggml_dot.py.
 """
 
 from __future__ import annotations
@@ -62,30 +69,48 @@ def activations(k: int, rng: np.random.Generator, variant: int) -> np.ndarray:
     return x
 
 
-def repack_q4_k_8x8(raw: np.ndarray) -> np.ndarray:
-    """(N, nb*144) Q4_K rows -> block_q4_Kx8 bytes (N/8 groups x nb blocks x 1152), as repack.cpp."""
-    n, row_bytes = raw.shape
-    nb = row_bytes // 144
-    blocks = raw.reshape(n // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # (groups, nb, 8 rows, 144)
-    out = np.zeros((n // 8, nb, 1152), np.uint8)
-    out[..., 0:16] = blocks[..., 0:2].reshape(n // 8, nb, 16)
-    out[..., 16:32] = blocks[..., 2:4].reshape(n // 8, nb, 16)
-    sc = blocks[..., 4:16].astype(np.int32)  # (g, nb, 8, 12)
-    qs = blocks[..., 16:144]  # (g, nb, 8, 128)
-    # qs: 8-byte pieces taken round-robin from the 8 rows
-    out[..., 128:] = qs.reshape(n // 8, nb, 8, 16, 8).transpose(0, 1, 3, 2, 4).reshape(n // 8, nb, 1024)
-    s = np.zeros((n // 8, nb, 96), np.int32)
-    for i in range(4):
-        for half, (sv, mv) in enumerate((
-                (sc[..., i] & 63, sc[..., i + 4] & 63),
-                (((sc[..., i] & 192) >> 2) | (sc[..., i + 8] & 15), ((sc[..., i + 4] & 192) >> 2) | ((sc[..., i + 8] & 240) >> 4)))):
-            base = i * 12 + 48 * half
-            for j in range(4):
-                s[..., base + j] = (sv[..., j] & 63) + ((sv[..., j + 4] & 48) << 2)
-                s[..., base + 4 + j] = (mv[..., j] & 63) + ((mv[..., j + 4] & 48) << 2)
-                s[..., base + 8 + j] = (sv[..., j + 4] & 15) + ((mv[..., j + 4] & 15) << 4)
-    out[..., 32:128] = (s & 255).astype(np.uint8)
-    return out.reshape(-1)
+def graph_products(lib_dir: Path, qtype: QT, raw: np.ndarray, k: int, x: np.ndarray, threads: int = 2) -> np.ndarray:
+    """ggml_mul_mat(weight, x) computed by libggml-cpu in a graph of its own (no repack buffer, as with
+    repacking off): x (M, K) float32 -> (M, N). M picks ggml's path: 1 row vec_dot; 2+ rows llamafile's
+    tinyBLAS for Q5_0/Q8_0, vec_dot per row for Q4_1; 8+ rows the tiled K-quant product for Q4_K/Q6_K."""
+    C = ctypes
+    base = C.CDLL(str(lib_dir / "libggml-base.so.0"), mode=C.RTLD_GLOBAL)
+    cpu = C.CDLL(str(lib_dir / "libggml-cpu.so.0"), mode=C.RTLD_GLOBAL)
+
+    class Params(C.Structure):
+        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+
+    base.ggml_init.restype = C.c_void_p
+    base.ggml_init.argtypes = [Params]
+    for f in ("ggml_new_tensor_2d", "ggml_mul_mat", "ggml_new_graph", "ggml_get_data"):
+        getattr(base, f).restype = C.c_void_p
+    base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
+    base.ggml_mul_mat.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p]
+    base.ggml_new_graph.argtypes = [C.c_void_p]
+    base.ggml_build_forward_expand.argtypes = [C.c_void_p, C.c_void_p]
+    base.ggml_get_data.argtypes = [C.c_void_p]
+    base.ggml_free.argtypes = [C.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [C.c_void_p, C.c_void_p, C.c_int]
+    n, m = raw.shape[0], x.shape[0]
+    ctx = base.ggml_init(Params(raw.nbytes + x.nbytes + 4 * n * m + (64 << 20), None, False))
+    try:
+        tw = base.ggml_new_tensor_2d(ctx, int(qtype), k, n)
+        tx = base.ggml_new_tensor_2d(ctx, 0, k, m)
+        C.memmove(base.ggml_get_data(tw), np.ascontiguousarray(raw).ctypes.data, raw.nbytes)
+        xc = np.ascontiguousarray(x, dtype=np.float32)
+        C.memmove(base.ggml_get_data(tx), xc.ctypes.data, xc.nbytes)
+        ty = base.ggml_mul_mat(ctx, tw, tx)
+        g = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(g, ty)
+        if cpu.ggml_graph_compute_with_ctx(ctx, g, threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        return np.frombuffer(C.string_at(base.ggml_get_data(ty), 4 * n * m), np.float32).reshape(m, n).copy()
+    finally:
+        base.ggml_free(ctx)
+
+
+PROMPT_ROWS = (2, 7, 8, 16, 40)  # activation rows of the whole-product check: vec_dot / tinyBLAS, then tiled
+PROMPT_FIXTURE_ROWS, PROMPT_FIXTURE_K = 8, 512
 
 
 def main() -> None:
@@ -96,20 +121,17 @@ def main() -> None:
     lib = ctypes.CDLL(str(next(p for p in (lib_dir / "libggml-cpu.so", lib_dir / "libggml-cpu.so.0") if p.exists())))
     lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_Traits)
     lib.ggml_cpu_init()
-    gemv_q4k = lib.ggml_gemv_q4_K_8x8_q8_K
-    gemv_q4k.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     if not ggml_dot.available():
         sys.exit(f"the C kernel is not built: {ggml_dot.unavailable_reason()}")
     rng = np.random.default_rng(8)
     k = 1536
-    fixture_cases = []
+    fixture_cases, prompt_cases = [], []
     worst = 0
     for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K):
         raw = random_weight(qtype, rows, k, rng)
         traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
         vt = QT(traits.vec_dot_type)
         vt_traits = lib.ggml_get_type_traits_cpu(int(vt)).contents
-        packed = repack_q4_k_8x8(raw) if qtype == QT.Q4_K else None
         stats = {"quant_bytes_differ": 0, "bits_differ": {}, "max_rel": {}}
         for variant in range(4):
             x = activations(k, rng, variant)
@@ -118,13 +140,10 @@ def main() -> None:
             ours_q = ggml_dot.quantize(x[None], qtype).reshape(-1)
             stats["quant_bytes_differ"] += int((ours_q != xq).sum())
             ref = np.zeros(rows, np.float32)
-            if packed is not None:
-                gemv_q4k(k, ref.ctypes.data, 0, packed.ctypes.data, xq.ctypes.data, 1, rows)
-            else:
-                vd = _VEC_DOT(traits.vec_dot)
-                for r in range(rows):
-                    row = raw[r]
-                    vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
+            vd = _VEC_DOT(traits.vec_dot)
+            for r in range(rows):
+                row = raw[r]
+                vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
             for simd in (1, 0):
                 ggml_dot.set_simd(bool(simd))
                 ours = ggml_dot.gemv_quantized(raw, qtype, k, xq[None]).reshape(-1)
@@ -144,9 +163,31 @@ def main() -> None:
         print(f"{qtype.name:5s} x {vt.name}: {rows} rows x 4 activations, K={k}: activation bytes differing "
               f"{stats['quant_bytes_differ']}, outputs differing in any bit {stats['bits_differ']}, "
               f"max |diff|/max|y| {stats['max_rel']}")
+        # whole products of several activation rows through ggml's graph (prompt paths)
+        prompt = {}
+        for m in PROMPT_ROWS:
+            xs = np.stack([activations(k, rng, v % 4) for v in range(m)])
+            theirs = graph_products(lib_dir, qtype, raw[: min(rows, 512)], k, xs)
+            for simd in (1, 0):
+                ggml_dot.set_simd(bool(simd))
+                ours = ggml_dot.gemv_quantized(raw[: min(rows, 512)], qtype, k, ggml_dot.quantize(xs, qtype))
+                key = "avx512" if simd and ggml_dot.simd() else "portable"
+                diff = int((ours.view(np.uint32) != theirs.view(np.uint32)).sum())
+                prompt[f"{m}/{key}"] = diff
+                worst = max(worst, diff)
+            ggml_dot.set_simd(True)
+        print(f"      ggml_mul_mat, {min(rows, 512)} weight rows x M activation rows, outputs differing in any bit "
+              f"(M/code): {prompt}")
+        kp = PROMPT_FIXTURE_K
+        wp = random_weight(qtype, 16, kp, rng)
+        xp = np.stack([activations(kp, rng, v % 4) for v in range(PROMPT_FIXTURE_ROWS)])
+        prompt_cases.append({"weight_type": qtype.name, "K": kp, "rows": PROMPT_FIXTURE_ROWS,
+                             "x_quantized": base64.b64encode(ggml_dot.quantize(xp, qtype).tobytes()).decode(),
+                             "weight": base64.b64encode(np.ascontiguousarray(wp).tobytes()).decode(),
+                             "products": base64.b64encode(graph_products(lib_dir, qtype, wp, kp, xp).tobytes()).decode()})
     if write:
         FIXTURE.write_text(json.dumps({"source": f"libggml-cpu b11434 ({lib_dir}); scripts/cpudot_vs_ggml.py", "K": k,
-                                       "cases": fixture_cases}) + "\n")
+                                       "cases": fixture_cases, "prompt_cases": prompt_cases}) + "\n")
         print(f"wrote {FIXTURE}")
     sys.exit(1 if worst else 0)
 

@@ -1,6 +1,6 @@
 """Measure how close tallow is to llama.cpp on a real model, with the issue-14 rules.
 
-  PYTHONPATH=$PWD python scripts/numerics_conformance.py MODEL [--greedy N] [--no-teacher]
+  PYTHONPATH=$PWD python scripts/numerics_conformance.py MODEL [--greedy N] [--no-teacher] [--live]
   (TALLOW_NUMERICS=ggml for the ggml path)
 
 Teacher-forced (tests/fixtures/conformance_MODEL.json, position 0 left out as in
@@ -8,6 +8,13 @@ test_conformance.py): top-1 agreement over all positions and the |Δlogit| distr
 llama.cpp's top-10 logits. Greedy: for each fixture case, whether our continuation equals
 llama.cpp's up to its first near-tie (top-2 gap < NEAR_TIE = 0.15, the bound two llama.cpp
 builds pass); cases counted per mode (raw / chat).
+
+--live: llama.cpp b11434 itself instead of the fixture (scripts/numerics_reference.py, the fixtures'
+configuration: repacking off, flash attention off, f16 K/V, ubatch 512; needs llama-cpp-python's
+bindings and /tmp/llama). Teacher-forced, every logit of every position is compared (bit-identical
+count, |Δ| over all logits); greedy, llama.cpp's continuation and gaps are computed here. For
+qwen2.5-coder-1.5b, whose fixture still comes from llama-cpp-python 0.3.36 with repacking on (another
+CPU), this is the comparison with the configuration the ggml path mirrors.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, default=24, help="how many fixture cases to run (0: none)")
     ap.add_argument("--no-teacher", action="store_true")
     ap.add_argument("--prompt", default=None, help="only cases whose prompt starts with this")
+    ap.add_argument("--live", action="store_true", help="compare with llama.cpp run here, not the fixture")
     args = ap.parse_args()
 
     import tallow
@@ -45,6 +53,12 @@ def main() -> None:
     t0 = time.time()
     llm = tallow.LLM(require_model(args.model), ctx=1024)
     print(f"{args.model}: loaded in {time.time() - t0:.1f} s", flush=True)
+    ref = None
+    if args.live:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from numerics_reference import Reference
+
+        ref = Reference(require_model(args.model))
     if not args.no_teacher:
         tf = fixture["teacher_forced"]
         ids = tf["ids"]
@@ -54,11 +68,18 @@ def main() -> None:
         ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)])
         ours = ours.cpu()[1:]
         top_ids = torch.tensor(tf["top_ids"])[1:]
-        ref = torch.tensor(tf["top_logits"])[1:]
+        ref_top = torch.tensor(tf["top_logits"])[1:]
+        if ref is not None:
+            theirs = torch.from_numpy(ref.logits(ids))[1:]
+            d_all = (ours - theirs).abs()
+            q_all = torch.quantile(d_all.flatten()[:: max(1, d_all.numel() // 1_000_000)], torch.tensor([0.5, 0.9, 0.99]))
+            print(f"  live llama.cpp: {int((ours == theirs).sum())} of {ours.numel()} logits bit-identical; |Δlogit| over"
+                  f" all logits median {q_all[0]:.3g} p90 {q_all[1]:.3g} p99 {q_all[2]:.3g} max {d_all.max():.4g}", flush=True)
+            ref_top, top_ids = theirs.topk(10, dim=-1)
         same = ours.argmax(-1) == top_ids[:, 0]
-        delta = (ours.gather(1, top_ids) - ref).abs()
+        delta = (ours.gather(1, top_ids) - ref_top).abs()
         top1 = delta[:, 0]
-        gap = ref[:, 0] - ref[:, 1]
+        gap = ref_top[:, 0] - ref_top[:, 1]
         q = torch.quantile(top1, torch.tensor([0.5, 0.9, 0.99]))
         print(f"  teacher-forced ({len(ids) - 1} positions, {time.time() - t0:.1f} s): top-1 {same.float().mean():.4f}"
               f" ({int((~same).sum())} differ, llama.cpp gaps there: "
@@ -69,6 +90,9 @@ def main() -> None:
         passed = {"raw": [0, 0], "chat": [0, 0]}
         cases = [c for c in fixture["greedy"] if args.prompt is None or c["prompt"].startswith(args.prompt)]
         for case in cases[: args.greedy]:
+            if ref is not None:
+                case = dict(case)
+                case["ids"], case["gaps"] = ref.greedy(case["prompt_ids"], len(case["ids"]))
             expected = case["ids"]
             ours = llm.generate(case["prompt_ids"], max_tokens=len(expected), temperature=0).tokens
             if expected and expected[-1] in eog:

@@ -640,6 +640,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
+    "tallow.kernels.cpu.ggml_dot:prefetch_bytes",  # the weight-row prefetch distance, a setting (test_ggml_dot checks it changes no bit)
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",
     "tallow.kernels.cpu.linear:group_int8_codes", "tallow.kernels.cpu.linear:pack_group_int8",

@@ -1,6 +1,7 @@
 """The C kernel (tallow/kernels/cpu/ggml_dot.c): bit-identical to libggml-cpu b11434 on the fixture
-scripts/cpudot_vs_ggml.py recorded (its from_float bytes and its vec_dot / repacked-gemv outputs),
-its AVX-512 and portable code identical to each other, its quantization identical to the torch
+scripts/cpudot_vs_ggml.py recorded (its from_float bytes and its vec_dot outputs: the products
+llama.cpp runs with weight repacking off, and its ggml_mul_mat of 8 rows, the tiled K-quant
+product for prompts), its AVX-512 and portable code identical to each other, its quantization identical to the torch
 reference (q8_activations.py), and the layers it backs equal to their torch counterparts."""
 
 from __future__ import annotations
@@ -48,6 +49,48 @@ def test_bit_identical_to_libggml(case, simd):
     ref = _b64(case["dots"], np.float32)
     ours = ggml_dot.gemv_quantized(w, qt, k, xq[None]).reshape(-1)
     assert (ours.view(np.uint32) == ref.view(np.uint32)).all()
+
+
+_ROW_BYTES = {QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34, QT.Q4_K: 144, QT.Q6_K: 210}
+
+
+@needs_c
+@pytest.mark.parametrize("case", json.loads(FIXTURE.read_text())["prompt_cases"], ids=lambda c: c["weight_type"])
+def test_prompt_products_bit_identical_to_ggml_mul_mat(case, simd):
+    """Products of 8 activation rows, as libggml-cpu's ggml_mul_mat computed them in a graph: for Q4_K and
+    Q6_K that is llama.cpp's tiled K-quant product (another float order than vec_dot's), for Q5_0/Q8_0
+    llamafile's tinyBLAS; fewer rows than that stay in vec_dot's order."""
+    qt, k, m = QT[case["weight_type"]], case["K"], case["rows"]
+    block = 256 if qt in (QT.Q4_K, QT.Q6_K) else 32
+    w = _b64(case["weight"], np.uint8).reshape(-1, k // block * _ROW_BYTES[qt])
+    xq = _b64(case["x_quantized"], np.uint8).reshape(m, -1)
+    ref = _b64(case["products"], np.float32).reshape(m, -1)
+    ours = ggml_dot.gemv_quantized(w, qt, k, xq)
+    assert (ours.view(np.uint32) == ref.view(np.uint32)).all()
+    one_by_one = np.concatenate([ggml_dot.gemv_quantized(w, qt, k, xq[i : i + 1]) for i in range(m)])
+    if qt in (QT.Q4_K, QT.Q6_K):  # the fixture does tell the two orders apart
+        assert (one_by_one.view(np.uint32) != ref.view(np.uint32)).any()
+    else:
+        assert (one_by_one.view(np.uint32) == ref.view(np.uint32)).all()
+
+
+@needs_c
+@pytest.mark.parametrize("rows", [1, 8])
+def test_prefetch_distance_changes_no_bit(rows):
+    """The weight-row prefetch only touches memory earlier: any distance, the same outputs."""
+    k = 512
+    for qt in sorted(ggml_dot.TYPES, key=int):
+        raw = random_rows(qt, 96, k, seed=int(qt) + rows)
+        xq = ggml_dot.quantize(torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)), qt)
+        old = ggml_dot.prefetch_bytes()
+        try:
+            outs = []
+            for distance in (0, 64, 2048, 1 << 20):
+                ggml_dot.prefetch_bytes(distance)
+                outs.append(ggml_dot.gemv_quantized(raw, qt, k, xq))
+        finally:
+            ggml_dot.prefetch_bytes(old)
+        assert all((o.view(np.uint32) == outs[0].view(np.uint32)).all() for o in outs[1:])
 
 
 @needs_c

@@ -198,6 +198,41 @@ def test_smollm2_ggml_path_against_llama_cpp(monkeypatch):
     assert agree >= GGML_PATH_TOP1_MIN and delta <= GGML_PATH_MAX_DELTA
 
 
+EXACT_TOKENS = 64
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_ggml_path_with_the_c_kernel_equals_llama_cpp(model, monkeypatch):
+    """TALLOW_NUMERICS=ggml with the C kernel (its default there): teacher-forced logits equal to
+    llama.cpp b11434's in the fixtures' configuration (repacking off), bit for bit, over 64 tokens of
+    the conformance text: every product in vec_dot's or, for 8+ prompt rows, the tiled K-quant order.
+    (The fixtures of smollm2 and gemma3 come from that configuration; qwen2.5's does not, so it is
+    checked against llama.cpp itself by scripts/numerics_conformance.py --live.)"""
+    from model_paths import require_model
+
+    import tallow
+    from tallow.kernels.cpu import ggml_dot
+
+    if not ggml_dot.usable():
+        pytest.skip(f"C kernel: {ggml_dot.status()}")
+    path = require_model(model)
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
+    llm = tallow.LLM(path, ctx=256)
+    assert {p.kind for layer in llm.model.layers for p in [layer.attn_output, layer.ffn_down]} == {"ggml_dot"}
+    tf = json.loads((Path(__file__).parent / "fixtures" / f"conformance_{model}.json").read_text())["teacher_forced"]
+    ids = tf["ids"][:EXACT_TOKENS]
+    llm.engine.reset()
+    ours = llm.model.forward(ids, 0, llm.engine.kv, all_logits=True)
+    top_ids = torch.tensor(tf["top_ids"][:EXACT_TOKENS])
+    ref = torch.tensor(tf["top_logits"][:EXACT_TOKENS])
+    got = ours.gather(1, top_ids)
+    assert torch.equal(ours.argmax(-1), top_ids[:, 0])
+    # the fixture holds llama.cpp's float32 logits rounded as make_fixtures.py rounds them (float32 .round(5))
+    assert got.numpy().astype(np.float32).round(5).tolist() == tf["top_logits"][:EXACT_TOKENS], \
+        f"max |Δ| {(got - ref).abs().max():.3e}"
+
+
 # llama.cpp b11434's own tensors of layer 0 (scripts/numerics_op_fixtures.py: smollm2 and gemma3,
 # 6 tokens, cropped); each TALLOW_NUMERICS=ggml op fed llama.cpp's input must give its output
 # bit for bit.

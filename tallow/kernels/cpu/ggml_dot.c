@@ -6,12 +6,21 @@
  *                Q8_1's s = fp16((amax / 127) * sum(codes));
  *     Q8_K:      the first value of largest magnitude m, iscale = -127 / m,
  *                codes = min(127, round-half-even(x * iscale)), d = 1 / iscale, 16-value sums.
- *   - y[r] = dot(weight row r, quantized activations) for Q4_1, Q5_0, Q8_0, Q6_K (ggml_vec_dot_*:
- *     eight float lanes, lane l holding values 4l..4l+3 of every 32, one fused multiply-add per block
- *     and lane, then ggml's horizontal sum ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))), and Q4_K in the
- *     order of the repacked decode kernel llama.cpp uses for it on AVX2 machines
- *     (ggml_gemv_q4_K_8x8_q8_K: per column acc += isum * (d*dx), accmin += imin * (dmin*dx), one fused
- *     multiply-add per super-block each, then acc - accmin).
+ *   - y[r] = dot(weight row r, quantized activations), in the order of ggml_vec_dot_* as llama.cpp
+ *     runs it on x86 with weight repacking off (the configuration of tallow's conformance fixtures and
+ *     TALLOW_NUMERICS=ggml; docs/performance.md, session 8): for Q4_1, Q5_0, Q8_0, Q6_K eight float
+ *     lanes, lane l holding values 4l..4l+3 of every 32, one fused multiply-add per block and lane, then
+ *     ggml's horizontal sum ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); for Q4_K the same eight lanes over
+ *     the scaled 32-value groups, acc[l] = fma(d, lane, acc[l]) per super-block, and its mins in four
+ *     more lanes, accm[u] = fma(-dmin, mins 2u..2u+1 times their activation sums, accm[u]), added last as
+ *     ((m0+m2)+(m1+m3)). (With repacking on, llama.cpp's AVX2 default, Q4_K goes through the repacked
+ *     ggml_gemv_q4_K_8x8_q8_K instead, another float order: not this one.)
+ *   - for products of 8 or more activation rows (prompts), Q4_K and Q6_K in the order of llama.cpp's
+ *     tiled K-quant product (ggml-cpu/tiled, which ggml_compute_forward_mul_mat takes first there):
+ *     per super-block one integer dot, scaled by the weight's d (Q4_K: minus dmin times the mins' integer,
+ *     fused), then acc = fma(that, dx, acc) block by block (see tiled_acc). Q4_1, Q5_0 and Q8_0 keep
+ *     vec_dot's order at any row count (llamafile's tinyBLAS_Q0, which serves Q5_0/Q8_0 prompts, sums each
+ *     output in that order).
  *   Integer sums are exact, so only the float steps above fix the result; the scalar code and the
  *   AVX-512 VNNI code below perform the same float operations in the same order and give the same
  *   bits (tests/test_ggml_dot.py checks that, and scripts/cpudot_vs_ggml.py checks both against
@@ -215,28 +224,56 @@ static inline int q6_value(const uint8_t *w, int e) { /* 0..63, unbiased value m
     return low | (high << 4);
 }
 
+/* Q6_K's eight integer lanes of one super-block: vec_dot's lanes (values 4l..4l+3 of every 32, scaled,
+ * minus 32 times the scaled activation sums); their sum is the block's integer dot product */
+static inline void q6_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t lanes[8]) {
+    const int8_t *q8 = (const int8_t *)(x + 4), *sc = (const int8_t *)(w + 192);
+    int16_t bs[16];
+    memcpy(bs, x + 4 + QKK, sizeof bs);
+    for (int l = 0; l < 8; l++) {
+        int s = 0;
+        for (int chunk = 0; chunk < 8; chunk++) { /* 32-value chunks; lane l holds values 4l..4l+3 */
+            int scale = sc[2 * chunk + (l >= 4)];
+            int p = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) p += q6_value(w, 32 * chunk + i) * q8[32 * chunk + i];
+            s += scale * p;
+        }
+        lanes[l] = s - 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
+    }
+}
+
 static float dot_q6_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
     float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
         const float d = dx * rdh(w + 208);
-        const int8_t *q8 = (const int8_t *)(x + 4), *sc = (const int8_t *)(w + 192);
-        int16_t bs[16];
-        memcpy(bs, x + 4 + QKK, sizeof bs);
-        for (int l = 0; l < 8; l++) {
-            int s = 0;
-            for (int chunk = 0; chunk < 8; chunk++) { /* 32-value chunks; lane l holds values 4l..4l+3 */
-                int scale = sc[2 * chunk + (l >= 4)];
-                int p = 0;
-                for (int i = 4 * l; i < 4 * l + 4; i++) p += q6_value(w, 32 * chunk + i) * q8[32 * chunk + i];
-                s += scale * p;
-            }
-            s -= 32 * (bs[2 * l] * sc[2 * l] + bs[2 * l + 1] * sc[2 * l + 1]);
-            acc[l] = fmaf(d, (float)s, acc[l]);
-        }
+        int32_t lanes[8];
+        q6_k_lanes_scalar(w, x, lanes);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lanes[l], acc[l]);
     }
     return hsum8(acc);
+}
+
+/* llama.cpp's tiled K-quant product (ggml-cpu/tiled, b11434), which replaces vec_dot for a product of 8
+ * or more activation rows (prompts): per super-block the whole integer dot s (and for Q4_K the mins'
+ * integer m) in one int32, res = s * d (Q4_K: fma(-dmin, m, s * d)), and the output accumulates
+ * acc = fma(res, dx, acc) over the super-blocks in order (the AVX-512 VNNI microkernel writes a multiply
+ * and an add, which GCC contracts to one FMA: unfused, 35-52% of gemma3's Q4_K/Q6_K prompt outputs differ
+ * from llama.cpp's; fused, none). */
+static inline float tiled_acc(float res, float dx, float acc) { return fmaf(res, dx, acc); }
+
+static float dot_q6_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        int32_t lanes[8], s = 0;
+        q6_k_lanes_scalar(w, x, lanes);
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        acc = tiled_acc((float)s * rdh(w + 208), dx, acc);
+    }
+    return acc;
 }
 
 /* Q4_K: 144-byte blocks d, dmin, scales[12], qs[128] */
@@ -249,31 +286,60 @@ static inline void q4_k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
     }
 }
 
-static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    float acc = 0.0f, accmin = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
-        float dx;
-        memcpy(&dx, x, 4);
-        uint8_t sc[8], mn[8];
-        q4_k_scales(w + 4, sc, mn);
-        const int8_t *q8 = (const int8_t *)(x + 4);
-        int16_t bs[16];
-        memcpy(bs, x + 4 + QKK, sizeof bs);
-        const uint8_t *qs = w + 16;
-        int isum = 0, imin = 0;
+/* Q4_K's integer lanes of one super-block as vec_dot holds them: lane l (of 8) the scaled sums of values
+ * 4l..4l+3 of each of the eight 32-value groups; mins lane u (of 4) mins 2u, 2u+1 times their 32-value
+ * activation sums */
+static inline void q4_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t lanes[8], int32_t mins[4]) {
+    uint8_t sc[8], mn[8];
+    q4_k_scales(w + 4, sc, mn);
+    const int8_t *q8 = (const int8_t *)(x + 4);
+    int16_t bs[16];
+    memcpy(bs, x + 4 + QKK, sizeof bs);
+    const uint8_t *qs = w + 16;
+    for (int l = 0; l < 8; l++) {
+        int s = 0;
         for (int j = 0; j < 4; j++) {
             int s0 = 0, s1 = 0;
-            for (int i = 0; i < 32; i++) {
+            for (int i = 4 * l; i < 4 * l + 4; i++) {
                 s0 += (qs[32 * j + i] & 15) * q8[64 * j + i];
                 s1 += (qs[32 * j + i] >> 4) * q8[64 * j + 32 + i];
             }
-            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+            s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
         }
-        for (int j = 0; j < 8; j++) imin += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
-        acc = fmaf((float)isum, rdh(w) * dx, acc);
-        accmin = fmaf((float)imin, rdh(w + 2) * dx, accmin);
+        lanes[l] = s;
     }
-    return acc - accmin;
+    for (int u = 0; u < 4; u++)
+        mins[u] = mn[2 * u] * (bs[4 * u] + bs[4 * u + 1]) + mn[2 * u + 1] * (bs[4 * u + 2] + bs[4 * u + 3]);
+}
+
+/* ggml_vec_dot_q4_K_q8_K (AVX2 form): acc[l] = fma(d, lane l, acc[l]) per super-block,
+ * accm[u] = fma(-dmin, mins lane u, accm[u]); then hsum8(acc) + ((accm0 + accm2) + (accm1 + accm3)). */
+static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc[8] = {0}, accm[4] = {0};
+    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        const float d = dx * rdh(w), dmin = -dx * rdh(w + 2);
+        int32_t lanes[8], mins[4];
+        q4_k_lanes_scalar(w, x, lanes, mins);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lanes[l], acc[l]);
+        for (int u = 0; u < 4; u++) accm[u] = fmaf(dmin, (float)mins[u], accm[u]);
+    }
+    return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+static float dot_q4_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        int32_t lanes[8], mins[4], s = 0, m = 0;
+        q4_k_lanes_scalar(w, x, lanes, mins);
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        for (int u = 0; u < 4; u++) m += mins[u];
+        acc = tiled_acc(fmaf(-rdh(w + 2), (float)m, (float)s * rdh(w)), dx, acc);
+    }
+    return acc;
 }
 
 /* ---------------------------------------------------------------- AVX-512 VNNI row dots */
@@ -339,41 +405,62 @@ TGT static float dot_q8_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb)
     return hsum8_v(acc);
 }
 
-TGT static float dot_q6_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
+/* Q6_K's eight integer lanes of one super-block (q6_k_lanes_scalar's) */
+TGT static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx512(const uint8_t *w, const uint8_t *x) {
     const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3);
     const __m512i sh_a = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0), sh_b = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
     /* lane t of a 64-byte pair of chunks takes scale 2*chunk + t/4 (chunk = t/8 of the pair) */
     const __m512i idx0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
+    const __m512i sc32 = _mm512_cvtepi8_epi32(sc8);
+    __m512i sum = _mm512_setzero_si512();
+    for (int j = 0; j < 2; j++) {
+        __m512i ql = _mm512_loadu_si512((const void *)(w + 64 * j));
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * j)));
+        __m512i h01 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_a), m3), 4);
+        __m512i h23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_b), m3), 4);
+        __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
+        __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
+        __m512i y01 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j));
+        __m512i y23 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j + 64));
+        __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, y01);
+        __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, y23);
+        __m512i s01 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j)), sc32);
+        __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j + 4)), sc32);
+        sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_mullo_epi32(p01, s01), _mm512_mullo_epi32(p23, s23)));
+    }
+    __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+    __m256i bsums = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
+    __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(sc8)), 5);
+    return _mm256_sub_epi32(lanes, sub);
+}
+
+TGT static inline int32_t hsum_i32x8(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    return _mm_cvtsi128_si32(t);
+}
+
+TGT static float dot_q6_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
         const float d = dx * _cvtsh_ss(rd16(w + 208));
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
-        const __m512i sc32 = _mm512_cvtepi8_epi32(sc8);
-        __m512i sum = _mm512_setzero_si512();
-        for (int j = 0; j < 2; j++) {
-            __m512i ql = _mm512_loadu_si512((const void *)(w + 64 * j));
-            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * j)));
-            __m512i h01 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_a), m3), 4);
-            __m512i h23 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(qh, sh_b), m3), 4);
-            __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4), h01);
-            __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h23);
-            __m512i y01 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j));
-            __m512i y23 = _mm512_loadu_si512((const void *)(x + 4 + 128 * j + 64));
-            __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, y01);
-            __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, y23);
-            __m512i s01 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j)), sc32);
-            __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(idx0, _mm512_set1_epi32(8 * j + 4)), sc32);
-            sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_mullo_epi32(p01, s01), _mm512_mullo_epi32(p23, s23)));
-        }
-        __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
-        __m256i bsums = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
-        __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(sc8)), 5);
-        lanes = _mm256_sub_epi32(lanes, sub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q6_k_lanes_avx512(w, x)), acc);
     }
     return hsum8_v(acc);
+}
+
+TGT static float dot_q6_k_tiled_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        acc = tiled_acc((float)hsum_i32x8(q6_k_lanes_avx512(w, x)) * _cvtsh_ss(rd16(w + 208)), dx, acc);
+    }
+    return acc;
 }
 
 /* Q4_K's AVX-512 code reads the activations in a prepared layout (prep_q4_k): per super-block the
@@ -407,41 +494,65 @@ static inline void q4_k_unpack(const uint8_t *q, uint32_t u[4]) {
     u[3] = ((a[2] >> 4) & low4) | (((a[1] >> 6) & top2) << 4); /* mins 4..7 */
 }
 
-TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
-    float acc = 0.0f, accmin = 0.0f;
+/* Q4_K's integer lanes of one super-block (q4_k_lanes_scalar's) from prep_q4_k's layout; *mins gets the
+ * four mins lanes */
+TGT static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx512(const uint8_t *w, const uint8_t *xp, __m128i *mins) {
     const __m512i m4 = _mm512_set1_epi8(15);
     /* int16 lane t (0..31) of a group pair's products takes scale 2*(2p + t/16) + half */
     const __m512i i00 = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i one = _mm512_set1_epi16(1), four = _mm512_set1_epi16(4);
+    uint32_t u[4];
+    q4_k_unpack(w + 4, u);
+    const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)); /* scales as int16 */
+    const __m512i sc = _mm512_castsi128_si512(sm16);
+    const __m512i raw0 = _mm512_loadu_si512((const void *)(w + 16)), raw1 = _mm512_loadu_si512((const void *)(w + 80));
+    const uint8_t *y = xp + 32;
+    __m512i t0 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw0, m4), _mm512_loadu_si512((const void *)y)),
+                                   _mm512_permutexvar_epi16(i00, sc));
+    __m512i t1 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4),
+                                                        _mm512_loadu_si512((const void *)(y + 64))),
+                                   _mm512_permutexvar_epi16(_mm512_add_epi16(i00, one), sc));
+    __m512i t2 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw1, m4), _mm512_loadu_si512((const void *)(y + 128))),
+                                   _mm512_permutexvar_epi16(_mm512_add_epi16(i00, four), sc));
+    __m512i t3 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
+                                                        _mm512_loadu_si512((const void *)(y + 192))),
+                                   _mm512_permutexvar_epi16(_mm512_add_epi16(i00, _mm512_add_epi16(four, one)), sc));
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
+    *mins = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
+    /* lane k < 8 holds value lane k of the 64-value chunks 0 and 2, lane k + 8 that of chunks 1 and 3:
+     * their sum is ggml's integer lane k (integer sums: any order gives the same) */
+    const __m512i t = _mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3));
+    return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+TGT static float dot_q4_k_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144, xp += XP_BYTES) {
         float dx;
         memcpy(&dx, xp, 4);
-        uint32_t u[4];
-        q4_k_unpack(w + 4, u);
-        const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)); /* scales as int16 */
-        const __m512i sc = _mm512_castsi128_si512(sm16);
-        const __m512i raw0 = _mm512_loadu_si512((const void *)(w + 16)), raw1 = _mm512_loadu_si512((const void *)(w + 80));
-        const uint8_t *y = xp + 32;
-        __m512i t0 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw0, m4), _mm512_loadu_si512((const void *)y)),
-                                       _mm512_permutexvar_epi16(i00, sc));
-        __m512i t1 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4),
-                                                            _mm512_loadu_si512((const void *)(y + 64))),
-                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, one), sc));
-        __m512i t2 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(raw1, m4), _mm512_loadu_si512((const void *)(y + 128))),
-                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, four), sc));
-        __m512i t3 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
-                                                            _mm512_loadu_si512((const void *)(y + 192))),
-                                       _mm512_permutexvar_epi16(_mm512_add_epi16(i00, _mm512_add_epi16(four, one)), sc));
-        const int is = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(t0, t1), _mm512_add_epi32(t2, t3)));
-        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2)));
-        __m128i mm = _mm_madd_epi16(mins16, _mm_loadu_si128((const __m128i *)(xp + 288)));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4e));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
-        const int imin = _mm_cvtsi128_si32(mm);
-        acc = fmaf((float)is, _cvtsh_ss(rd16(w)) * dx, acc);
-        accmin = fmaf((float)imin, _cvtsh_ss(rd16(w + 2)) * dx, accmin);
+        __m128i mins;
+        const __m256i lanes = q4_k_lanes_avx512(w, xp, &mins);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * _cvtsh_ss(rd16(w))), _mm256_cvtepi32_ps(lanes), acc);
+        accm = _mm_fmadd_ps(_mm_set1_ps(-dx * _cvtsh_ss(rd16(w + 2))), _mm_cvtepi32_ps(mins), accm);
     }
-    return acc - accmin;
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    return hsum8_v(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
+}
+
+TGT static float dot_q4_k_tiled_avx512(const uint8_t *w, const uint8_t *xp, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144, xp += XP_BYTES) {
+        float dx;
+        memcpy(&dx, xp, 4);
+        __m128i mins;
+        const int32_t s = hsum_i32x8(q4_k_lanes_avx512(w, xp, &mins));
+        __m128i mm = _mm_add_epi32(mins, _mm_shuffle_epi32(mins, 0x4e));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
+        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)_mm_cvtsi128_si32(mm), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
+    }
+    return acc;
 }
 #endif
 
@@ -464,15 +575,19 @@ static int simd_supported(void) {
 #endif
 }
 
-static row_dot_fn pick(int type, int simd) {
+/* llama.cpp b11434 takes the tiled K-quant product (ggml-cpu/tiled) for 8 or more activation rows */
+#define TG_TILED_MIN_ROWS 8
+
+static row_dot_fn pick(int type, int simd, int64_t rows) {
+    const int tiled = rows >= TG_TILED_MIN_ROWS;
 #if TG_X86
     if (simd) {
         switch (type) {
         case T_Q4_1: return dot_q4_1_avx512;
         case T_Q5_0: return dot_q5_0_avx512;
         case T_Q8_0: return dot_q8_0_avx512;
-        case T_Q6_K: return dot_q6_k_avx512;
-        case T_Q4_K: return dot_q4_k_avx512; /* reads prep_q4_k's layout */
+        case T_Q6_K: return tiled ? dot_q6_k_tiled_avx512 : dot_q6_k_avx512;
+        case T_Q4_K: return tiled ? dot_q4_k_tiled_avx512 : dot_q4_k_avx512; /* read prep_q4_k's layout */
         }
     }
 #endif
@@ -480,8 +595,8 @@ static row_dot_fn pick(int type, int simd) {
     case T_Q4_1: return dot_q4_1_scalar;
     case T_Q5_0: return dot_q5_0_s;
     case T_Q8_0: return dot_q8_0_s;
-    case T_Q6_K: return dot_q6_k_scalar;
-    case T_Q4_K: return dot_q4_k_scalar;
+    case T_Q6_K: return tiled ? dot_q6_k_tiled_scalar : dot_q6_k_scalar;
+    case T_Q4_K: return tiled ? dot_q4_k_tiled_scalar : dot_q4_k_scalar;
     }
     return 0;
 }
@@ -502,10 +617,31 @@ typedef struct {
     int64_t y_stride;
 } job_t;
 
+/* Weight bytes prefetched ahead of the row being read (0: none). The rows stream from DRAM once per
+ * token; on the Intel Xeon VM of session 10 the hardware prefetchers alone left one core at ~3 GB/s on
+ * small-block rows (all of smollm2's products in file order, one thread: 29.9 ms; 2 KiB ahead 19.1 ms,
+ * two threads 18.1 -> 12.0 ms; qwen2.5's 1.1 GB, two threads, 116 -> 100 ms; 4 KiB and more was no
+ * better; docs/performance.md). Results are unchanged: it only touches memory earlier. */
+static int64_t g_prefetch = 2048;
+
+/* set the prefetch distance (bytes >= 0) or read it (-1); returns the previous value. For measurements. */
+int64_t tg_set_prefetch(int64_t bytes) {
+    int64_t old = g_prefetch;
+    if (bytes >= 0) g_prefetch = bytes;
+    return old;
+}
+
 static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) /* a weight row stays in L1 across the m activation rows */
+    const uint8_t *end = j->w + r1 * j->row_bytes;
+    const uint8_t *pf = j->w + r0 * j->row_bytes + g_prefetch;
+    for (int64_t r = r0; r < r1; r++) { /* a weight row stays in L1 across the m activation rows */
+        if (g_prefetch) {
+            const uint8_t *stop = j->w + (r + 1) * j->row_bytes + g_prefetch;
+            for (; pf < stop && pf < end; pf += 64) __builtin_prefetch(pf, 0, 0);
+        }
         for (int64_t i = 0; i < j->m; i++)
             j->y[i * j->y_stride + r] = j->fn(j->w + r * j->row_bytes, j->xq + i * j->xq_stride, j->nb);
+    }
 }
 
 /* ---------------------------------------------------------------- exported API */
@@ -536,7 +672,7 @@ int tg_set_simd(int on) {
     return g_simd;
 }
 
-int tg_supported(int type) { return pick(type, 0) != 0; }
+int tg_supported(int type) { return pick(type, 0, 1) != 0; }
 int tg_act_type(int type) { return act_type(type); }
 int64_t tg_act_row_bytes(int type, int64_t k) { int a = act_type(type); return k / act_block(a) * act_bytes(a); }
 
@@ -656,7 +792,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     int64_t ntot = 0;
     for (int i = 0; i < p->nparts; i++) {
         const int a = act_type((int)p->types[i]);
-        if (!pick((int)p->types[i], 0) || k % act_block(a)) return -1;
+        if (!pick((int)p->types[i], 0, 1) || k % act_block(a)) return -1;
         if (!act[act_slot(a)]) {
             act[act_slot(a)] = next;
             tg_quantize(a, x, next, m, k);
@@ -680,7 +816,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     for (int i = 0; i < p->nparts; i++) {
         const int type = (int)p->types[i], a = act_type(type);
         job_t *j = &mj.jobs[i];
-        j->fn = pick(type, simd);
+        j->fn = pick(type, simd, m);
         j->w = p->w[i];
         j->row_bytes = p->row_bytes[i];
         j->n = p->n[i];
@@ -706,7 +842,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
  * w: n rows of row_bytes; xq: m rows of tg_act_row_bytes(type, k); y: (m, n) float32. */
 int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const uint8_t *xq, int64_t m, float *y,
               int nthreads) {
-    row_dot_fn fn = pick(type, tg_simd());
+    row_dot_fn fn = pick(type, tg_simd(), m);
     const int a = act_type(type);
     if (!fn || k % act_block(a)) return -1;
     int64_t xq_stride = k / act_block(a) * act_bytes(a);
@@ -728,6 +864,6 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
 /* quantize x (m, k) into scratch (m * tg_act_row_bytes bytes) and run tg_gemv_q: one call per product */
 int tg_linear(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t k, const float *x, int64_t m, uint8_t *scratch,
               float *y, int nthreads) {
-    if (!pick(type, 0) || tg_quantize(act_type(type), x, scratch, m, k)) return -1;
+    if (!pick(type, 0, 1) || tg_quantize(act_type(type), x, scratch, m, k)) return -1;
     return tg_gemv_q(type, w, row_bytes, n, k, scratch, m, y, nthreads);
 }

@@ -3,8 +3,10 @@
 `ggml_dot.c` (built at install as tallow/kernels/cpu/_ggml_dot*.so, optional: without a compiler
 the torch paths run) quantizes the activations to Q8_0/Q8_1/Q8_K exactly as ggml's x86 from_float
 and takes the integer block dot products of Q4_1, Q5_0, Q8_0, Q6_K and Q4_K rows, combining the
-block sums in the float order llama.cpp b11434 runs on x86 (vec_dot's eight lanes; the repacked
-gemv for Q4_K): the same bits as libggml-cpu (scripts/cpudot_vs_ggml.py). It reads the weight
+block sums in the float order of llama.cpp b11434's x86 vec_dot_* with weight repacking off (the
+fixtures' configuration; with repacking on, Q4_K would take the repacked gemv's other order), and for
+products of 8+ rows Q4_K/Q6_K in the order of llama.cpp's tiled K-quant product, as ggml_mul_mat does
+for prompts: the same bits as libggml-cpu (scripts/cpudot_vs_ggml.py). It reads the weight
 where it lies in the file map: the kernel itself costs the file's bytes and nothing else.
 
 GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
@@ -14,9 +16,11 @@ the output projection, which prefill runs for one row) the C kernel row by row: 
 only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
 in one call.
 
-Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only.
-In the default mode it stays opt-in: with it, gemma3-270m's greedy continuations fall below the
-conformance floor (6-7 of 12 against 9; session 9 of docs/performance.md, with its decode speed).
+Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only,
+where it makes the logits of the three real models llama.cpp's bit for bit. In the default mode it
+stays opt-in: there it changes decode's arithmetic only, smollm2-135m's teacher-forced max |Δlogit|
+goes over its ceiling with it, and on session 10's machine it decoded smollm2 at 0.84x the torch layers
+(docs/performance.md, sessions 9 and 10).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
 __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
-           "linear", "parallel_min_bytes", "GgmlDotLinear", "GgmlDotGroup"]
+           "linear", "parallel_min_bytes", "prefetch_bytes", "GgmlDotLinear", "GgmlDotGroup"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
@@ -83,6 +87,8 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_plan_scratch.restype = i64
     lib.tg_set_par_min.argtypes = [i64]
     lib.tg_set_par_min.restype = i64
+    lib.tg_set_prefetch.argtypes = [i64]
+    lib.tg_set_prefetch.restype = i64
     lib.tg_act_row_bytes.argtypes = [i32, i64]
     for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
@@ -189,6 +195,12 @@ def parallel_min_bytes(nbytes: int | None = None) -> int:
     """The weight bytes (times rows) under which a product stays on the calling thread; with
     `nbytes`, set it (returns the previous value). For measurements."""
     return int((_lib or _load()).tg_set_par_min(-1 if nbytes is None else int(nbytes)))
+
+
+def prefetch_bytes(nbytes: int | None = None) -> int:
+    """How far ahead of the weight row being read the kernel prefetches (bytes, 0: not at all); with
+    `nbytes`, set it (returns the previous value). For measurements: results do not depend on it."""
+    return int((_lib or _load()).tg_set_prefetch(-1 if nbytes is None else int(nbytes)))
 
 
 class _Products:
