@@ -169,8 +169,10 @@ def test_attention_rounds_where_ggml_does():
 # quantized products are not (ggml sums their blocks in another order), and the forward pass is
 # chaotic at one ulp, so the logits differ by llama.cpp's own noise: measured floors, not zero.
 GGML_PATH_TOKENS = 64
-GGML_PATH_TOP1_MIN = 0.95  # measured 0.968 (61 of 63), max |Δ| 0.574 (CPU, 2 threads)
-GGML_PATH_MAX_DELTA = 0.65
+GGML_PATH_TOP1_MIN = 0.95  # measured 0.968 (61 of 63), max |Δ| 0.574 (AMD EPYC of sessions 1-9, 2 threads)
+# 0.65 until session 10, whose Intel Xeon (Sapphire Rapids) gave 0.736-0.869 with the same code (its fp32
+# GEMMs sum in another order; top-1 1.0 there): the bound covers both CPUs. The exact path is the test below.
+GGML_PATH_MAX_DELTA = 0.9
 
 
 def test_smollm2_ggml_path_against_llama_cpp(monkeypatch):
