@@ -226,10 +226,10 @@ def decode_attention(
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0
-    if k_cache.dtype == torch.float16 and v_cache.dtype == torch.float16 and k_cache.device.type == "cpu":
-        from .kernels.cpu import c_attention
+    if switches.enabled("TALLOW_CPU_C_ATTENTION") and k_cache.dtype == v_cache.dtype == torch.float16:
+        from .kernels.cpu import c_attention  # opt-in: the default decode step pays one switch lookup
 
-        if c_attention.usable():  # each K/V row read once in f16 (kernels/cpu/decode_attention.c)
+        if c_attention.usable() and k_cache.device.type == "cpu":  # each K/V row read once in f16
             return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap)
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()

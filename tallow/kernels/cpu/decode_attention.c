@@ -23,25 +23,7 @@
 #define TA_X86 1
 #endif
 
-static inline float ta_half(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-    if (e == 0) {
-        if (m == 0) {
-            bits = sign;
-        } else { /* subnormal: normalize */
-            e = 113;
-            while (!(m & 0x400u)) { m <<= 1; e--; }
-            bits = sign | (e << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (e == 31) {
-        bits = sign | 0x7f800000u | (m << 13);
-    } else {
-        bits = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+float tg_f16_to_f32(uint16_t h); /* ggml_dot.c: the library's one fp16 converter */
 
 typedef struct {
     const float *q;            /* (n_heads, dk) */
@@ -53,7 +35,7 @@ typedef struct {
 
 /* one f16 row to fp32 (each K/V row converted once, then used by every head of its group) */
 static void ta_row_portable(float *dst, const uint16_t *src, int d) {
-    for (int i = 0; i < d; i++) dst[i] = ta_half(src[i]);
+    for (int i = 0; i < d; i++) dst[i] = tg_f16_to_f32(src[i]);
 }
 
 static float ta_dot_portable(const float *a, const float *b, int d) {
@@ -70,7 +52,7 @@ static void ta_axpy_portable(float *acc, float p, const float *v, int d) {
 __attribute__((target("avx512f"))) static void ta_row_avx512(float *dst, const uint16_t *src, int d) {
     int i = 0;
     for (; i + 16 <= d; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-    for (; i < d; i++) dst[i] = ta_half(src[i]);
+    for (; i < d; i++) dst[i] = tg_f16_to_f32(src[i]);
 }
 
 __attribute__((target("avx512f"))) static float ta_dot_avx512(const float *a, const float *b, int d) {

@@ -79,6 +79,9 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* the same, exported for decode_attention.c (one converter in the library) */
+float tg_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+
 /* round to nearest even, as F16C's vcvtps2ph with imm 0 (ggml's GGML_CPU_FP32_TO_FP16 here) */
 static inline uint16_t f32_to_f16(float f) {
     uint32_t x;

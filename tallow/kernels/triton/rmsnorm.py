@@ -46,6 +46,12 @@ def row_rstd(x_row, res_row, sum_row, D, eps, write, HAS_RES: tl.constexpr, WRIT
     return 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
 
 
+@triton.jit
+def _rstd(v, D, eps):
+    """1 / RMS of a row held whole in registers (zeros past D)."""
+    return 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
+
+
 def _geometry(d: int) -> tuple[int, int, bool]:
     """(BLOCK, num_warps, ONE_PASS) for rows of d elements."""
     whole = triton.next_power_of_2(max(d, 16))
@@ -69,8 +75,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, D, eps, sxm, srm, sym
             v += tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
             if WRITE_SUM:
                 tl.store(sum_ptr + row * ssm + e, v, mask=msk)
-        rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
-        tl.store(y_ptr + row * sym + e, (v * rstd) * w, mask=msk)
+        tl.store(y_ptr + row * sym + e, (v * _rstd(v, D, eps)) * w, mask=msk)
         return
     rstd = row_rstd(x_ptr + row * sxm, res_ptr + row * srm, sum_ptr + row * ssm, D, eps, True,
                     HAS_RES, WRITE_SUM, BLOCK)
@@ -115,16 +120,14 @@ def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, 
         w = tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
         v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
-        y = (v * rstd) * w
+        y = (v * _rstd(v, D, eps)) * w
         y += r
         if HAS_SCALE:
             y = y * tl.load(scale_ptr).to(tl.float32)
         tl.store(y_ptr + row * sym + e, y, mask=msk)
         if NORM2:
             w2 = tl.load(w2_ptr + e, mask=msk, other=0.0).to(tl.float32)
-            rstd2 = 1.0 / tl.sqrt(tl.sum(y * y, axis=0) / D + eps)
-            tl.store(h_ptr + row * shm + e, (y * rstd2) * w2, mask=msk)
+            tl.store(h_ptr + row * shm + e, (y * _rstd(y, D, eps)) * w2, mask=msk)
         return
     rstd = row_rstd(x_ptr + row * sxm, x_ptr, x_ptr, D, eps, False, False, False, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
