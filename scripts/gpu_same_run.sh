@@ -17,6 +17,8 @@
 #        e2b-ab (E2B tg128 at depths 0 and 32768, the default and $AB, then llama-bench's),
 #        profile-e2b (one E2B decode step's kernels), profile-nopdl (the same with TALLOW_PDL=0),
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
+#        narrow (scripts/gpu_gemv_table.py --narrow: deeper mmvq configs on the narrow shapes),
+#        twins (write the five twins), gemv-table (scripts/gpu_gemv_table.py over them: issue 12's bandwidth table),
 #        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
 # (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
@@ -30,6 +32,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT /root/twins
 export PYTHONPATH=/tmp/site:$PWD
 LLAMA=/root/llama/bin/llama-bench
 AB=${AB:-TALLOW_GEMV_EPILOGUE=0}  # the variant the A/B steps compare with the default
+if [ -d .twins2x ] && [ ! -f .twins2/make_twin.py ]; then  # the twin headers xz-compressed (carry limit)
+  mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
+    b=$(basename $f .xz); xz -dc $f > .twins2/$b; done
+fi
 T0=$SECONDS
 say() { echo "[$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
 state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
@@ -75,6 +81,12 @@ for step in "$@"; do
     llama-bg) say "llama.cpp build started in the background"
       (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 & ;;
     llama-wait) wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log; [ -x $LLAMA ] || exit 1 ;;
+    twins) say "twins"; for t in smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b gemma4-e2b; do twin $t || say "twin $t FAILED"; done ;;
+    gemv-table) say "gemv-table"  # issue 12's per-kernel bandwidth table (scripts/gpu_gemv_table.py)
+      timeout ${TABLE_S:-330} python3 scripts/gpu_gemv_table.py /root/twins/{smollm2-135m,gemma3-270m,qwen25-1.5b,qwen3-4b,gemma4-e2b}.gguf \
+        --sweep-s ${SWEEP_S:-200} 2>&1 | grep -v Warning | tee $OUT/gemv_table.txt | tail -60 ;;
+    narrow) say "narrow: mmvq configs for the narrow shapes"
+      timeout 260 python3 scripts/gpu_gemv_table.py --narrow ${SWEEP_S:-200} 2>&1 | grep -v Warning | tee $OUT/narrow_sweep.txt ;;
     mmvq) say "mmvq"; bash scripts/gpu_mmvq.sh > /dev/null 2>&1; tail -40 $OUT/gpu_mmvq.log ;;
     check) say "check"
       python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tail -3 | tee $OUT/parity.txt ;;

@@ -190,3 +190,59 @@ def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
     assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
     check_rows_equal_steps(arch, tmp_path, TritonOps())
+
+
+def test_integer_dot_decode_with_folded_q8(tmp_path, monkeypatch):
+    """The whole GPU placement on CPU tensors with every product on the integer-dot GEMV
+    (TALLOW_MMVQ_NARROW, its size floor lifted): x quantized once per input with the norm or GLU
+    folded into the quantization gives what the separate norm/GLU kernels and a quantization per
+    product give (TALLOW_Q8_PROLOGUE=0; the folded norm's 1/RMS sums in another order, so a code
+    can move by one at a tie: 1e-3), and verification rows stay bit for bit decode steps."""
+    from gguf import GGMLQuantizationType as QT
+    from test_graph_step import check_rows_equal_steps
+
+    import tallow.kernels.gpu.linear as lin
+    from tallow.kernels.dispatch import Placement
+
+    monkeypatch.setattr(Placement, "on_gpu", property(lambda self: True))
+    monkeypatch.setattr(lin, "NARROW_MIN_WEIGHTS", 0)
+    gf = GGUFFile(write_tiny_model("llama", tmp_path / "llama.gguf", qtype=QT.Q8_0, n_layers=2))
+    spec = spec_from_gguf(gf)
+    ids = tiny_prompt(2)
+
+    def run():
+        model = build_model(gf, spec)
+        for table in model.rope.values():
+            table.ensure(64)
+        kv = KVPool(spec, 64)
+        return torch.cat([model.run(decode_step(t, i), kv) for i, t in enumerate(ids)]), model
+
+    folded, model = run()
+    layers = lin_layers(model)
+    assert len(layers) >= 8 and all(p.kind.startswith("mmvq_") for p in layers)
+    monkeypatch.setenv("TALLOW_Q8_PROLOGUE", "0")
+    separate, _ = run()
+    assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-3
+    monkeypatch.delenv("TALLOW_Q8_PROLOGUE")
+    check_rows_equal_steps("llama", tmp_path, None)
+
+
+def lin_layers(model):
+    """The model's GPU linears (walking its attributes and lists)."""
+    from tallow.kernels.gpu.linear import GPULinear
+
+    seen, out, todo = set(), [], [model]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (torch.Tensor, str, int, float)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, GPULinear):
+            out.append(o)
+        elif isinstance(o, (list, tuple)):
+            todo.extend(o)
+        elif isinstance(o, dict):
+            todo.extend(o.values())
+        elif hasattr(o, "__dict__"):
+            todo.extend(vars(o).values())
+    return out

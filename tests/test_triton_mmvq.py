@@ -62,6 +62,46 @@ def test_q8_1_is_the_reference_bit_for_bit() -> None:
     assert torch.equal(a.isum, a.qs.int().reshape(3, -1, 16).sum(-1).int())
 
 
+def test_q8_1_with_a_glu_prologue_is_the_glu_then_q8_1() -> None:
+    """SwiGLU/GeGLU folded into the quantization: the GLU kernel's values (same _act), then
+    Q8_1, bit for bit; each row its one-row quantization."""
+    from tallow.kernels.triton.glu import glu
+    from tallow.kernels.triton.quant_gemv import Prologue
+
+    g = torch.Generator().manual_seed(2)
+    gu = torch.randn(3, 2 * 320, generator=g) * 2.0
+    for kind in ("swiglu", "geglu"):
+        a = quantize_q8_1(gu, prologue=Prologue(kind))
+        r = quantize_q8_1(glu(gu[:, :320], gu[:, 320:], kind))
+        for field in ("qs", "d", "s", "isum"):
+            assert torch.equal(getattr(a, field), getattr(r, field)), (kind, field)
+        one = quantize_q8_1(gu[1:2], prologue=Prologue(kind))
+        assert torch.equal(one.qs[0], a.qs[1]) and torch.equal(one.d[0], a.d[1])
+
+
+def test_q8_1_with_a_norm_prologue() -> None:
+    """RMSNorm(x + residual) * w folded into the quantization: the residual sum written once,
+    exactly; the codes those of the torch norm's values (the 1/RMS may round differently in
+    its last bit, moving a code by one at a tie: none at this seed); rows independent."""
+    from tallow.kernels.triton.quant_gemv import Prologue
+    from tallow.kernels.triton.rmsnorm import rmsnorm_reference
+
+    g = torch.Generator().manual_seed(3)
+    x, res = torch.randn(2, 1536, generator=g), torch.randn(2, 1536, generator=g)
+    w = torch.rand(1536, generator=g) + 0.5
+    total = torch.full_like(x, float("nan"))
+    a = quantize_q8_1(x, prologue=Prologue("norm", w, 1e-6, res, total))
+    y, s = rmsnorm_reference(x, w, 1e-6, res)
+    assert torch.equal(total, s)
+    r = quantize_q8_1_reference(y)
+    assert (a.qs.int() - r.qs.int()).abs().max() <= 1
+    assert torch.allclose(a.d.float(), r.d.float(), rtol=1e-3)
+    plain = quantize_q8_1(x, prologue=Prologue("norm", w, 1e-6))  # no residual: RMSNorm(x) * w
+    assert (plain.qs.int() - quantize_q8_1_reference(rmsnorm_reference(x, w, 1e-6)[0]).qs.int()).abs().max() <= 1
+    one = quantize_q8_1(x[1:2], prologue=Prologue("norm", w, 1e-6, res[1:2], torch.empty_like(x[1:2])))
+    assert torch.equal(one.qs[0], a.qs[1]) and torch.equal(one.d[0], a.d[1])
+
+
 def test_q8_1_rounds_half_away_from_zero() -> None:
     x = torch.zeros(1, 32)
     x[0, :8] = torch.tensor([127.0, 0.5, -0.5, 1.5, -2.5, 2.4999998, -0.49999997, 126.5])  # d = 1

@@ -79,6 +79,7 @@ class LazyInput:
         self.prologue = prologue
         self._run = run  # () -> the op's output, computed by its own kernel
         self._value = None
+        self.q8 = None  # the GPU's integer-dot GEMVs: the op's output as Q8_1 blocks (gpu/linear.py q8_of)
         self.shape = (x.shape[0], x.shape[1] // 2 if prologue.kind != "norm" else x.shape[1])
         self.device = x.device
 
@@ -108,7 +109,10 @@ class TritonOps(TorchOps):
         self.lazy = lazy and gemv_prologue_enabled()
 
     def _lazy_ok(self, x: torch.Tensor, k: int) -> bool:
-        return self.lazy and x.shape[0] <= self.LAZY_MAX_ROWS and k <= self.LAZY_MAX_K
+        # Past LAZY_MAX_K only for the integer-dot GEMVs, whose Q8_1 quantization applies the op
+        # in a few programs (gpu/linear.py q8_of); an fp32 GEMV then runs it as its own kernel.
+        wide_ok = k <= self.LAZY_MAX_K or (switches.enabled("TALLOW_Q8_PROLOGUE") and switches.enabled("TALLOW_GEMV_MMVQ"))
+        return self.lazy and x.shape[0] <= self.LAZY_MAX_ROWS and wide_ok
 
     @staticmethod
     def _rows(x: torch.Tensor) -> bool:

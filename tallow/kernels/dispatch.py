@@ -32,6 +32,11 @@ class LinearGroup:
         # Each part writes its own columns of one output: no concatenation kernel.
         out = torch.empty((*x.shape[:-1], self.out_features), dtype=torch.float32, device=x.device)
         flat, col = out.view(-1, self.out_features), 0
+        if isinstance(x, torch.Tensor) and x.dim() == 2 and sum(getattr(p, "decode_q8", lambda _: False)(x)
+                                                                for p in self.parts) > 1:
+            from .gpu.linear import SharedQ8
+
+            x = SharedQ8(x)  # one Q8_1 quantization for the parts' integer-dot GEMVs
         for part in self.parts:
             part(x, out=flat[:, col : col + part.out_features])
             col += part.out_features

@@ -23,14 +23,16 @@ import torch
 from ... import switches
 from ...gguf_file import TensorInfo
 from ...quant.reference import dequantize
-from ..block_ops import LazyInput
+from ..block_ops import LazyInput, TritonOps
 from ..triton.dequant import dequantize_to
-from ..triton.mmvq import MMVQ_TYPES, mmvq
+from ..triton.mmvq import MMVQ_TYPES, Q8Act, mmvq, mmvq_q8, quantize_q8_1
 from ..triton.planes import QTYPES, PlaneWeight, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 from ..triton.quant_gemv import quant_gemv
 
 GEMV_MAX_ROWS = 8
+NARROW_MIN_WEIGHTS = 1 << 21  # below this a narrow product is at the ~2-3 µs launch floor either way,
+# and its own Q8_1 launch would cost more than the integer dots save (gpu_gemv_table.py, session 11)
 PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-reading x costs more than a launch
 
 
@@ -39,10 +41,15 @@ def _switch_on(name: str) -> bool:
 
 
 def mmvq_wins(qtype: str, n: int, k: int) -> bool:
-    """Where the integer-dot GEMV beat quant_gemv on the H200 with its x quantization counted
-    (scripts/gpu_mmvq.py, docs/performance.md): the wide matrices (Q+K, gate+up, the output
-    projection); narrow ones with a long K (down, o, V) tied or lost."""
-    return qtype in MMVQ_TYPES and n >= 4096 and n >= k
+    """Where the integer-dot GEMV beats quant_gemv on the H200 with its x quantization counted
+    (scripts/gpu_mmvq.py, scripts/gpu_gemv_table.py, docs/performance.md): the wide matrices
+    (Q+K, gate+up, the output projection) since session 9; with TALLOW_MMVQ_NARROW (session 11)
+    the narrow ones too (V, o, down, Gemma 4's per-layer products), at mmvq_config's deeper
+    configs and with x quantized once per input (shared by a group's parts, the norm or GLU
+    before it folded into the quantization)."""
+    if qtype not in MMVQ_TYPES:
+        return False
+    return (n >= 4096 and n >= k) or (n * k >= NARROW_MIN_WEIGHTS and _switch_on("TALLOW_MMVQ_NARROW"))
 
 
 def _decode_kind(planes: PlaneWeight) -> tuple[str, bool]:
@@ -126,13 +133,22 @@ class GPULinear:
         total = self.planes.nbytes if self.planes is not None else self.dense.numel() * self.dense.element_size()
         return total + (self.bias.numel() * 4 if self.bias is not None else 0)
 
+    def decode_q8(self, x) -> bool:
+        """Whether this call takes the integer-dot GEMV (x: a tensor, LazyInput or SharedQ8)."""
+        return self.dense is None and self.use_gemv and self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
+        if isinstance(x, (LazyInput, SharedQ8)) and self.decode_q8(x) and _switch_on("TALLOW_Q8_PROLOGUE"):
+            y = mmvq_q8(q8_of(x), self.planes, out=out)
+            return y.add_(self.bias) if self.bias is not None else y
+        if isinstance(x, SharedQ8):
+            x = x.x
         if isinstance(x, LazyInput):
             # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
             if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
-                    and self.out_features <= PROLOGUE_MAX_N):
+                    and self.out_features <= PROLOGUE_MAX_N and self.in_features <= TritonOps.LAZY_MAX_K):
                 y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
                 return y.add_(self.bias) if self.bias is not None else y
             x = x.materialize()
@@ -150,6 +166,28 @@ class GPULinear:
         if self.bias is not None:
             y.add_(self.bias)  # y is this call's own tensor (or `out`)
         return y.reshape(*lead, self.out_features)
+
+
+class SharedQ8:
+    """A decode input several integer-dot GEMVs read (a group's parts): quantized to Q8_1 once,
+    by the first of them."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+        self.q8 = None
+        self.shape = x.shape
+        self.device = x.device
+
+
+def q8_of(x) -> Q8Act:
+    """x's Q8_1 blocks, computed at the first ask: a LazyInput's norm or GLU folded into the
+    quantization (its residual sum written then, by the prologue's one taker)."""
+    if x.q8 is None:
+        if isinstance(x, LazyInput):
+            x.q8 = quantize_q8_1(x.x, prologue=x.take())
+        else:
+            x.q8 = quantize_q8_1(x.x)
+    return x.q8
 
 
 class GPUEmbedding:

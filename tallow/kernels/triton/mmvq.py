@@ -51,7 +51,7 @@ import triton.language as tl
 
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
-from .quant_gemv import TICKET_SLOTS, _finish_rows, _tickets, _q4_k_scale_min
+from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
@@ -82,14 +82,22 @@ def _roundf(v):
 
 
 @triton.jit
-def _q8_1_kernel(x_ptr, q_ptr, d_ptr, s_ptr, i_ptr, K, stride_xm, BLK: tl.constexpr, PDL: tl.constexpr):
+def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, stride_xm, stride_am, stride_sm, eps,
+                 BLK: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr):
+    # PRO: quant_gemv's prologue codes (0 x as given, 1/2 RMSNorm with/without the residual add,
+    # 3/4 SwiGLU/GeGLU of x's two halves): the op before the product, applied as x is loaded.
+    # A norm needs the whole row's 1/RMS: every program of the row computes it (the row is a
+    # few KB, in L2), and the row's first program writes the residual sum.
     m = tl.program_id(0)
     blk = tl.program_id(1) * BLK + tl.arange(0, BLK)
     j = tl.arange(0, 32)
     nblk = K // 32
     ok = blk < nblk
     pdl.wait(PDL)
-    v = tl.load(x_ptr + m * stride_xm + blk[:, None] * 32 + j[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    x_row = x_ptr + m * stride_xm
+    rstd = _prologue(x_row, a_ptr + m * stride_am, s_ptr + m * stride_sm, K, eps, tl.program_id(1) == 0,
+                     PRO, WRITE_SUM)
+    v = _x(x_row, a_ptr + m * stride_am, w_ptr, blk[:, None] * 32 + j[None, :], ok[:, None], rstd, K, PRO)
     amax = tl.max(tl.abs(v), axis=1)
     # the warp's xor butterfly: lane i + lane i^16, then ^8, ^4, ^2, ^1 (each a two-term sum)
     s = tl.sum(tl.reshape(v, (BLK, 2, 16)), axis=1)
@@ -103,16 +111,21 @@ def _q8_1_kernel(x_ptr, q_ptr, d_ptr, s_ptr, i_ptr, K, stride_xm, BLK: tl.conste
     q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (BLK, 32)))))
     tl.store(q_ptr + m * K + blk[:, None] * 32 + j[None, :], q.to(tl.int8), mask=ok[:, None])
     tl.store(d_ptr + m * nblk + blk, d.to(tl.float16), mask=ok)
-    tl.store(s_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
+    tl.store(sb_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
     isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
     h = tl.arange(0, 2)
     tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
 
 
-def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None) -> Q8Act:
-    """x float32/16 (M, K), K a multiple of 32 -> Q8Act. `out` reuses buffers (CUDA graphs)."""
+def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue | None = None) -> Q8Act:
+    """x float32/16 (M, K), K a multiple of 32 -> Q8Act. `out` reuses buffers (CUDA graphs).
+    With a `prologue` (quant_gemv.Prologue), the codes are those of prologue(x) (x (M, 2K) for a
+    GLU), as quant_gemv computes it; a norm's `sum_out` receives x + residual."""
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
+    pro = prologue.code if prologue is not None else 0
     m, k = x2.shape
+    if pro >= 3:
+        k //= 2
     if k % 32:
         raise ValueError(f"quantize_q8_1 wants K a multiple of 32, got {k}.")
     if x2.stride(1) != 1:
@@ -123,9 +136,15 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None) -> Q8Act:
                     torch.empty((m, k // 32), dtype=torch.float16, device=dev),
                     torch.empty((m, k // 32), dtype=torch.float16, device=dev),
                     torch.empty((m, k // 16), dtype=torch.int32, device=dev))
+    a = prologue.residual if pro == 1 else x2
+    wt = prologue.weight if pro in (1, 2) else x2
+    sum_out = prologue.sum_out if pro == 1 else None
+    s_t = sum_out if sum_out is not None else x2
     blk = 8
-    _q8_1_kernel[(m, triton.cdiv(k // 32, blk))](x2, out.qs, out.d, out.s, out.isum, k, x2.stride(0), BLK=blk,
-                                                 num_warps=2, **pdl.launch(dev))
+    _q8_1_kernel[(m, triton.cdiv(k // 32, blk))](
+        x2, a, wt, s_t, out.qs, out.d, out.s, out.isum, k, x2.stride(0), a.stride(0), s_t.stride(0),
+        float(prologue.eps) if prologue is not None else 0.0, BLK=blk, PRO=pro, WRITE_SUM=sum_out is not None,
+        num_warps=2, **pdl.launch(dev))
     return out
 
 
