@@ -117,12 +117,12 @@ for step in "$@"; do
     conform) say "conform"
       cat /root/m/smollm2.part0 /root/m/smollm2.part1 /root/m/smollm2.part2 > /root/m/smollm2-135m.gguf
       sha256sum /root/m/smollm2-135m.gguf | tee -a $OUT/steps.log
-      for v in 0 1; do TALLOW_GEMV_MMVQ=$v TALLOW_TEST_MODELS=/root/m timeout 300 python3 -m pytest -q -p no:cacheprovider \
+      for v in ${CONFORM_MMVQ:-0 1}; do TALLOW_GEMV_MMVQ=$v TALLOW_TEST_MODELS=/root/m timeout 300 python3 -m pytest -q -p no:cacheprovider \
         tests/test_conformance.py -k smollm2 2>&1 | tail -15 | tee -a $OUT/conform_mmvq$v.txt; done ;;
     spec-mmvq) say "spec-mmvq"
       for t in gemma4-e2b qwen3-4b; do twin $t || say "twin $t FAILED"; done
       timeout 300 python3 scripts/gpu_speculate.py /root/twins/gemma4-e2b.gguf /root/twins/qwen3-4b.gguf \
-        --reps 20 2>&1 | tail -30 | tee -a $OUT/spec_mmvq.txt ;;
+        --reps ${SPEC_REPS:-20} 2>&1 | tail -30 | tee -a $OUT/spec_mmvq.txt ;;
     epi-ab) say "epi-ab: $AB against the default, tg128"
       for t in gemma4-e2b qwen3-4b smollm2-135m; do twin $t || say "twin $t FAILED"; done
       python3 scripts/gpu_ab.py --work /root/twins --twins gemma4-e2b,qwen3-4b,smollm2-135m --tests "-p 0 -n 128 -r 3" \

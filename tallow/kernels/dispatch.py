@@ -87,6 +87,9 @@ class Placement:
                 else:
                     runs.append([part])
             merged = [type(run[0]).stacked(run) if len(run) > 1 else run[0] for run in runs]
+            from .gpu.linear import join_q8
+
+            join_q8(merged)
             return merged[0] if len(merged) == 1 else LinearGroup(merged)
         from .cpu.fused_linear import FusedLinear
 

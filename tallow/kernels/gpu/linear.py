@@ -31,8 +31,10 @@ from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
 from ..triton.quant_gemv import quant_gemv
 
 GEMV_MAX_ROWS = 8
-NARROW_MIN_WEIGHTS = 1 << 21  # below this a narrow product is at the ~2-3 µs launch floor either way,
-# and its own Q8_1 launch would cost more than the integer dots save (gpu_gemv_table.py, session 11)
+NARROW_MIN_WEIGHTS = 1 << 21  # a narrow product (N < 4096 or N < K) takes the integer-dot GEMV from
+# this many weights when N > K (Q+K), from 4x that otherwise (o, down): below, both kernels sit at the
+# ~3 µs launch floor (o 1536x2048: 3.4 µs either way) and x's own Q8_1 launch would cost more than the
+# integer dots save (scripts/gpu_gemv_table.py, session 11)
 PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-reading x costs more than a launch
 
 
@@ -44,12 +46,25 @@ def mmvq_wins(qtype: str, n: int, k: int) -> bool:
     """Where the integer-dot GEMV beats quant_gemv on the H200 with its x quantization counted
     (scripts/gpu_mmvq.py, scripts/gpu_gemv_table.py, docs/performance.md): the wide matrices
     (Q+K, gate+up, the output projection) since session 9; with TALLOW_MMVQ_NARROW (session 11)
-    the narrow ones too (V, o, down, Gemma 4's per-layer products), at mmvq_config's deeper
-    configs and with x quantized once per input (shared by a group's parts, the norm or GLU
-    before it folded into the quantization)."""
+    the narrow ones too (V, o, down from NARROW_MIN_WEIGHTS, and V beside an integer-dot Q+K:
+    join_q8), at mmvq_config's deeper configs and with x quantized once per input (shared by a
+    group's parts, the norm or GLU before it folded into the quantization)."""
     if qtype not in MMVQ_TYPES:
         return False
-    return (n >= 4096 and n >= k) or (n * k >= NARROW_MIN_WEIGHTS and _switch_on("TALLOW_MMVQ_NARROW"))
+    narrow = (n > k and n * k >= NARROW_MIN_WEIGHTS) or n * k >= 4 * NARROW_MIN_WEIGHTS
+    return (n >= 4096 and n >= k) or (narrow and _switch_on("TALLOW_MMVQ_NARROW"))
+
+
+def join_q8(parts: list) -> None:
+    """Parts of one input group (Q+K with V of another type): where one part takes the
+    integer-dot GEMV, the others of an MMVQ type join it whatever their size, since they read the
+    Q8_1 x it quantizes anyway (V 1024x2560 Q6_K: 4.8 -> 3.5 µs, no launch of its own)."""
+    if not (_switch_on("TALLOW_MMVQ_NARROW") and _switch_on("TALLOW_Q8_PROLOGUE")):
+        return
+    if any(getattr(p, "use_mmvq", False) for p in parts):
+        for p in parts:
+            if getattr(p, "planes", None) is not None and p.planes.qtype in MMVQ_TYPES and not p.use_mmvq:
+                p.kind, p.use_mmvq = f"mmvq_{p.planes.qtype.lower()}", True
 
 
 def _decode_kind(planes: PlaneWeight) -> tuple[str, bool]:

@@ -480,7 +480,8 @@ def _fill_split(n: int, k: int, block_n: int, blocks: int, block_k: int, program
 
 def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bool]:
     """(BLOCK_N, BLOCKS per K step, num_warps, num_stages, K splits, DP4A): the best of the H200
-    sweep by shape class (scripts/gpu_mmvq.py at ac3bdff, 2026-12-02, docs/performance.md). One
+    sweeps by shape class (scripts/gpu_mmvq.py at ac3bdff and scripts/gpu_gemv_table.py --narrow
+    in session 11, docs/performance.md). One
     warp per program and few rows: many programs in flight; wide Q4_K products 8 rows; the long-K
     downs over 1536 rows want K splits."""
     if _BLOCK[qtype] == 32:
@@ -489,8 +490,16 @@ def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bo
         return (8, 16, 4, 1, _fill_split(n, k, 8, 16, 32), True)
     if 12288 <= n < 65536 and qtype == "Q4_K":
         return (8, 2, 1, 1, 1, True)
-    if k >= 6144 and n <= 1536:
-        return (16, 2, 2, 1, 4, True) if qtype == "Q4_K" else (8, 2, 1, 1, 2, True)
+    if n < 4096 or n < k:
+        # The narrow products (V, o, down; session 11's sweep, scripts/gpu_gemv_table.py --narrow):
+        # latency-bound, so three cp.async stages per one-warp program; Q6_K with 2 rows and 4
+        # blocks a step (down 2560x9728 19.5 -> 11.3 µs), long-K Q4_K with K splits.
+        if qtype == "Q6_K":
+            return (2, 4, 1, 3, 1, True)
+        if k >= 6144:
+            return (4, 2, 1, 3, 2 if n >= 2560 else 4, True)
+        if n < k:
+            return (4, 2, 1, 3, 1, True)
     return (4, 2, 1, 1, _fill_split(n, k, 4, 2, 256), True)
 
 
