@@ -15,7 +15,7 @@
 #        spec-mmvq (scripts/gpu_speculate.py's exactness check with the integer-dot GEMV: verification rows vs
 #        decode steps, E2B and qwen3-4b), epi-ab (E2B, qwen3-4b, smollm2 tg128: the default against $AB),
 #        e2b-ab (E2B tg128 at depths 0 and 32768, the default and $AB, then llama-bench's),
-#        profile-e2b (one E2B decode step's kernels), profile-nopdl (the same with TALLOW_PDL=0),
+#        profile-e2b (one E2B decode step's kernels), profile-nopdl (the same with TALLOW_PDL=0), profile-q4 (qwen3-4b's step, TALLOW_PDL=0),
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
 #        narrow (scripts/gpu_gemv_table.py --narrow: deeper mmvq configs on the narrow shapes),
 #        twins (write the five twins), gemv-table (scripts/gpu_gemv_table.py over them: issue 12's bandwidth table),
@@ -139,6 +139,9 @@ for step in "$@"; do
     profile-nopdl) say "profile-nopdl"  # kernel durations without PDL's early launches (no waiting inside them)
       TALLOW_PDL=0 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 --decode 8 --sequence \
         > $OUT/profile_e2b_nopdl.txt 2>&1; grep "last replay" $OUT/profile_e2b_nopdl.txt ;;
+    profile-q4) say "profile-q4"  # one qwen3-4b decode step without PDL: each kernel's own duration
+      twin qwen3-4b && TALLOW_PDL=0 python3 scripts/gpu_profile.py /root/twins/qwen3-4b.gguf --prefill 33 --decode 8 \
+        --sequence > $OUT/profile_q4_nopdl.txt 2>&1; grep "last replay" $OUT/profile_q4_nopdl.txt ;;
     g4check) say "g4check"; timeout 300 python3 scripts/gpu_gemma4_check.py --work /root/g4 2>&1 | tail -12 | tee -a $OUT/g4check.txt ;;
     pack-split) strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT ;;
     pack) strip $LLAMA; xz -T16 -6 -c $LLAMA > $OUT/llama-bench.xz; ls -la $LLAMA $OUT/llama-bench.xz ;;
