@@ -647,5 +647,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.block_ops:TorchOps", "tallow.kernels.block_ops:LazyInput", "tallow.kernels.block_ops:block_ops",
     "tallow.kernels.block_ops:triton_ops_enabled", "tallow.kernels.block_ops:gemv_prologue_enabled",
     "tallow.kernels.gpu.linear:Scratch", "tallow.kernels.gpu.linear:mmvq_wins",  # a shape rule (test_gpu_layers.py)
+    # the integer-dot GEMVs' shared Q8_1 input: dispatch, checked through the decode step (test_fused_step.py)
+    "tallow.kernels.gpu.linear:join_q8", "tallow.kernels.gpu.linear:SharedQ8", "tallow.kernels.gpu.linear:q8_of",
     "tallow.kernels.dispatch:LinearGroup", "tallow.kernels.dispatch:Placement",
 })

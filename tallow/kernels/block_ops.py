@@ -99,7 +99,9 @@ class TritonOps(TorchOps):
     """One Triton launch per op (kernels/triton/rmsnorm.py, glu.py); shapes the kernels do not
     take (a per-head norm weight, a non-contiguous row) fall back to torch. With `lazy`, decode
     rows of a small model (K <= LAZY_MAX_K) come back as `LazyInput`s for the GEMV to fold in:
-    there every program re-reads x, cheap for K = 576 but not for K = 2560 (measured)."""
+    there every program re-reads x, cheap for K = 576 but not for K = 2560 (measured). With the
+    integer-dot GEMVs on, rows of any K do: their Q8_1 quantization applies the op in a few
+    programs (gpu/linear.py q8_of)."""
 
     fused_step = True
     LAZY_MAX_ROWS = 8
