@@ -65,6 +65,7 @@ llama_json() {  # model, tests...
 }
 pair() {  # twin, tests (the same for both)
   local t=$1; shift
+  [ -x $LLAMA ] || build_llama || say "no llama-bench"  # .llbin's pieces (seconds), else a build from .llsrc
   echo "== $t: $*" | tee -a $OUT/table.log; state
   python3 -m tallow.cli bench -m /root/twins/$t.gguf --device cuda "$@" -r 3 2>&1 | grep "^  \|rror" | tee -a $OUT/table.log
   state
