@@ -110,7 +110,7 @@ def rows_are_exact(model) -> bool:
     if model.device.type == "cuda":
         parts = [p for t in linears for p in getattr(t, "parts", [t])]
         return all(str(p.kind).startswith(("triton_", "mmvq_")) and p.use_gemv for p in parts)
-    if model.device.type != "cpu" or switches.enabled("TALLOW_CPU_C_ATTENTION"):  # decode's attention is not prefill's
+    if model.device.type != "cpu":
         return False
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
 
