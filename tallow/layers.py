@@ -41,8 +41,11 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def c_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
-    """TALLOW_CPU_C_NORM (default on), the C library built, and rows it takes (CPU fp32)."""
+    """TALLOW_CPU_C_NORM (default on), the C library built, and rows it takes (CPU fp32); not
+    under TALLOW_FAST_LAYERS=0."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or not switches.enabled("TALLOW_CPU_C_NORM"):
+        return False
+    if not fast_paths_enabled():  # TALLOW_FAST_LAYERS=0: the op-by-op reference
         return False
     from .kernels.cpu import c_norm
 
