@@ -2,7 +2,8 @@
 
 pp N: prefill N tokens into an empty KV pool, one forward pass (in prefill chunks).
 tg N: generate N tokens one at a time from an empty context (greedy on the logits).
--d D: both after D tokens of context, prefilled untimed (llama-bench's -d applies to pp and tg alike).
+-d D: both after D tokens of context, prefilled untimed (llama-bench's -d applies to pp and tg alike)
+once per test; each run rewinds the pool to them (`rewind`), as llama-bench restores its depth state.
 Each test runs once untimed to warm up, then `repetitions` times; we report mean and
 standard deviation of tokens per second, like llama-bench.
 """
@@ -38,23 +39,40 @@ def _sync(llm) -> None:
         torch.cuda.synchronize(llm.model.device)
 
 
-def _prefill(llm, tokens: list[int], at: int = 0) -> None:
-    """tokens written at positions at.. (at 0 the pool is emptied first)."""
+def fill(llm, tokens: list[int], at: int) -> None:
+    """tokens written at positions at.., in prefill chunks."""
     engine = llm.engine
-    if not at:
-        engine.reset()
     for start in range(0, len(tokens), engine.prefill_chunk):
         engine.prefill_chunk_at(tokens[start : start + engine.prefill_chunk], at + start)
 
 
+def rewind(llm, context: list[int]) -> None:
+    """Make the memory hold exactly `context`: a truncation when it is still there (for a
+    recurrent state, the checkpoint kept at its end), else prefilled again from empty — as
+    llama-bench b11434 restores its cached depth state instead of refilling it."""
+    kv, n = llm.engine.kv, len(context)
+    if n and kv.tokens[:n] == context:
+        kv.truncate(n)
+        if len(kv.tokens) == n:
+            return
+    llm.engine.reset()
+    fill(llm, context, 0)
+    if n and hasattr(kv, "checkpoint"):
+        kv.checkpoint(n)  # a recurrent memory keeps its state here to rewind to (none with TALLOW_STATE_CHECKPOINTS=0)
+
+
+def _context(llm, depth: int) -> list[int]:
+    """The depth's tokens: the same for every repetition of a test, so each rewinds to them."""
+    return torch.randint(0, llm.spec.vocab_size, (depth,), generator=torch.Generator().manual_seed(depth)).tolist()
+
+
 def bench_prefill(llm, n: int, depth: int, generator: torch.Generator) -> float:
     """n prompt tokens after `depth` tokens of context (prefilled, untimed)."""
-    if depth:
-        _prefill(llm, torch.randint(0, llm.spec.vocab_size, (depth,), generator=generator).tolist())
+    rewind(llm, _context(llm, depth))
     tokens = torch.randint(0, llm.spec.vocab_size, (n,), generator=generator).tolist()
     _sync(llm)
     t0 = time.perf_counter()
-    _prefill(llm, tokens, depth)
+    fill(llm, tokens, depth)
     _sync(llm)
     return n / (time.perf_counter() - t0)
 
@@ -64,7 +82,7 @@ def bench_decode(llm, n: int, depth: int, generator: torch.Generator) -> float:
     step's argmax fed back as the next token — the decode loop's real path (a CUDA graph
     on the GPU)."""
     engine = llm.engine
-    _prefill(llm, torch.randint(0, llm.spec.vocab_size, (depth,), generator=generator).tolist()) if depth else engine.reset()
+    rewind(llm, _context(llm, depth))
     token = int(torch.randint(0, llm.spec.vocab_size, (1,), generator=generator))
     _sync(llm)
     t0 = time.perf_counter()

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from .bench import _sync, fill, rewind
 from .errors import TallowError, UsageError
 
 MIB = 2**20
@@ -107,36 +108,11 @@ def run_llama_bench(exe: str, model: Path, depths: list[int], pp: int, tg: int, 
 # ------------------------------------------------------------------------------ tallow
 
 
-def _sync(llm) -> None:
-    if llm.model.device.type == "cuda":
-        torch.cuda.synchronize(llm.model.device)
-
-
-def _fill(llm, tokens: list[int], at: int) -> None:
-    engine = llm.engine
-    for start in range(0, len(tokens), engine.prefill_chunk):
-        engine.prefill_chunk_at(tokens[start : start + engine.prefill_chunk], at + start)
-
-
-def rewind(llm, context: list[int]) -> None:
-    """Make the memory hold exactly `context`: a truncation when it is still there (for a
-    recurrent state, the checkpoint kept at its end), else prefilled again from empty."""
-    kv, n = llm.engine.kv, len(context)
-    if n and kv.tokens[:n] == context:
-        kv.truncate(n)
-        if len(kv.tokens) == n:
-            return
-    llm.engine.reset()
-    _fill(llm, context, 0)
-    if n and hasattr(kv, "checkpoint"):
-        kv.checkpoint(n)  # a recurrent memory keeps its state here to rewind to (none with TALLOW_STATE_CHECKPOINTS=0)
-
-
 def time_prefill(llm, context: list[int], tokens: list[int]) -> float:
     rewind(llm, context)
     _sync(llm)
     t0 = time.perf_counter()
-    _fill(llm, tokens, len(context))
+    fill(llm, tokens, len(context))
     _sync(llm)
     return len(tokens) / (time.perf_counter() - t0)
 

@@ -40,12 +40,28 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def c_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """TALLOW_CPU_C_NORM (default on), the C library built, and rows it takes (CPU fp32); not
+    under TALLOW_FAST_LAYERS=0."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not switches.enabled("TALLOW_CPU_C_NORM"):
+        return False
+    if not fast_paths_enabled():  # TALLOW_FAST_LAYERS=0: the op-by-op reference
+        return False
+    from .kernels.cpu import c_norm
+
+    return c_norm.usable() and c_norm.applies(x, weight)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) * weight.
 
     One aten call instead of five; bit-identical to `rms_norm_reference` on float32
     (tests/test_cpu_fastpaths.py), ~20% less time per call at decode sizes.
     """
+    if c_norm_applies(x, weight):  # ggml's arithmetic in one C call (kernels/cpu/c_norm.py), both modes
+        from .kernels.cpu import c_norm
+
+        return c_norm.rms_norm(x, weight, eps)
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's double sum and float scale (numerics.py)
         return ggml_rms_norm(x, weight, eps)
     if fast_paths_enabled() and x.dtype == torch.float32:
@@ -205,6 +221,16 @@ def attention(
     return out.transpose(0, 1).reshape(n_q, -1)
 
 
+def c_attention_enabled() -> bool:
+    """TALLOW_CPU_C_ATTENTION (default on) and the C library built: CPU decode attention over an
+    f16 cache in C (kernels/cpu/c_attention.py)."""
+    if not switches.enabled("TALLOW_CPU_C_ATTENTION"):
+        return False
+    from .kernels.cpu import c_attention
+
+    return c_attention.usable()
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -222,15 +248,14 @@ def decode_attention(
     every key it is given. Without a softcap this is `attention`'s SDPA call on the sliced keys;
     with one, grouped heads are batched per KV head (query head h uses KV head h // group, as
     repeat_interleave in `attention`), so K/V are never repeated.
-    With TALLOW_CPU_C_ATTENTION=1 an f16 cache on the CPU goes to the C kernel (kernels/cpu/c_attention.py).
+    An f16 cache on the CPU goes to the C kernel where it is built (c_attention_enabled).
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0
-    if switches.enabled("TALLOW_CPU_C_ATTENTION") and k_cache.dtype == v_cache.dtype == torch.float16:
-        from .kernels.cpu import c_attention  # opt-in: the default decode step pays one switch lookup
+    if k_cache.dtype == v_cache.dtype == torch.float16 and k_cache.device.type == "cpu" and c_attention_enabled():
+        from .kernels.cpu import c_attention  # each K/V row read once in f16
 
-        if c_attention.usable() and k_cache.device.type == "cpu":  # each K/V row read once in f16
-            return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap)
+        return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap)
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()
     return attend_keys(q, k, v, scale, softcap)

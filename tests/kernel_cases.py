@@ -339,6 +339,49 @@ register(op="attend_f16", impl="tallow.kernels.cpu.c_attention:attend_f16", need
          run=_f16_attention, reference=_f16_attention_reference)
 
 
+def _row_norm_inputs(shape, dtype, g):
+    """(rows, heads, n, per-head weight): x (rows, heads, n) sliced from a wider projection."""
+    rows, heads, n, per_head = shape
+    proj = torch.randn(rows, (heads + 1) * n, generator=g) * 3
+    w = torch.randn(*((heads, n) if per_head else (n,)), generator=g)
+    return {"x": proj[:, : heads * n].view(rows, heads, n), "w": w, "branch": torch.randn(rows, heads, n, generator=g)}
+
+
+def _row_norm_reference(a):
+    from tallow.numerics import ggml_rms_norm
+
+    return ggml_rms_norm(a["x"].contiguous(), None, 1e-6) * a["w"]
+
+
+def _row_norm(a):
+    from tallow.kernels.cpu.c_norm import rms_norm
+
+    return rms_norm(a["x"], a["w"], 1e-6)
+
+
+register(op="rms_norm_rows", impl="tallow.kernels.cpu.c_norm:rms_norm", needs="ggml_dot", metric="exact",
+         inputs=_row_norm_inputs, shapes=((1, 1, 1536, False), (3, 8, 256, True), (70, 2, 96, False)),
+         run=_row_norm, reference=_row_norm_reference)
+
+
+def _norm_add_reference(a):
+    from tallow.numerics import ggml_rms_norm
+
+    x = a["branch"].contiguous()
+    return x + ggml_rms_norm(a["x"].contiguous(), a["w"] if a["w"].dim() == 1 else None, 1e-6) * (1 if a["w"].dim() == 1 else a["w"])
+
+
+def _norm_add(a):
+    from tallow.kernels.cpu.c_norm import norm_add
+
+    return norm_add(a["branch"].contiguous(), a["x"], a["w"], 1e-6)
+
+
+register(op="norm_add_rows", impl="tallow.kernels.cpu.c_norm:norm_add", needs="ggml_dot", metric="exact",
+         inputs=_row_norm_inputs, shapes=((1, 1, 1536, False), (5, 3, 64, False)),
+         run=_norm_add, reference=_norm_add_reference)
+
+
 def _experts_inputs(shape, dtype, g):
     """Routed experts: (type, n_experts, k, dim, width, rows); gate/up as one 3-D tensor."""
     from gguf import GGMLQuantizationType as QT
@@ -637,6 +680,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
     "tallow.kernels.cpu.c_attention:usable", "tallow.kernels.cpu.c_attention:set_simd",
+    "tallow.kernels.cpu.c_norm:usable", "tallow.kernels.cpu.c_norm:applies",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting

@@ -86,7 +86,7 @@ def test_rewind_to_a_depth_answers_as_a_fresh_prefill(tiny):
         context = list(range(5, 45))
         bench_depths.rewind(llm, context)
         fresh = llm.engine.decode_step(7).clone()
-        bench_depths._fill(llm, list(range(9, 17)), len(context) + 1)  # the test moves on past the depth
+        bench_depths.fill(llm, list(range(9, 17)), len(context) + 1)  # the test moves on past the depth
         bench_depths.rewind(llm, context)
         assert len(llm.engine.kv.tokens) == len(context)
         assert torch.equal(llm.engine.decode_step(7), fresh), arch

@@ -32,27 +32,35 @@ def test_portable_and_simd_code_match_torch(simd, threads):
     assert float((got - want).norm() / want.norm()) < 2e-6
 
 
-def test_decode_attention_routes_f16_caches_to_c_only_when_asked(monkeypatch):
+def test_decode_attention_routes_f16_caches_to_c_unless_switched_off(monkeypatch):
     q, k, v = _cache(seed=1)
     want = attend_keys(q, k[:, 44:].float(), v[:, 44:].float(), 0.125)
-    assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)  # default: torch's path
-    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "1")
-    fast = decode_attention(q, k, v, 300, 0.125, window=256)
+    fast = decode_attention(q, k, v, 300, 0.125, window=256)  # default: the C kernel
     assert float((fast - want).norm() / want.norm()) < 2e-6
     assert not torch.equal(fast, want)  # another summation order: the C kernel ran
+    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "0")
+    assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)  # torch's SDPA
 
 
-def test_speculation_turns_itself_off_with_it(monkeypatch, tmp_path):
+def test_speculation_stays_exact_with_it(tmp_path):
+    """Verification asks the C attention query by query (models/step.EagerRowsAttention), so
+    speculation keeps running: rows of a verification pass equal decode steps bit for bit."""
     from gguf import GGMLQuantizationType as QT
     from tiny_models import write_tiny_model
 
+    from tallow.engine.engine import Engine, GenerationStats
     from tallow.engine.speculate import rows_are_exact
     from tallow.gguf_file import GGUFFile
     from tallow.models import build_model
+    from tallow.models.step import VERIFY
     from tallow.spec import spec_from_gguf
 
     gf = GGUFFile(write_tiny_model("llama", tmp_path / "t.gguf", qtype=QT.Q8_0))  # row-exact int8 kernels
-    model = build_model(gf, spec_from_gguf(gf))
-    assert rows_are_exact(model)
-    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "1")
-    assert not rows_are_exact(model)
+    engine = Engine(build_model(gf, spec_from_gguf(gf)), n_ctx=128)
+    assert rows_are_exact(engine.model) and engine.kv.k[0].dtype == torch.float16
+    prompt, seq = list(range(40, 70)), [7, 200, 13, 99, 5]
+    engine.prefill(prompt, GenerationStats())
+    steps = torch.stack([engine.decode_step(t) for t in seq])
+    engine.kv.truncate(len(prompt))
+    rows = engine.model.forward(seq, len(prompt), engine.kv, all_logits=True, phase=VERIFY)
+    assert torch.equal(rows, steps)

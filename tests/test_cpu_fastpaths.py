@@ -175,6 +175,8 @@ def test_fused_linear_rejects_mismatched_inputs() -> None:
 @pytest.mark.parametrize("shape,wshape", [((1, 576), (576,)), ((33, 1536), (1536,)), ((4, 14, 128), (14, 128)),
                                           ((1, 5, 256), (256,))])
 def test_rms_norm_is_bit_identical(shape, wshape, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's fused form (the C norm, in ggml's arithmetic, is tests/test_c_norm.py's)."""
+    monkeypatch.setenv("TALLOW_CPU_C_NORM", "0")
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(shape, generator=g) * 5, torch.randn(wshape, generator=g)
     want = rms_norm_reference(x, w, 1e-6)
@@ -254,6 +256,8 @@ def test_tiny_model_fast_paths_match_reference_paths(arch, tmp_path, monkeypatch
 
     path = write_tiny_model(arch, tmp_path / f"tiny-{arch}.gguf", qtype=QT.Q4_0)
     ids = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120]
+    monkeypatch.setenv("TALLOW_CPU_C_NORM", "0")  # the C forms sum in other orders: test_c_norm.py,
+    monkeypatch.setenv("TALLOW_CPU_C_ATTENTION", "0")  # test_c_attention.py hold them to their references
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         gf = GGUFFile(path)

@@ -92,6 +92,7 @@ def test_the_output_projection_is_chosen_by_role(arch, tmp_path, monkeypatch):
     if not HAS_INT4_OPS:
         pytest.skip("no int4pack ops in this torch")
     monkeypatch.setenv("TALLOW_OUTPUT_INT8G", "1")  # group-32 forms at any width (the tiny K is 64)
+    monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")  # the torch layers (the C kernel's role rule: test_ggml_dot.py)
     gf = GGUFFile(write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0, n_layers=1))
     model = build_model(gf, spec_from_gguf(gf))
     assert model.output.kind == "int4x2"  # Q8_0's exact group-32 form, only for the output projection

@@ -148,9 +148,9 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
 
 @needs_c
 def test_linear_layer_and_fallback(monkeypatch):
-    """TALLOW_CPU_GGML_DOT=1: make_linear wraps the torch layer, one row in C, many rows on the torch
-    layer; the output projection is C alone at any row count; unset (default mode), =0 or with the
-    library missing, the torch layer alone."""
+    """TALLOW_CPU_GGML_DOT (on unless =0): make_linear wraps the torch layer, up to 8 rows in C (each
+    its one-row product: decode and verification agree), more rows on the torch layer; the output
+    projection is C alone at any row count; =0 or with the library missing, the torch layer alone."""
     from tallow import switches
     from tallow.families.tensors import OUTPUT
     from tallow.kernels.cpu.linear import make_linear
@@ -159,7 +159,7 @@ def test_linear_layer_and_fallback(monkeypatch):
     t = TensorInfo("w", QT.Q8_0, (256, 64), 0, raw.nbytes, raw)
     monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
     switches.refresh()
-    assert make_linear(t).kind != "ggml_dot"  # opt-in in the default mode
+    assert make_linear(t).kind == "ggml_dot"  # on by default where the library is built
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
     switches.refresh()
     assert make_linear(t).kind == "ggml_dot"
@@ -178,7 +178,9 @@ def test_linear_layer_and_fallback(monkeypatch):
     xq = ggml_dot.quantize(x1, QT.Q8_0)
     assert torch.equal(layer(x1), torch.from_numpy(ggml_dot.gemv_quantized(raw, QT.Q8_0, 256, xq)))
     x8 = torch.randn(8, 256)
-    assert torch.equal(layer(x8), layer.fallback[0](x8))
+    assert torch.equal(layer(x8), torch.cat([layer(x8[i : i + 1]) for i in range(8)]))  # row-invariant
+    x9 = torch.randn(9, 256)
+    assert torch.equal(layer(x9), layer.fallback[0](x9))
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")
     monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
     switches.refresh()
@@ -310,6 +312,7 @@ def test_group_equals_its_parts(types, monkeypatch):
     finally:
         torch.set_num_threads(old_threads)
         ggml_dot.parallel_min_bytes(old_min)
-    x8 = torch.randn(8, k)
-    ref = FusedLinear([p.fallback[0] for p in parts])(x8)
-    assert torch.equal(group(x8), ref)
+    x8 = torch.randn(8, k)  # verification's most rows: each row its one-row product
+    assert torch.equal(group(x8), torch.cat([group(x8[i : i + 1]) for i in range(8)]))
+    x9 = torch.randn(9, k)  # prefill: the torch layers
+    assert torch.equal(group(x9), FusedLinear([p.fallback[0] for p in parts])(x9))

@@ -87,8 +87,9 @@ def _tiny_engine(tmp_path, arch="llama", qtype=QT.Q4_0, n_ctx=128):
 
 
 @pytest.mark.parametrize("arch,qtype,env,kinds", [(arch, QT.Q4_0, {}, {"int4"}) for arch in ARCHITECTURES]
-                         + [("llama", QT.Q8_0, {"TALLOW_OUTPUT_INT8G": "1"}, {"int8", "int4x2"}),
-                            ("qwen2", QT.Q5_0, {"TALLOW_INT4X2": "1"}, {"int4x2"})])
+                         + [("llama", QT.Q8_0, {"TALLOW_OUTPUT_INT8G": "1", "TALLOW_CPU_GGML_DOT": "0"}, {"int8", "int4x2"}),
+                            ("qwen2", QT.Q5_0, {"TALLOW_INT4X2": "1", "TALLOW_CPU_GGML_DOT": "0"}, {"int4x2"}),
+                            ("llama", QT.Q8_0, {}, {"ggml_dot"}), ("qwen2", QT.Q5_0, {}, {"ggml_dot"})])
 def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeypatch, arch, qtype, env, kinds):
     """Rows of one (k+1)-token verification pass == k+1 decode steps, bit for bit, over the
     row-exact kernel kinds (int8g, Q6_K's, needs 256-wide rows: the real qwen2.5 test has it;

@@ -87,6 +87,11 @@ class PrefillPlan:
         return a % self.chunk == 0 and b - a == self.chunk
 
 
+def model_linears(model) -> list:
+    """Every matrix layer of `model`: the output projection and each block's."""
+    return [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
+
+
 def plan_for(model, chunk: int) -> PrefillPlan:
     """The plan for `model`: row-invariant where every matrix runs in a row-exact CPU kernel and
     attention goes through SDPA (no logit softcap), aligned chunks elsewhere."""
@@ -98,7 +103,9 @@ def plan_for(model, chunk: int) -> PrefillPlan:
     if model.device.type == "cpu" and model.spec.attn_logit_softcap is None and rows_are_exact(model):
         # Fewer rows than MIN_ROWS run in the low-bit kernel instead of the dequantized tile;
         # one row would take the decode attention instead of the padded prefill one.
-        min_rows = dequant_matmul.MIN_ROWS if dequant_matmul.enabled() else 2
+        # The C kernel (ggml_dot.GgmlDotLinear) takes up to MAX_ROWS rows, the fallback more.
+        c_rows = max((getattr(t, "MAX_ROWS", 0) for t in model_linears(model) if t.kind == "ggml_dot"), default=0)
+        min_rows = dequant_matmul.MIN_ROWS if dequant_matmul.enabled() else max(2, c_rows + 1)
         return PrefillPlan(chunk, row_invariant=True, min_rows=min(min_rows, chunk))
     return PrefillPlan(chunk, row_invariant=False)
 
@@ -115,8 +122,7 @@ def numerics_key(model, plan: PrefillPlan) -> str:
         where = torch.cuda.get_device_name(model.device)
     else:
         where = f"{torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
-    linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
-    kinds = sorted({str(t.kind) for t in linears})
+    kinds = sorted({str(t.kind) for t in model_linears(model)})
     numeric = switches.key_values("numeric")  # the switches declared to change a prefill's numbers
     text = repr((model.device.type, where, torch.__version__, kinds, plan, numeric))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -80,6 +80,8 @@ from collections import deque
 import torch
 
 from .. import switches
+from ..numerics import ggml_enabled
+from .prefill_plan import model_linears
 
 K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)
 NGRAM_MAX, NGRAM_MIN = 3, 1
@@ -98,7 +100,7 @@ GUARD = True  # False: always draft K_MAX when there is a match (tests that need
 # (below dequant_matmul.MIN_ROWS = 64 rows, where prefill switches to dequantized tiles; checked
 # in tests/test_speculate.py). Dense float weights go through F.linear, whose one-row (GEMV)
 # and many-row (GEMM) kernels round differently.
-ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g"})
+ROW_EXACT_KINDS = frozenset({"int4", "int4x2", "int8", "int8g", "ggml_dot"})
 
 
 def rows_are_exact(model) -> bool:
@@ -106,11 +108,11 @@ def rows_are_exact(model) -> bool:
     ROW_EXACT_KINDS; on the GPU the Triton GEMVs, fp32 and integer-dot (an accumulator per row, the
     same code for any number of rows, explicit fmas; `dense` layers go through cuBLAS, whose GEMV and
     GEMM round apart)."""
-    linears = [model.output] + [t for layer in model.layers for t in layer.tensors.values() if hasattr(t, "kind")]
+    linears = model_linears(model)
     if model.device.type == "cuda":
         parts = [p for t in linears for p in getattr(t, "parts", [t])]
         return all(str(p.kind).startswith(("triton_", "mmvq_")) and p.use_gemv for p in parts)
-    if model.device.type != "cpu" or switches.enabled("TALLOW_CPU_C_ATTENTION"):  # decode's attention is not prefill's
+    if model.device.type != "cpu" or ggml_enabled():  # ggml's products change order from 8 rows on
         return False
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
 

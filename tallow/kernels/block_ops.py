@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from ..layers import geglu, rms_norm, swiglu
+from ..layers import c_norm_applies, geglu, rms_norm, swiglu
 from .. import switches
 
 
@@ -48,6 +48,10 @@ class TorchOps:
     def norm_add(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float,
                  scale: torch.Tensor | None = None) -> torch.Tensor:
         """(x + rmsnorm(branch) * weight) * scale: a normed branch joining the stream."""
+        if c_norm_applies(branch, weight) and x.shape == branch.shape:  # the same operations, one C call
+            from .cpu import c_norm
+
+            return c_norm.norm_add(x, branch, weight, eps, scale)
         y = x + rms_norm(branch, weight, eps)
         return y if scale is None else y * scale
 

@@ -141,14 +141,13 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
 
 def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | None:
     """The C kernel (kernels/cpu/ggml_dot.py) reads a wrapped weight from the file map: its file
-    bytes, instead of (TALLOW_NUMERICS=ggml, and the output projection) or on top of (=1 in the
-    default mode) the torch layer."""
+    bytes, instead of (TALLOW_NUMERICS=ggml, and the output projection) or on top of (the default
+    mode: prefill's) the torch layer."""
     if linear_mode not in (None, "auto") or len(t.shape) != 2 or t.n_rows <= 1 or t.qtype not in _C_KERNEL_TYPES:
         return None
-    forced = switches.value("TALLOW_CPU_GGML_DOT")  # ggml_dot.wanted(), without importing torch
-    ggml = str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml"
-    if not (forced if forced is not None else ggml):
+    if not switches.enabled("TALLOW_CPU_GGML_DOT"):  # ggml_dot.wanted(), without importing torch
         return None
+    ggml = str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml"
     from ..kernels.cpu import ggml_dot  # wanted: weights are about to be loaded, torch is there
 
     if not ggml_dot.usable():

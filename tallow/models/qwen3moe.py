@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ModelFileError
+from ..families.tensors import EXPERT
 from ..kernels.cpu.moe import ExpertBank, expert_slice
 from .base import DecoderModel, LayerWeights
 from .qwen import Qwen3Model
@@ -51,15 +52,15 @@ def load_experts(model: DecoderModel, i: int) -> ExpertBank:
     elif merged:
         gate_up = tensor(GATE_UP_EXPS, [dim, 2 * width, n])
         gate_up_layers = [model.place.cached([f"{gate_up.name}[{e}]"],
-                                             lambda e=e: model.place.linear(expert_slice(gate_up, e, n)))
+                                             lambda e=e: model.place.linear(expert_slice(gate_up, e, n), role=EXPERT))
                           for e in range(n)]
     else:
         gate, up = tensor(GATE_EXPS, [dim, width, n]), tensor(UP_EXPS, [dim, width, n])
         gate_up_layers = [model.place.cached([f"{gate.name}[{e}]", f"{up.name}[{e}]"], lambda e=e: model.place.linear_group(
-                          [model.place.linear(expert_slice(gate, e, n)), model.place.linear(expert_slice(up, e, n))]))
+                          [model.place.linear(expert_slice(gate, e, n), role=EXPERT), model.place.linear(expert_slice(up, e, n), role=EXPERT)]))
                           for e in range(n)]
     if not model.place.on_gpu:
-        down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n)))
+        down_layers = [model.place.cached([f"{down.name}[{e}]"], lambda e=e: model.place.linear(expert_slice(down, e, n), role=EXPERT))
                        for e in range(n)]
     def per_expert(name: str) -> torch.Tensor | None:
         if tn(name, "scale") not in gf.tensors:

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
-                      block_aligned_keys_enabled, decode_attention, fast_paths_enabled)
+                      block_aligned_keys_enabled, c_attention_enabled, decode_attention, fast_paths_enabled)
 from ..memory.kv_pool import KVPool
 from ..numerics import ggml_attention, ggml_enabled
 
@@ -168,6 +168,12 @@ class EagerAttention(Backend):
         return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)
 
 
+def _c_decode(kv: KVPool, index: int) -> bool:
+    """Whether a one-query step of layer `index` runs in the C attention (layers.decode_attention):
+    verification then asks it query by query too."""
+    return kv.k[index].dtype == torch.float16 and kv.caps[index] == kv.n_ctx and c_attention_enabled()
+
+
 class EagerRowsAttention(EagerAttention):
     """Verification on the CPU: each query attends as the one-token `EagerAttention.attend` computes
     it, so row i is bit for bit the decode step after rows 0..i-1 (engine/speculate.py)."""
@@ -181,7 +187,7 @@ class EagerRowsAttention(EagerAttention):
         window = spec.layers[index].sliding_window
         begins = [max(0, start + i + 1 - window) if window else 0 for i in range(n)]
         lo, end = begins[0], start + n
-        if not (q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]):
+        if not (q.device.type == "cpu" and fast_paths_enabled() and end - lo <= kv.caps[index]) or _c_decode(kv, index):
             return torch.cat([super(EagerRowsAttention, self).attend(index, q[i : i + 1], kv, None, start + i) for i in range(n)])
         # The one-query fast path reads keys begin..end-1 of the pool as float32 (decode_attention
         # or kv.view: a float copy, dequantized for int8/fp8) and calls attend_keys. Converting

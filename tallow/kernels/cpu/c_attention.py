@@ -1,9 +1,9 @@
 """Decode attention over an f16 KV cache in C (decode_attention.c, built into the optional C
 library with ggml_dot.c): each K and V row read once in f16, where the torch path copies the
 whole window to fp32 at every step. Used by layers.decode_attention for one query token over an
-f16 cache when the library is built and TALLOW_CPU_C_ATTENTION=1 (opt-in: prefill's attention is
-torch's, in another summation order, so decode then no longer gives prefill's bits, which prefix
-reuse and speculative verification rely on)."""
+f16 cache when the library is built (TALLOW_CPU_C_ATTENTION=0: torch's SDPA), and query by query for
+speculative verification (models/step.EagerRowsAttention), so a verified row is the decode step's.
+Prefill keeps SDPA: its sums run in another order, but decode steps never write canonical K/V."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import ctypes
 
 import torch
 
-from ... import switches
 from . import ggml_dot
 
 __all__ = ["usable", "attend_f16", "set_simd"]
@@ -34,7 +33,8 @@ def _lib() -> ctypes.CDLL | None:
 
 
 def usable() -> bool:
-    return switches.enabled("TALLOW_CPU_C_ATTENTION") and _lib() is not None
+    """The library is built (layers.c_attention_enabled also asks TALLOW_CPU_C_ATTENTION)."""
+    return _lib() is not None
 
 
 def set_simd(on: bool) -> None:

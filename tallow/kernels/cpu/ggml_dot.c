@@ -661,7 +661,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 2; }
+int tg_abi_version(void) { return 3; }
 
 /* 1 when the AVX-512 VNNI kernels run, 0 for the portable code */
 int tg_simd(void) {
@@ -700,7 +700,7 @@ int tg_quantize(int atype, const float *x, uint8_t *out, int64_t m, int64_t k) {
 #define TG_MAX_PARTS 8
 typedef struct {
     int32_t nparts;
-    int32_t pad;
+    int32_t row_invariant; /* 1: every row in vec_dot's order; 0: llama.cpp's choice (tiled from 8 rows) */
     int64_t k;
     int64_t types[TG_MAX_PARTS];
     const uint8_t *w[TG_MAX_PARTS];
@@ -819,7 +819,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     for (int i = 0; i < p->nparts; i++) {
         const int type = (int)p->types[i], a = act_type(type);
         job_t *j = &mj.jobs[i];
-        j->fn = pick(type, simd, m);
+        j->fn = pick(type, simd, p->row_invariant ? 1 : m);
         j->w = p->w[i];
         j->row_bytes = p->row_bytes[i];
         j->n = p->n[i];

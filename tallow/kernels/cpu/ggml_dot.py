@@ -45,14 +45,14 @@ __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 2
+_ABI = 3
 MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
 
 
 class _Plan(ctypes.Structure):
     """ggml_dot.c's tg_plan_t: up to MAX_PARTS weights over one input."""
 
-    _fields_ = [("nparts", ctypes.c_int32), ("pad", ctypes.c_int32), ("k", ctypes.c_int64),
+    _fields_ = [("nparts", ctypes.c_int32), ("row_invariant", ctypes.c_int32), ("k", ctypes.c_int64),
                 ("types", ctypes.c_int64 * MAX_PARTS), ("w", ctypes.c_void_p * MAX_PARTS),
                 ("row_bytes", ctypes.c_int64 * MAX_PARTS), ("n", ctypes.c_int64 * MAX_PARTS)]
 
@@ -97,12 +97,10 @@ def _load() -> ctypes.CDLL | None:
 
 
 def wanted() -> bool:
-    """TALLOW_CPU_GGML_DOT: =1 on, =0 off, unset: on under TALLOW_NUMERICS=ggml only."""
+    """TALLOW_CPU_GGML_DOT: on unless =0 (where the library is built: `usable`)."""
     from ... import switches
-    from ...numerics import ggml_enabled
 
-    forced = switches.value("TALLOW_CPU_GGML_DOT")
-    return forced if forced is not None else ggml_enabled()
+    return switches.enabled("TALLOW_CPU_GGML_DOT")
 
 
 def available() -> bool:
@@ -209,12 +207,13 @@ class _Products:
 
     __slots__ = ("plan", "addr", "n", "k", "act_bytes", "weights")
 
-    def __init__(self, parts: list[tuple[QT, torch.Tensor]], k: int):
+    def __init__(self, parts: list[tuple[QT, torch.Tensor]], k: int, row_invariant: bool = True):
         if not 1 <= len(parts) <= MAX_PARTS:
             raise ValueError(f"the C kernel takes 1 to {MAX_PARTS} weights per call, not {len(parts)}")
         self.weights = [w for _, w in parts]  # the plan holds their addresses
         p = self.plan = _Plan()
         p.nparts, p.k = len(parts), k
+        p.row_invariant = int(row_invariant)  # 0: llama.cpp's tiled order from 8 rows (TALLOW_NUMERICS=ggml)
         for i, (qt, w) in enumerate(parts):
             p.types[i], p.w[i], p.row_bytes[i], p.n[i] = int(qt), w.data_ptr(), w.stride(0), w.shape[0]
         self.addr = ctypes.addressof(p)
@@ -238,7 +237,9 @@ def _in_c(layer, x2: torch.Tensor) -> torch.Tensor:
     """x2 (M, K) @ the layer's weights (`layer._weights()`, side by side) in one C call."""
     run = _products.get(layer)
     if run is None:
-        run = _products[layer] = _Products(layer._weights(), layer.in_features)
+        from ...numerics import ggml_enabled
+
+        run = _products[layer] = _Products(layer._weights(), layer.in_features, row_invariant=not ggml_enabled())
     return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
 
 
@@ -253,7 +254,10 @@ class GgmlDotLinear(Linear):
     over the same tensor) or, with fallback None, through the C kernel row by row."""
 
     kind = "ggml_dot"
-    MAX_ROWS = 4  # llama.cpp's gemv also serves up to 3 rows; beyond, prefill GEMMs win
+    # Decode and speculative verification (up to speculate.K_MAX + 1 rows), each row in vec_dot's
+    # order whatever their number, so a verified row is the decode step's; prefill goes to the
+    # fallback (a chunk of 9-63 rows only ever holds a whole short prompt: engine/prefill_plan.py).
+    MAX_ROWS = 8
 
     def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None, fallback: Linear | None = None):
         super().__init__(tensor.name, tensor.n_cols, tensor.n_rows, bias)

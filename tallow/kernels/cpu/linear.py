@@ -40,7 +40,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ... import switches
 from ...errors import ModelFileError
-from ...families.tensors import OUTPUT
+from ...families.tensors import EXPERT, OUTPUT
 from ...gguf_file import TensorInfo
 from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
                            INT8_TYPES, Int4Pack, _row_chunks, pack_int4, pack_int8)
@@ -318,8 +318,10 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     every row count alone: no torch copy of the weight."""
     from . import ggml_dot
 
-    use_c = (mode in (None, "auto") and tensor.qtype in ggml_dot.TYPES and len(tensor.shape) == 2 and ggml_dot.wanted()
-             and ggml_dot.usable())
+    # Not a routed expert's: a chunk groups an expert's rows (any number up to the chunk), and only
+    # the torch kernels give a row the same bits at every count below 64 (engine/prefill_plan.py).
+    use_c = (mode in (None, "auto") and tensor.qtype in ggml_dot.TYPES and len(tensor.shape) == 2 and role != EXPERT
+             and ggml_dot.wanted() and ggml_dot.usable())
     if use_c and (ggml_enabled() or role == OUTPUT):
         return ggml_dot.GgmlDotLinear(tensor, _bias_tensor(bias, tensor.n_rows, tensor.name))
     layer = _make_linear(tensor, bias, mode, role)
