@@ -97,8 +97,7 @@ def _cpu_kernel(llm) -> str | None:
         return None
     from .kernels.cpu import ggml_dot
 
-    return ggml_dot.status() + ("; in use" if ggml_dot.wanted() and ggml_dot.usable() else
-                                "; not in use (TALLOW_CPU_GGML_DOT=1 turns it on)")
+    return ggml_dot.in_use_status()
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -234,15 +234,9 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _c_kernel_status() -> str:
-    from .kernels.cpu import ggml_dot
-
-    return ggml_dot.status() + ("; in use" if ggml_dot.wanted() and ggml_dot.usable() else
-                                "; not in use (TALLOW_CPU_GGML_DOT=1 turns it on)")
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .gguf_file import GGUFFile
+    from .kernels.cpu import ggml_dot
     from .registry import resolve_model
     from .spec import spec_from_gguf
 
@@ -273,7 +267,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "tensor types  " + ", ".join(f"{k}: {v}" for k, v in types.most_common()),
         f"memory @ctx {ctx}: weights {tensor_bytes / 2**20:.1f} MiB + KV (f16) {kv_bytes / 2**20:.1f} MiB"
         f" = {(tensor_bytes + kv_bytes) / 2**20:.1f} MiB  ({spec.kv_bytes_per_token_f16} KV bytes/token)",
-        f"CPU C kernel  {_c_kernel_status()}",
+        f"CPU C kernel  {ggml_dot.in_use_status()}",
     ]
     from .memory.budget import kv_bytes_per_token
     from .spec import layer_kind_lines

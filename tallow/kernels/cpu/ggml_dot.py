@@ -16,11 +16,11 @@ the output projection, which prefill runs for one row) the C kernel row by row: 
 only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
 in one call.
 
-Switch (read at load): TALLOW_CPU_GGML_DOT=1 on, =0 off; unset, on under TALLOW_NUMERICS=ggml only,
-where it makes the logits of the three real models llama.cpp's bit for bit. In the default mode it
-stays opt-in: there it changes decode's arithmetic only, smollm2-135m's teacher-forced max |Δlogit|
-goes over its ceiling with it, and on session 10's machine it decoded smollm2 at 0.84x the torch layers
-(docs/performance.md, sessions 9 and 10).
+Switch (read at load): TALLOW_CPU_GGML_DOT, on unless =0 where the library is built with its AVX-512
+VNNI code. Under TALLOW_NUMERICS=ggml it makes the logits of the three real models llama.cpp's bit for
+bit (llama.cpp's tiled order from 8 rows); in the default mode every row it takes is in vec_dot's
+order, so decode steps and speculative verification (up to 8 rows) agree bit for bit, and prefill
+keeps its torch layer (docs/performance.md, session 11).
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ def usable() -> bool:
 def unavailable_reason() -> str:
     _load()
     return _reason
+
+
+def in_use_status() -> str:
+    """status(), and whether make_linear uses it (`tallow inspect`, `tallow bench`)."""
+    return status() + ("; in use" if wanted() and usable() else "; not in use" + ("" if wanted() else " (TALLOW_CPU_GGML_DOT=0)"))
 
 
 def simd() -> bool:

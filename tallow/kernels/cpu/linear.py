@@ -17,9 +17,9 @@ Environment switches, read when a layer is constructed (so tests and the CLI can
                       rounding and block arithmetic over fp32 weights (before all the above);
                       GgmlDotLinear (ggml_dot.py, the C kernel over the file's bytes) where it
                       takes the type
-  TALLOW_CPU_GGML_DOT=1 Q4_1/Q5_0/Q8_0/Q4_K/Q6_K decode products in the C kernel (GgmlDotLinear
+  TALLOW_CPU_GGML_DOT Q4_1/Q5_0/Q8_0/Q4_K/Q6_K decode products in the C kernel (GgmlDotLinear
                       wrapping the layer above, which keeps prefill; the output projection in C
-                      alone, it runs one row); on by default only under TALLOW_NUMERICS=ggml; =0 never
+                      alone, it runs one row; not a routed expert's); on where built, =0 never
   TALLOW_INT4X2=1     opt-in: Q8_0/Q5_0/Q5_1/Q5_K become exact-code int4 over a doubled K
                       (kind "int4x2", as is mode="int4x2"): ~6x less weight error than int8
                       at equal decode speed, ~1.5x slower for multi-token prefill
