@@ -1,0 +1,141 @@
+"""TALLOW_NUMERICS=ggml's elementwise ops in C (ggml_ops.c, built into the optional library with
+ggml_dot.c): RMSNorm, the RoPE rotation, SwiGLU, GeGLU and one-token attention over the f16 KV
+cache, each bit-identical to its torch emulation in tallow/numerics.py (the reference, and
+llama.cpp b11434's arithmetic) in one C call instead of many small torch calls.
+
+Switch (read per call): TALLOW_GGML_C_OPS=0 runs the torch emulations; on by default where the
+library is built. Callers (layers.py, models/step.py) ask `usable()` and otherwise run the emulation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ... import switches
+from . import ggml_dot
+
+__all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend_one"]
+
+_lib_ready: ctypes.CDLL | None = None
+_missing = False
+
+
+def _lib() -> ctypes.CDLL | None:
+    global _lib_ready, _missing
+    if _lib_ready is not None or _missing:
+        return _lib_ready
+    lib = ggml_dot._load()
+    if lib is None or not hasattr(lib, "go_attend_one"):
+        _missing = True
+        return None
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.go_rms_norm.argtypes = [p, i64, i64, i64, p, i64, f32, p]
+    lib.go_rope.argtypes = [p, i64, i64, i64, i64, i32, i32, p, p, i32, p]
+    lib.go_swiglu.argtypes = [p, i64, p, i64, i64, i64, p, i64]
+    lib.go_geglu.argtypes = [p, i64, p, i64, i64, i64, p, p, i64]
+    lib.go_attend_one.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, i64, f32, p, i32]
+    lib.go_attend_one.restype = i32
+    lib.go_set_simd.argtypes = [i32]
+    lib.go_set_simd.restype = i32
+    for f in (lib.go_rms_norm, lib.go_rope, lib.go_swiglu, lib.go_geglu):
+        f.restype = None
+    _lib_ready = lib
+    return lib
+
+
+def usable() -> bool:
+    """TALLOW_GGML_C_OPS (default on) and the library built."""
+    return switches.enabled("TALLOW_GGML_C_OPS") and (_lib_ready is not None or _lib() is not None)
+
+
+def set_simd(on: bool) -> bool:
+    """Tests: False runs the portable C (the same float operations without AVX-512). Returns the state."""
+    return bool(_lib().go_set_simd(int(on)))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as (rows, n) float32 with a contiguous last dim and one row stride (a view where it can be)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype != torch.float32 or x2.stride(-1) != 1:
+        x2 = x2.float().contiguous()
+    return x2
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """numerics.ggml_rms_norm: x (..., n); weight (n,) or (R, n) with R = x.shape[-2] (per-head rows)."""
+    n = x.shape[-1]
+    x2 = _rows(x)
+    y = torch.empty(x.shape, dtype=torch.float32)
+    w_rows = 1
+    if weight is not None:
+        weight = weight.float().contiguous()
+        w_rows = weight.numel() // n
+        if weight.numel() != w_rows * n or (w_rows > 1 and (x.dim() < 2 or x.shape[-2] != w_rows)):
+            raise ValueError(f"rms_norm: a weight of shape {tuple(weight.shape)} does not fit rows of {tuple(x.shape)}")
+    _lib_ready.go_rms_norm(x2.data_ptr(), x2.stride(0), x2.shape[0], n, weight.data_ptr() if weight is not None else None,
+                           w_rows, float(eps), y.data_ptr())
+    return y
+
+
+def rope(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, rope_dim: int, neox: bool) -> torch.Tensor:
+    """numerics.ggml_rope_rotate on x (n, heads, head_dim) (any strides, last dim contiguous), the first
+    rope_dim values of each head rotated, the rest copied; cos_full, sin_signed (n, 1, rope_dim) float32.
+    Returns a new contiguous (n, heads, head_dim) tensor."""
+    n, heads, head_dim = x.shape
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    c, s = cos_full.contiguous(), sin_signed.contiguous()
+    out = torch.empty((n, heads, head_dim), dtype=torch.float32)
+    _lib_ready.go_rope(x.data_ptr(), x.stride(0), x.stride(1), n, heads, head_dim, rope_dim, c.data_ptr(), s.data_ptr(),
+                       int(neox), out.data_ptr())
+    return out
+
+
+def _glu_args(gate: torch.Tensor, up: torch.Tensor):
+    g2, u2 = _rows(gate), _rows(up)
+    if g2.shape != u2.shape:
+        raise ValueError(f"glu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return g2, u2, torch.empty(gate.shape, dtype=torch.float32)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """numerics.ggml_swiglu: silu(gate) * up, silu by ggml_v_expf."""
+    g2, u2, y = _glu_args(gate, up)
+    _lib_ready.go_swiglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1], y.data_ptr(),
+                         g2.shape[1])
+    return y
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """numerics.ggml_geglu: ggml's fp16 GELU table of gate, times up."""
+    from ...numerics import ggml_gelu_table
+
+    table = ggml_gelu_table()  # built once, 65536 float32
+    g2, u2, y = _glu_args(gate, up)
+    _lib_ready.go_geglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1],
+                        table.data_ptr(), y.data_ptr(), g2.shape[1])
+    return y
+
+
+def attend_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: int, end: int, visible_from: int,
+               scale: float, threads: int | None = None) -> torch.Tensor:
+    """numerics.ggml_attention for one query: q (n_heads, head_dim) float32 over the keys at positions
+    lo..end-1 of the f16 caches (n_kv, capacity, dim) (position p in slot p % capacity: a ring or the
+    whole context), keys before `visible_from` masked. Returns (1, n_heads * v_head_dim) float32."""
+    n_heads, dk = q.shape
+    n_kv, cap, dv = v_cache.shape
+    if k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("attend_one wants float16 K and V caches with a contiguous last dim.")
+    if end - lo > cap:
+        raise ValueError(f"positions {lo}..{end - 1} do not fit {cap} slots")
+    qc = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
+    out = torch.empty((1, n_heads * dv), dtype=torch.float32)
+    rc = _lib_ready.go_attend_one(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
+                                  k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), cap, lo,
+                                  end - lo, max(0, visible_from - lo), float(scale), out.data_ptr(),
+                                  threads or torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("ggml attention: the C kernel could not allocate its scratch.")
+    return out
