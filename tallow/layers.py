@@ -35,6 +35,16 @@ def block_aligned_keys_enabled() -> bool:
     return switches.enabled("TALLOW_ALIGNED_REUSE")
 
 
+def ggml_c_ops(x: torch.Tensor):
+    """kernels/cpu/ggml_ops (TALLOW_NUMERICS=ggml's elementwise ops in C, the emulations' bits) when
+    TALLOW_GGML_C_OPS is on, the library is built and x is on the CPU; else None (the emulations run)."""
+    if x.device.type != "cpu":
+        return None
+    from .kernels.cpu import ggml_ops
+
+    return ggml_ops if ggml_ops.usable() else None
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) * weight, op by op."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
@@ -47,6 +57,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     (tests/test_cpu_fastpaths.py), ~20% less time per call at decode sizes.
     """
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's double sum and float scale (numerics.py)
+        c = ggml_c_ops(x)
+        if c is not None and (weight.dim() == 1 or weight.dim() == 2 and x.dim() > 2 and weight.shape[0] == x.shape[-2]):
+            return c.rms_norm(x, weight, eps)
         return ggml_rms_norm(x, weight, eps)
     if fast_paths_enabled() and x.dtype == torch.float32:
         if weight.dim() == 1:
@@ -132,6 +145,9 @@ class RotaryTables:
         else:
             swapped = rot.unflatten(-1, (rd // 2, 2)).flip(-1).reshape(n, heads, rd)
         if self.ggml:  # TALLOW_NUMERICS=ggml: ggml's rotate_pairs with its fused multiply-adds
+            c = ggml_c_ops(x)
+            if c is not None:  # one C call (the rest of each head copied)
+                return c.rope(x, cos, sin, rd, self.style == "neox")
             second = torch.arange(rd, device=x.device)
             second = second >= rd // 2 if self.style == "neox" else second % 2 == 1
             out = ggml_rope_rotate(rot, swapped, cos, sin, second)
@@ -256,7 +272,8 @@ def attend_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own SIMD exponential (numerics.ggml_v_expf)
-        return ggml_swiglu(gate, up)
+        c = ggml_c_ops(gate)
+        return c.swiglu(gate, up) if c is not None else ggml_swiglu(gate, up)
     return F.silu(gate) * up
 
 
@@ -268,7 +285,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     (Beyond |x| >= 10 ggml returns x or 0, which gelu_tanh already equals in fp16.)
     """
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own table, built with libm's tanhf
-        return ggml_geglu(gate, up)
+        c = ggml_c_ops(gate)
+        return c.geglu(gate, up) if c is not None else ggml_geglu(gate, up)
     if fast_paths_enabled():
         # torch's fp16 GELU computes in fp32 and rounds once: bit-identical to the line below
         # for every finite fp16 input (tests/test_cpu_fastpaths.py), in 3 kernels instead of 6.
