@@ -339,6 +339,99 @@ register(op="attend_f16", impl="tallow.kernels.cpu.c_attention:attend_f16", need
          run=_f16_attention, reference=_f16_attention_reference)
 
 
+# TALLOW_NUMERICS=ggml's elementwise ops in C (ggml_ops.c) against their torch emulations in
+# tallow/numerics.py, bit for bit (tests/test_ggml_numerics.py runs the portable C too).
+def _ggml_ops():
+    from tallow.kernels.cpu import ggml_ops
+
+    return ggml_ops
+
+
+def _ggml_norm_inputs(shape, dtype, g):
+    rows, heads, n = shape  # heads > 0: a per-head weight (heads, n) over (rows, heads, n)
+    if heads:
+        return {"x": torch.randn(rows, heads, n, generator=g) * 3, "w": torch.randn(heads, n, generator=g)}
+    return {"x": torch.randn(rows, n, generator=g) * 3, "w": torch.randn(n, generator=g)}
+
+
+register(op="ggml_rms_norm", impl="tallow.kernels.cpu.ggml_ops:rms_norm", needs="ggml_dot", metric="exact",
+         inputs=_ggml_norm_inputs, shapes=((1, 0, 576), (5, 0, 1536), (3, 12, 64)),
+         run=lambda a: _ggml_ops().rms_norm(a["x"], a["w"], 1e-6),
+         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_rms_norm(a["x"], a["w"], 1e-6))
+
+
+def _ggml_rope_inputs(shape, dtype, g):
+    from tallow.layers import RotaryTables
+
+    n, heads, head_dim, rope_dim, style, at = shape
+    table = RotaryTables(rope_dim, 10000.0, style)
+    table.ggml = True  # ggml's angles and libm's cosf/sinf, whatever the environment
+    table.ensure(at + n)
+    qkv = torch.randn(n, (heads + 2) * head_dim, generator=g) * 4  # Q/K heads as a strided view, as in a block
+    return {"x": qkv[:, : heads * head_dim].view(n, heads, head_dim), "table": table, "at": at}
+
+
+def _ggml_rope(a, c_ops: bool):
+    t, at, n = a["table"], a["at"], a["x"].shape[0]
+    cos, sin = t.cos_full[at : at + n], t.sin_signed[at : at + n]
+    if c_ops:
+        return _ggml_ops().rope(a["x"], cos, sin, t.rope_dim, t.style == "neox")
+    from tallow.numerics import ggml_rope_rotate
+
+    rd = t.rope_dim
+    rot = a["x"][..., :rd]
+    pairs = (2, rd // 2) if t.style == "neox" else (rd // 2, 2)
+    swapped = rot.unflatten(-1, pairs).flip(-2 if t.style == "neox" else -1).reshape(rot.shape)
+    second = torch.arange(rd) >= rd // 2 if t.style == "neox" else torch.arange(rd) % 2 == 1
+    return torch.cat((ggml_rope_rotate(rot, swapped, cos, sin, second), a["x"][..., rd:]), dim=-1)
+
+
+register(op="ggml_rope", impl="tallow.kernels.cpu.ggml_ops:rope", needs="ggml_dot", metric="exact",
+         inputs=_ggml_rope_inputs, shapes=((1, 12, 64, 64, "norm", 300), (4, 16, 128, 128, "neox", 5), (3, 4, 256, 256, "neox", 1000),
+                                          (2, 8, 64, 32, "norm", 77)),
+         run=lambda a: _ggml_rope(a, True), reference=lambda a: _ggml_rope(a, False))
+
+
+def _ggml_glu_inputs(shape, dtype, g):
+    rows, f, spread = shape
+    gate_up = torch.randn(rows, 2 * f, generator=g) * spread  # gate and up side by side, as the fused product gives them
+    return {"gate": gate_up[:, :f], "up": gate_up[:, f:]}
+
+
+register(op="ggml_swiglu", impl="tallow.kernels.cpu.ggml_ops:swiglu", needs="ggml_dot", metric="exact",
+         inputs=_ggml_glu_inputs, shapes=((1, 1536, 4.0), (3, 8960, 8.0), (2, 64, 60.0)),
+         run=lambda a: _ggml_ops().swiglu(a["gate"], a["up"]),
+         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_swiglu(a["gate"], a["up"]))
+register(op="ggml_geglu", impl="tallow.kernels.cpu.ggml_ops:geglu", needs="ggml_dot", metric="exact",
+         inputs=_ggml_glu_inputs, shapes=((1, 2048, 4.0), (3, 640, 12.0)),
+         run=lambda a: _ggml_ops().geglu(a["gate"], a["up"]),
+         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_geglu(a["gate"], a["up"]))
+
+
+def _ggml_attention_inputs(shape, dtype, g):
+    n_kv, heads, dim, cap, lo, end, visible_from, scale = shape
+    return {"q": torch.randn(heads, dim, generator=g) * 2, "k": (torch.randn(n_kv, cap, dim, generator=g) * 2).half(),
+            "v": torch.randn(n_kv, cap, dim, generator=g).half(), "lo": lo, "end": end, "vis": visible_from, "scale": scale}
+
+
+def _ggml_attention_reference(a):
+    from tallow.numerics import ggml_attention
+
+    slots = torch.arange(a["lo"], a["end"]) % a["k"].shape[1]  # a ring's slots, in position order
+    mask = (torch.arange(a["lo"], a["end"]) >= a["vis"])[None, :]
+    return ggml_attention(a["q"][:, None, :], a["k"][:, slots], a["v"][:, slots], mask, a["scale"])
+
+
+# shapes: (n_kv, heads, head_dim, slots, lo, end, visible from, scale) — smollm2's and qwen2.5's heads,
+# gemma3's 256-wide ones with a window masking the first keys, a ring that wraps, a head_dim not a multiple of 16
+register(op="ggml_attend_one", impl="tallow.kernels.cpu.ggml_ops:attend_one", needs="ggml_dot", metric="exact",
+         inputs=_ggml_attention_inputs,
+         shapes=((3, 9, 64, 200, 0, 37, 0, 0.125), (2, 12, 128, 1000, 0, 700, 0, 0.088), (1, 4, 256, 600, 0, 520, 9, 1.0),
+                 (1, 4, 256, 40, 30, 65, 33, 0.0625), (2, 4, 40, 50, 0, 5, 0, 0.3)),
+         run=lambda a: _ggml_ops().attend_one(a["q"], a["k"], a["v"], a["lo"], a["end"], a["vis"], a["scale"]),
+         reference=_ggml_attention_reference)
+
+
 def _experts_inputs(shape, dtype, g):
     """Routed experts: (type, n_experts, k, dim, width, rows); gate/up as one 3-D tensor."""
     from gguf import GGMLQuantizationType as QT
@@ -637,6 +730,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
     "tallow.kernels.cpu.c_attention:usable", "tallow.kernels.cpu.c_attention:set_simd",
+    "tallow.kernels.cpu.ggml_ops:usable", "tallow.kernels.cpu.ggml_ops:set_simd",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting

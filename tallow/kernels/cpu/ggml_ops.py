@@ -74,7 +74,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         w_rows = weight.numel() // n
         if weight.numel() != w_rows * n or (w_rows > 1 and (x.dim() < 2 or x.shape[-2] != w_rows)):
             raise ValueError(f"rms_norm: a weight of shape {tuple(weight.shape)} does not fit rows of {tuple(x.shape)}")
-    _lib_ready.go_rms_norm(x2.data_ptr(), x2.stride(0), x2.shape[0], n, weight.data_ptr() if weight is not None else None,
+    (_lib_ready or _lib()).go_rms_norm(x2.data_ptr(), x2.stride(0), x2.shape[0], n, weight.data_ptr() if weight is not None else None,
                            w_rows, float(eps), y.data_ptr())
     return y
 
@@ -88,7 +88,7 @@ def rope(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, rope
         x = x.float().contiguous()
     c, s = cos_full.contiguous(), sin_signed.contiguous()
     out = torch.empty((n, heads, head_dim), dtype=torch.float32)
-    _lib_ready.go_rope(x.data_ptr(), x.stride(0), x.stride(1), n, heads, head_dim, rope_dim, c.data_ptr(), s.data_ptr(),
+    (_lib_ready or _lib()).go_rope(x.data_ptr(), x.stride(0), x.stride(1), n, heads, head_dim, rope_dim, c.data_ptr(), s.data_ptr(),
                        int(neox), out.data_ptr())
     return out
 
@@ -103,7 +103,7 @@ def _glu_args(gate: torch.Tensor, up: torch.Tensor):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """numerics.ggml_swiglu: silu(gate) * up, silu by ggml_v_expf."""
     g2, u2, y = _glu_args(gate, up)
-    _lib_ready.go_swiglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1], y.data_ptr(),
+    (_lib_ready or _lib()).go_swiglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1], y.data_ptr(),
                          g2.shape[1])
     return y
 
@@ -114,7 +114,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
     table = ggml_gelu_table()  # built once, 65536 float32
     g2, u2, y = _glu_args(gate, up)
-    _lib_ready.go_geglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1],
+    (_lib_ready or _lib()).go_geglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1],
                         table.data_ptr(), y.data_ptr(), g2.shape[1])
     return y
 
@@ -132,7 +132,7 @@ def attend_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo
         raise ValueError(f"positions {lo}..{end - 1} do not fit {cap} slots")
     qc = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
     out = torch.empty((1, n_heads * dv), dtype=torch.float32)
-    rc = _lib_ready.go_attend_one(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
+    rc = (_lib_ready or _lib()).go_attend_one(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
                                   k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), cap, lo,
                                   end - lo, max(0, visible_from - lo), float(scale), out.data_ptr(),
                                   threads or torch.get_num_threads())
