@@ -139,15 +139,16 @@ class RotaryTables:
         A CUDA-graph step gathers them at a position held on the device."""
         n, heads, head_dim = x.shape
         rd = self.rope_dim
+        if self.ggml:
+            c = ggml_c_ops(x)
+            if c is not None:  # TALLOW_NUMERICS=ggml in one C call (the rest of each head copied)
+                return c.rope(x, cos, sin, rd, self.style == "neox")
         rot = x if rd == head_dim else x[..., :rd]
         if self.style == "neox":
             swapped = rot.unflatten(-1, (2, rd // 2)).flip(-2).reshape(n, heads, rd)
         else:
             swapped = rot.unflatten(-1, (rd // 2, 2)).flip(-1).reshape(n, heads, rd)
         if self.ggml:  # TALLOW_NUMERICS=ggml: ggml's rotate_pairs with its fused multiply-adds
-            c = ggml_c_ops(x)
-            if c is not None:  # one C call (the rest of each head copied)
-                return c.rope(x, cos, sin, rd, self.style == "neox")
             second = torch.arange(rd, device=x.device)
             second = second >= rd // 2 if self.style == "neox" else second % 2 == 1
             out = ggml_rope_rotate(rot, swapped, cos, sin, second)

@@ -409,26 +409,32 @@ register(op="ggml_geglu", impl="tallow.kernels.cpu.ggml_ops:geglu", needs="ggml_
 
 
 def _ggml_attention_inputs(shape, dtype, g):
-    n_kv, heads, dim, cap, lo, end, visible_from, scale = shape
-    return {"q": torch.randn(heads, dim, generator=g) * 2, "k": (torch.randn(n_kv, cap, dim, generator=g) * 2).half(),
-            "v": torch.randn(n_kv, cap, dim, generator=g).half(), "lo": lo, "end": end, "vis": visible_from, "scale": scale}
+    n_kv, heads, dim, cap, lo, start, n_q, window, scale = shape
+    qk = torch.randn(n_q, heads + 1, dim, generator=g) * 2  # Q as a strided view, as the rotated Q/K heads give it
+    return {"q": qk[:, :heads], "k": (torch.randn(n_kv, cap, dim, generator=g) * 2).half(),
+            "v": torch.randn(n_kv, cap, dim, generator=g).half(), "lo": lo, "start": start, "window": window, "scale": scale}
 
 
 def _ggml_attention_reference(a):
+    from tallow.layers import attention_mask
     from tallow.numerics import ggml_attention
 
-    slots = torch.arange(a["lo"], a["end"]) % a["k"].shape[1]  # a ring's slots, in position order
-    mask = (torch.arange(a["lo"], a["end"]) >= a["vis"])[None, :]
-    return ggml_attention(a["q"][:, None, :], a["k"][:, slots], a["v"][:, slots], mask, a["scale"])
+    end = a["start"] + a["q"].shape[0]
+    slots = torch.arange(a["lo"], end) % a["k"].shape[1]  # a ring's slots, in position order
+    mask = attention_mask(torch.arange(a["start"], end), end - a["lo"], a["window"], a["lo"])
+    return ggml_attention(a["q"].transpose(0, 1), a["k"][:, slots], a["v"][:, slots], mask, a["scale"])
 
 
-# shapes: (n_kv, heads, head_dim, slots, lo, end, visible from, scale) — smollm2's and qwen2.5's heads,
-# gemma3's 256-wide ones with a window masking the first keys, a ring that wraps, a head_dim not a multiple of 16
-register(op="ggml_attend_one", impl="tallow.kernels.cpu.ggml_ops:attend_one", needs="ggml_dot", metric="exact",
+# shapes: (n_kv, heads, head_dim, slots, lo, start, query rows, window, scale) — one-token steps with
+# smollm2's and qwen2.5's heads, gemma3's 256-wide ones under a window, a ring that wraps, a head_dim
+# not a multiple of 16; prompt rows (tinyBLAS's 16 lanes), causal, with a window
+register(op="ggml_attend", impl="tallow.kernels.cpu.ggml_ops:attend", needs="ggml_dot", metric="exact",
          inputs=_ggml_attention_inputs,
-         shapes=((3, 9, 64, 200, 0, 37, 0, 0.125), (2, 12, 128, 1000, 0, 700, 0, 0.088), (1, 4, 256, 600, 0, 520, 9, 1.0),
-                 (1, 4, 256, 40, 30, 65, 33, 0.0625), (2, 4, 40, 50, 0, 5, 0, 0.3)),
-         run=lambda a: _ggml_ops().attend_one(a["q"], a["k"], a["v"], a["lo"], a["end"], a["vis"], a["scale"]),
+         shapes=((3, 9, 64, 200, 0, 36, 1, None, 0.125), (2, 12, 128, 1000, 0, 699, 1, None, 0.088),
+                 (1, 4, 256, 600, 0, 519, 1, 510, 1.0), (1, 4, 256, 40, 30, 64, 1, 32, 0.0625), (2, 4, 40, 50, 0, 4, 1, None, 0.3),
+                 (3, 9, 64, 200, 0, 0, 40, None, 0.125), (2, 4, 128, 300, 0, 100, 37, None, 0.088), (1, 4, 256, 600, 0, 30, 70, 50, 1.0),
+                 (1, 2, 64, 100, 20, 60, 21, 40, 0.5)),
+         run=lambda a: _ggml_ops().attend(a["q"], a["k"], a["v"], a["lo"], a["start"], a["window"], a["scale"]),
          reference=_ggml_attention_reference)
 
 

@@ -367,22 +367,25 @@ def test_c_ops_elementwise_are_the_emulations_bits(c_ops):
 
 
 def test_c_attention_is_the_emulations_bits_at_many_lengths(c_ops):
-    """One-token attention over 1..300 keys (every lane of the 64-lane sums and of the 16-value
-    softmax blocks filled and not), grouped heads, a window, a ring that wraps."""
+    """Attention of one token over 1..300 keys (every lane of the 64-lane sums and of the 16-value
+    softmax blocks filled and not), grouped heads, a window, a ring that wraps; and of 1..20 prompt
+    rows after some cached keys (tinyBLAS's 16 lanes), causal."""
+    from tallow.layers import attention_mask
     from tallow.numerics import ggml_attention
 
     g = torch.Generator().manual_seed(11)
     k = (torch.randn(2, 320, 64, generator=g) * 3).half()
     v = torch.randn(2, 320, 64, generator=g).half()
-    for n in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 300]:
-        q = torch.randn(6, 64, generator=g) * 2
+    cases = [(n, 1) for n in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 300]] + [(40 + r, r) for r in range(2, 21)]
+    for n, rows in cases:
+        q = torch.randn(rows, 6, 64, generator=g) * 2
         lo = 17 if n > 200 else 0
-        vis = lo + (n // 3 if n % 2 else 0)
+        start, window = lo + n - rows, (n // 3 + 1 if n % 2 else None)
         slots = torch.arange(lo, lo + n) % 300  # the first 300 slots as a ring
-        mask = (torch.arange(lo, lo + n) >= vis)[None, :]
-        ref = ggml_attention(q[:, None, :], k[:, slots], v[:, slots], mask, 0.125)
-        _same_bits(c_ops.attend_one(q, k[:, :300], v[:, :300], lo, lo + n, vis, 0.125), ref)
-        _same_bits(c_ops.attend_one(q, k[:, :300], v[:, :300], lo, lo + n, vis, 0.125, threads=2), ref)
+        mask = attention_mask(torch.arange(start, lo + n), n, window, lo)
+        ref = ggml_attention(q.transpose(0, 1), k[:, slots], v[:, slots], mask, 0.125)
+        for threads in (1, 2):
+            _same_bits(c_ops.attend(q, k[:, :300], v[:, :300], lo, start, window, 0.125, threads=threads), ref)
 
 
 def test_c_exp_handles_ggmls_edges(c_ops):

@@ -163,11 +163,10 @@ class EagerAttention(Backend):
         scale = spec.attn_scale
         if model.ggml_prescaled_q:
             q, scale = q * scale, 1.0
-        if n == 1 and spec.attn_logit_softcap is None and kv.dtype == torch.float16 and not kv.scaled:
+        if spec.attn_logit_softcap is None and kv.dtype == torch.float16 and not kv.scaled:
             c = ggml_c_ops(q)
             if c is not None:  # one C call over the pool's f16 rows (kernels/cpu/ggml_ops.c), the same bits
-                w = layer.sliding_window
-                return c.attend_one(q[0], kv.k[index], kv.v[index], lo, end, end - w if w else 0, scale)
+                return c.attend(q, kv.k[index], kv.v[index], lo, start, layer.sliding_window, scale)
         keys, values = kv.view(index, lo, end)  # (n_kv_heads, n_keys, dim), position order
         mask = attention_mask(torch.arange(start, end), end - lo, layer.sliding_window, lo)
         return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)

@@ -198,22 +198,27 @@ void go_geglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t ro
     }
 }
 
-/* ------------------------------------------------------------------ one-token attention */
+/* ------------------------------------------------------------------ attention */
 
 typedef struct {
-    const float *q;                  /* (n_heads, dk) */
+    const float *q;                  /* query row r, head h at q + r * sqr + h * sqh */
+    int64_t sqr, sqh;
     const uint16_t *k, *v;           /* f16 cache bases */
     int64_t skh, skt, svh, svt;      /* strides (elements) */
-    int64_t cap, lo, n, vis0;        /* key i sits at slot (lo + i) % cap; keys i < vis0 are masked */
-    int group, dk, dv;
+    int64_t cap, lo, n, start, window; /* key i: position lo + i, slot (lo + i) % cap; row r: position start + r */
+    int n_q, n_heads, group, dk, dv, lanes;
     float scale;
-    float *out;                      /* (n_heads, dv) */
+    float *out;                      /* (n_q, n_heads, dv) */
 } go_attn_t;
 
-/* the 64 lanes of ggml_vec_dot_f16 to one float: lane l + 16 j in acc[j][l]; (0+2) + (1+3), then 16 */
-static inline float lanes64(const float *acc, int64_t stride) {
+/* The product's lanes to one float. 64 lanes (ggml_vec_dot_f16, one query row): lane l + 16 j in
+ * acc[j][l], reduced (0+2) + (1+3), then the 16 lanes; 16 lanes (llamafile's tinyBLAS, prompt rows):
+ * the 16 lanes alone. */
+static inline float lanes_sum(const float *acc, int64_t stride, int lanes) {
     float c[16];
-    for (int l = 0; l < 16; l++) c[l] = (acc[l * stride] + acc[(32 + l) * stride]) + (acc[(16 + l) * stride] + acc[(48 + l) * stride]);
+    for (int l = 0; l < 16; l++)
+        c[l] = lanes == 64 ? (acc[l * stride] + acc[(32 + l) * stride]) + (acc[(16 + l) * stride] + acc[(48 + l) * stride])
+                           : acc[l * stride];
     return hsum16_lanes(c);
 }
 
@@ -221,7 +226,15 @@ static inline const uint16_t *key_row(const go_attn_t *a, const uint16_t *base, 
     return base + ((a->lo + i) % a->cap) * st;
 }
 
-/* softmax of p[0, n16) in place (n16 a multiple of 16, -inf beyond the keys): ggml_vec_soft_max_f32 */
+/* the keys row r sees: [*i0, *i1) of the view (the causal edge, and a window's) */
+static inline void visible(const go_attn_t *a, int r, int64_t *i0, int64_t *i1) {
+    const int64_t pos = a->start + r;
+    *i1 = pos - a->lo + 1 < a->n ? pos - a->lo + 1 : a->n;
+    *i0 = a->window > 0 && pos - a->window + 1 > a->lo ? pos - a->window + 1 - a->lo : 0;
+}
+
+/* softmax of p[0, n16) in place (n16 a multiple of 16, -inf past the keys): ggml_vec_soft_max_f32.
+ * The keys past a row's causal edge are -inf in ggml's row too: their blocks add exact zeros. */
 static void softmax_portable(float *p, int64_t n16) {
     float top = -INFINITY;
     for (int64_t i = 0; i < n16; i++) top = p[i] > top ? p[i] : top;
@@ -235,48 +248,54 @@ static void softmax_portable(float *p, int64_t n16) {
     for (int64_t i = 0; i < n16; i++) p[i] *= inv;
 }
 
-/* one head, portable: p (n16 floats), acc (64 * dv floats) scratch */
-static void head_portable(const go_attn_t *a, int h, float *p, float *acc) {
-    const int64_t n16 = (a->n + 15) / 16 * 16;
-    const int g = h / a->group;
-    const float *q = a->q + (int64_t)h * a->dk;
+/* one (row, head), portable: p (n + 16 floats), acc (64 * dv floats) scratch */
+static void head_portable(const go_attn_t *a, int r, int h, float *p, float *acc) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group, lanes = a->lanes;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
     const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
     for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
-    for (int64_t i = a->vis0; i < a->n; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         const uint16_t *kr = key_row(a, kb, a->skt, i);
         float s[64] = {0};
-        for (int d = 0; d < a->dk; d++) s[d % 64] += round_f16(q[d]) * tg_f16_to_f32(kr[d]); /* exact products */
-        p[i] = lanes64(s, 1) * a->scale;
+        for (int d = 0; d < a->dk; d++) s[d % lanes] += round_f16(q[d]) * tg_f16_to_f32(kr[d]); /* exact products */
+        p[i] = lanes_sum(s, 1, lanes) * a->scale;
     }
     softmax_portable(p, n16);
-    memset(acc, 0, sizeof(float) * 64 * (size_t)a->dv);
-    for (int64_t i = a->vis0; i < a->n; i++) { /* masked keys add exact zeros: skipped */
+    memset(acc, 0, sizeof(float) * (size_t)lanes * a->dv);
+    for (int64_t i = i0; i < i1; i++) { /* masked keys add exact zeros: skipped */
         const float w = round_f16(p[i]);
         const uint16_t *vr = key_row(a, vb, a->svt, i);
-        float *ac = acc + (i % 64) * a->dv;
+        float *ac = acc + (i % lanes) * a->dv;
         for (int d = 0; d < a->dv; d++) ac[d] += w * tg_f16_to_f32(vr[d]);
     }
-    float *o = a->out + (int64_t)h * a->dv;
-    for (int d = 0; d < a->dv; d++) o[d] = lanes64(acc + d, a->dv);
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
+    for (int d = 0; d < a->dv; d++) o[d] = lanes_sum(acc + d, a->dv, lanes);
 }
 
 #if GO_X86
-/* one head, AVX-512 (dk, dv multiples of 16) */
-GO_TGT static void head_avx512(const go_attn_t *a, int h, float *p, float *acc, float *q16) {
-    const int64_t n16 = (a->n + 15) / 16 * 16;
-    const int g = h / a->group;
+/* one (row, head), AVX-512 (dk, dv multiples of 16); q16: dk floats of scratch */
+GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float *acc, float *q16) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group, lanes = a->lanes, nacc = lanes / 16;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
     const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
     for (int d = 0; d < a->dk; d += 16) /* Q to f16 and back, once */
-        _mm512_storeu_ps(q16 + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(a->q + (int64_t)h * a->dk + d), _MM_FROUND_TO_NEAREST_INT)));
+        _mm512_storeu_ps(q16 + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
     for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
-    for (int64_t i = a->vis0; i < a->n; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         const uint16_t *kr = key_row(a, kb, a->skt, i);
         __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int d = 0; d < a->dk; d += 16) {
             const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
-            s[(d / 16) % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + d), kv, s[(d / 16) % 4]);
+            s[(d / 16) % nacc] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + d), kv, s[(d / 16) % nacc]);
         }
-        p[i] = hsum16(_mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]))) * a->scale;
+        const __m512 t = nacc == 4 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])) : s[0];
+        p[i] = hsum16(t) * a->scale;
     }
     /* softmax */
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -292,23 +311,23 @@ GO_TGT static void head_avx512(const go_attn_t *a, int h, float *p, float *acc, 
     const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
     for (int64_t i = 0; i < n16; i += 16) /* the weights times 1/sum, then to f16 and back */
         _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
-    /* V: lane i % 64 of every output column accumulates key i's product */
-    memset(acc, 0, sizeof(float) * 64 * (size_t)a->dv);
-    for (int64_t i = a->vis0; i < a->n; i++) {
+    /* V: lane i % lanes of every output column accumulates key i's product */
+    memset(acc, 0, sizeof(float) * (size_t)lanes * a->dv);
+    for (int64_t i = i0; i < i1; i++) {
         const __m512 w = _mm512_set1_ps(p[i]);
         const uint16_t *vr = key_row(a, vb, a->svt, i);
-        float *ac = acc + (i % 64) * a->dv;
+        float *ac = acc + (i % lanes) * a->dv;
         for (int d = 0; d < a->dv; d += 16)
             _mm512_storeu_ps(ac + d, _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + d))), _mm512_loadu_ps(ac + d)));
     }
-    float *o = a->out + (int64_t)h * a->dv;
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
     for (int d = 0; d < a->dv; d += 16) { /* the lane reduction for 16 columns at once */
         __m512 c[16];
-        for (int l = 0; l < 16; l++) {
-            const float *r = acc + d;
-            c[l] = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(r + l * a->dv), _mm512_loadu_ps(r + (32 + l) * a->dv)),
-                                 _mm512_add_ps(_mm512_loadu_ps(r + (16 + l) * a->dv), _mm512_loadu_ps(r + (48 + l) * a->dv)));
-        }
+        const float *col = acc + d;
+        for (int l = 0; l < 16; l++)
+            c[l] = lanes == 64 ? _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(col + l * a->dv), _mm512_loadu_ps(col + (32 + l) * a->dv)),
+                                               _mm512_add_ps(_mm512_loadu_ps(col + (16 + l) * a->dv), _mm512_loadu_ps(col + (48 + l) * a->dv)))
+                               : _mm512_loadu_ps(col + l * a->dv);
         for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
         for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
         _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
@@ -316,35 +335,41 @@ GO_TGT static void head_avx512(const go_attn_t *a, int h, float *p, float *acc, 
 }
 #endif
 
-/* out (n_heads, dv) float32: q (n_heads, dk) over keys i = 0..n-1 at slots (lo + i) % cap of the f16
- * caches (K head g at k + g * skh, slot t at + t * skt; V likewise), keys i < vis0 masked; query head
- * h reads KV head h / (n_heads / n_kv). Heads spread over nthreads. Returns 0, -1 without memory. */
-int go_attend_one(const float *q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k, const uint16_t *v, int64_t skh,
-                  int64_t skt, int64_t svh, int64_t svt, int64_t cap, int64_t lo, int64_t n, int64_t vis0, float scale,
-                  float *out, int nthreads) {
-    go_attn_t a = {q, k, v, skh, skt, svh, svt, cap, lo, n, vis0, n_heads / n_kv, dk, dv, scale, out};
+/* out (n_q, n_heads, dv) float32: query rows r = 0..n_q-1 at positions start + r (row r, head h at
+ * q + r * sqr + h * sqh) over keys i = 0..n-1 at positions lo + i, slots (lo + i) % cap of the f16
+ * caches (K head g at k + g * skh, slot t at + t * skt; V likewise); row r sees the keys at positions
+ * up to its own and, with window > 0, after pos - window; query head h reads KV head h / (n_heads /
+ * n_kv). One row: ggml_vec_dot_f16's 64 lanes; more: tinyBLAS's 16. (row, head) pairs spread over
+ * nthreads. Returns 0, -1 without memory. */
+int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k,
+              const uint16_t *v, int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t cap, int64_t lo, int64_t n,
+              int64_t start, int64_t window, float scale, float *out, int nthreads) {
+    go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window,
+                   n_q, n_heads, n_heads / n_kv, dk, dv, n_q > 1 ? 16 : 64, scale, out};
     const int simd = GO_X86 && go_simd() && dk % 16 == 0 && dv % 16 == 0;
     const int64_t n16 = (n + 15) / 16 * 16, per = n16 + 64 * (int64_t)dv + dk;
+    const int64_t items = (int64_t)n_q * n_heads;
     /* a parallel region costs a few microseconds: only where each thread gets real work */
-    const double work = (double)n_heads * (double)n * (double)(dk + dv);
+    const double work = (double)items * (double)n * (double)(dk + dv);
     if (nthreads < 1 || work < 1.5e5) nthreads = 1;
-    if (nthreads > n_heads) nthreads = n_heads;
+    if (nthreads > items) nthreads = (int)items;
     float *scratch = malloc(sizeof(float) * (size_t)(per * nthreads));
     if (!scratch) return -1;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int h = 0; h < n_heads; h++) {
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+    for (int64_t it = 0; it < items; it++) {
 #ifdef _OPENMP
         float *s = scratch + per * omp_get_thread_num();
 #else
         float *s = scratch;
 #endif
+        const int r = (int)(it / n_heads), h = (int)(it % n_heads);
 #if GO_X86
         if (simd) {
-            head_avx512(&a, h, s, s + n16, s + n16 + 64 * (int64_t)dv);
+            head_avx512(&a, r, h, s, s + n16, s + n16 + 64 * (int64_t)dv);
             continue;
         }
 #endif
-        head_portable(&a, h, s, s + n16);
+        head_portable(&a, r, h, s, s + n16);
     }
     free(scratch);
     return 0;

@@ -1,5 +1,5 @@
 """TALLOW_NUMERICS=ggml's elementwise ops in C (ggml_ops.c, built into the optional library with
-ggml_dot.c): RMSNorm, the RoPE rotation, SwiGLU, GeGLU and one-token attention over the f16 KV
+ggml_dot.c): RMSNorm, the RoPE rotation, SwiGLU, GeGLU and attention over the f16 KV
 cache, each bit-identical to its torch emulation in tallow/numerics.py (the reference, and
 llama.cpp b11434's arithmetic) in one C call instead of many small torch calls.
 
@@ -16,7 +16,7 @@ import torch
 from ... import switches
 from . import ggml_dot
 
-__all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend_one"]
+__all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend"]
 
 _lib_ready: ctypes.CDLL | None = None
 _missing = False
@@ -27,7 +27,7 @@ def _lib() -> ctypes.CDLL | None:
     if _lib_ready is not None or _missing:
         return _lib_ready
     lib = ggml_dot._load()
-    if lib is None or not hasattr(lib, "go_attend_one"):
+    if lib is None or not hasattr(lib, "go_attend"):
         _missing = True
         return None
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -35,8 +35,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.go_rope.argtypes = [p, i64, i64, i64, i64, i32, i32, p, p, i32, p]
     lib.go_swiglu.argtypes = [p, i64, p, i64, i64, i64, p, i64]
     lib.go_geglu.argtypes = [p, i64, p, i64, i64, i64, p, p, i64]
-    lib.go_attend_one.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, i64, f32, p, i32]
-    lib.go_attend_one.restype = i32
+    lib.go_attend.argtypes = [p, i64, i64, i32, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, p,
+                              i32]
+    lib.go_attend.restype = i32
     lib.go_set_simd.argtypes = [i32]
     lib.go_set_simd.restype = i32
     for f in (lib.go_rms_norm, lib.go_rope, lib.go_swiglu, lib.go_geglu):
@@ -119,23 +120,27 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def attend_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: int, end: int, visible_from: int,
-               scale: float, threads: int | None = None) -> torch.Tensor:
-    """numerics.ggml_attention for one query: q (n_heads, head_dim) float32 over the keys at positions
-    lo..end-1 of the f16 caches (n_kv, capacity, dim) (position p in slot p % capacity: a ring or the
-    whole context), keys before `visible_from` masked. Returns (1, n_heads * v_head_dim) float32."""
-    n_heads, dk = q.shape
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: int, start: int, window: int | None,
+           scale: float, threads: int | None = None) -> torch.Tensor:
+    """numerics.ggml_attention for the query rows q (n, n_heads, head_dim) float32 (any strides, last dim
+    contiguous) at positions start.. over the keys at positions lo..start+n-1 of the f16 caches
+    (n_kv, capacity, dim) (position p in slot p % capacity: a ring or the whole context), causal, and
+    with `window` each row sees only its last `window` positions. One row sums as ggml_vec_dot_f16,
+    more as llamafile's tinyBLAS, as llama.cpp does. Returns (n, n_heads * v_head_dim) float32."""
+    n_q, n_heads, dk = q.shape
     n_kv, cap, dv = v_cache.shape
+    end = start + n_q
     if k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16 or k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
-        raise ValueError("attend_one wants float16 K and V caches with a contiguous last dim.")
-    if end - lo > cap:
+        raise ValueError("attend wants float16 K and V caches with a contiguous last dim.")
+    if end - lo > cap or lo > start:
         raise ValueError(f"positions {lo}..{end - 1} do not fit {cap} slots")
-    qc = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
-    out = torch.empty((1, n_heads * dv), dtype=torch.float32)
-    rc = (_lib_ready or _lib()).go_attend_one(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
-                                  k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), cap, lo,
-                                  end - lo, max(0, visible_from - lo), float(scale), out.data_ptr(),
-                                  threads or torch.get_num_threads())
+    if q.dtype != torch.float32 or q.stride(-1) != 1:
+        q = q.float().contiguous()
+    out = torch.empty((n_q, n_heads * dv), dtype=torch.float32)
+    rc = (_lib_ready or _lib()).go_attend(q.data_ptr(), q.stride(0), q.stride(1), n_q, n_heads, n_kv, dk, dv,
+                                          k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+                                          v_cache.stride(0), v_cache.stride(1), cap, lo, end - lo, start, window or 0,
+                                          float(scale), out.data_ptr(), threads or torch.get_num_threads())
     if rc != 0:
         raise MemoryError("ggml attention: the C kernel could not allocate its scratch.")
     return out
