@@ -38,11 +38,15 @@ def block_aligned_keys_enabled() -> bool:
 def ggml_c_ops(x: torch.Tensor):
     """kernels/cpu/ggml_ops (TALLOW_NUMERICS=ggml's elementwise ops in C, the emulations' bits) when
     TALLOW_GGML_C_OPS is on, the library is built and x is on the CPU; else None (the emulations run)."""
+    global _ggml_ops
     if x.device.type != "cpu":
         return None
-    from .kernels.cpu import ggml_ops
+    if _ggml_ops is None:
+        from .kernels.cpu import ggml_ops as _ggml_ops
+    return _ggml_ops if _ggml_ops.usable() else None
 
-    return ggml_ops if ggml_ops.usable() else None
+
+_ggml_ops = None  # the module, imported at the first call (it loads the C library)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

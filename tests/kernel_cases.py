@@ -348,16 +348,27 @@ def _ggml_ops():
 
 
 def _ggml_norm_inputs(shape, dtype, g):
-    rows, heads, n = shape  # heads > 0: a per-head weight (heads, n) over (rows, heads, n)
-    if heads:
-        return {"x": torch.randn(rows, heads, n, generator=g) * 3, "w": torch.randn(heads, n, generator=g)}
-    return {"x": torch.randn(rows, n, generator=g) * 3, "w": torch.randn(n, generator=g)}
+    rows, heads, n, add = shape  # heads > 0: a per-head weight (heads, n) over (rows, heads, n); add: x + delta first
+    dims, w = ((rows, heads, n), torch.randn(heads, n, generator=g)) if heads else ((rows, n), torch.randn(n, generator=g))
+    return {"x": torch.randn(*dims, generator=g) * 3, "w": w, "delta": torch.randn(*dims, generator=g) if add else None}
+
+
+def _ggml_norm(a, c_ops: bool):
+    """the norm, or with a delta the sum and the norm side by side"""
+    if c_ops:
+        out = _ggml_ops().rms_norm(a["x"], a["w"], 1e-6, a["delta"])
+    else:
+        from tallow.numerics import ggml_rms_norm
+
+        x = a["x"] if a["delta"] is None else a["x"] + a["delta"]
+        out = ggml_rms_norm(x, a["w"], 1e-6) if a["delta"] is None else (x, ggml_rms_norm(x, a["w"], 1e-6))
+    return torch.cat(out, dim=-1) if isinstance(out, tuple) else out
 
 
 register(op="ggml_rms_norm", impl="tallow.kernels.cpu.ggml_ops:rms_norm", needs="ggml_dot", metric="exact",
-         inputs=_ggml_norm_inputs, shapes=((1, 0, 576), (5, 0, 1536), (3, 12, 64)),
-         run=lambda a: _ggml_ops().rms_norm(a["x"], a["w"], 1e-6),
-         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_rms_norm(a["x"], a["w"], 1e-6))
+         inputs=_ggml_norm_inputs, shapes=((1, 0, 576, False), (5, 0, 1536, False), (3, 12, 64, False), (1, 0, 640, True),
+                                           (4, 0, 1536, True)),
+         run=lambda a: _ggml_norm(a, True), reference=lambda a: _ggml_norm(a, False))
 
 
 def _ggml_rope_inputs(shape, dtype, g):

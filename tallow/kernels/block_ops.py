@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from ..layers import geglu, rms_norm, swiglu
+from ..layers import geglu, ggml_c_ops, rms_norm, swiglu
+from ..numerics import ggml_enabled
 from .. import switches
 
 
@@ -33,6 +34,10 @@ class TorchOps:
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
         """The residual stream after adding `delta` (None: nothing to add) and its RMSNorm."""
         if delta is not None:
+            if ggml_enabled() and weight.dim() == 1 and delta.shape == x.shape:
+                c = ggml_c_ops(x)
+                if c is not None:  # TALLOW_NUMERICS=ggml: the add and the norm in one C call, the same bits
+                    return c.rms_norm(x, weight, eps, delta)
             x = x + delta
         return x, rms_norm(x, weight, eps)
 

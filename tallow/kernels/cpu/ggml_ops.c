@@ -112,12 +112,19 @@ GO_TGT static inline float hsum16(__m512 v) {
 
 /* ------------------------------------------------------------------ RMSNorm */
 
-/* y (rows, n) = rms_norm(x rows (x_stride apart)) * w[row % w_rows] (w NULL: no weight). */
-void go_rms_norm(const float *x, int64_t x_stride, int64_t rows, int64_t n, const float *w, int64_t w_rows, float eps,
-                 float *y) {
+/* y (rows, n) = rms_norm(x rows (x_stride apart)) * w[row % w_rows] (w NULL: no weight). With d
+ * (rows, n contiguous) not NULL the rows normed are x + d (one rounded add, as torch's), written to
+ * sum (rows, n): the residual add before a block's norm, in the same call. */
+void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_out, int64_t rows, int64_t n, const float *w,
+                 int64_t w_rows, float eps, float *y) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
         float *yr = y + r * n;
+        if (d) {
+            float *sr = sum_out + r * n;
+            for (int64_t i = 0; i < n; i++) sr[i] = xr[i] + d[r * n + i];
+            xr = sr;
+        }
         double sum = 0.0;
         for (int64_t i = 0; i < n; i++) sum += (double)(xr[i] * xr[i]);
         const float mean = (float)(sum / (double)n);

@@ -31,7 +31,7 @@ def _lib() -> ctypes.CDLL | None:
         _missing = True
         return None
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.go_rms_norm.argtypes = [p, i64, i64, i64, p, i64, f32, p]
+    lib.go_rms_norm.argtypes = [p, i64, p, p, i64, i64, p, i64, f32, p]
     lib.go_rope.argtypes = [p, i64, i64, i64, i64, i32, i32, p, p, i32, p]
     lib.go_swiglu.argtypes = [p, i64, p, i64, i64, i64, p, i64]
     lib.go_geglu.argtypes = [p, i64, p, i64, i64, i64, p, p, i64]
@@ -58,26 +58,33 @@ def set_simd(on: bool) -> bool:
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as (rows, n) float32 with a contiguous last dim and one row stride (a view where it can be)."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:
         x2 = x2.float().contiguous()
     return x2
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """numerics.ggml_rms_norm: x (..., n); weight (n,) or (R, n) with R = x.shape[-2] (per-head rows)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, delta: torch.Tensor | None = None):
+    """numerics.ggml_rms_norm: x (..., n); weight (n,) or (R, n) with R = x.shape[-2] (per-head rows).
+    With `delta` (x's shape): the norm of x + delta, returned with that sum as (sum, norm)."""
     n = x.shape[-1]
     x2 = _rows(x)
     y = torch.empty(x.shape, dtype=torch.float32)
     w_rows = 1
     if weight is not None:
-        weight = weight.float().contiguous()
+        if weight.dtype != torch.float32 or not weight.is_contiguous():
+            weight = weight.float().contiguous()
         w_rows = weight.numel() // n
         if weight.numel() != w_rows * n or (w_rows > 1 and (x.dim() < 2 or x.shape[-2] != w_rows)):
             raise ValueError(f"rms_norm: a weight of shape {tuple(weight.shape)} does not fit rows of {tuple(x.shape)}")
-    (_lib_ready or _lib()).go_rms_norm(x2.data_ptr(), x2.stride(0), x2.shape[0], n, weight.data_ptr() if weight is not None else None,
-                           w_rows, float(eps), y.data_ptr())
-    return y
+    d = total = None
+    if delta is not None:
+        d = delta if delta.dtype == torch.float32 and delta.is_contiguous() else delta.float().contiguous()
+        total = torch.empty(x.shape, dtype=torch.float32)
+    (_lib_ready or _lib()).go_rms_norm(x2.data_ptr(), x2.stride(0), None if d is None else d.data_ptr(),
+                                       None if total is None else total.data_ptr(), x2.shape[0], n,
+                                       None if weight is None else weight.data_ptr(), w_rows, eps, y.data_ptr())
+    return y if delta is None else (total, y)
 
 
 def rope(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, rope_dim: int, neox: bool) -> torch.Tensor:
