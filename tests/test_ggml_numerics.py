@@ -419,6 +419,20 @@ def test_c_ops_switch_picks_the_path(monkeypatch):
     assert calls == ["c"]
 
 
+def test_without_the_library_the_emulations_run(monkeypatch):
+    """No C library (no compiler at install, or one from an older tallow without ggml_ops.c): the
+    layers fall back to the torch emulations."""
+    from tallow import layers, numerics
+    from tallow.kernels.cpu import ggml_ops
+
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    monkeypatch.setattr(ggml_ops, "_lib_ready", None)
+    monkeypatch.setattr(ggml_ops, "_missing", True)
+    assert not ggml_ops.usable() and layers.ggml_c_ops(torch.zeros(1)) is None
+    gate, up = torch.randn(2, 64), torch.randn(2, 64)
+    _same_bits(layers.swiglu(gate, up), numerics.ggml_swiglu(gate, up))
+
+
 def test_decode_steps_with_c_ops_equal_the_emulations(monkeypatch):
     """smollm2-135m under TALLOW_NUMERICS=ggml: a prompt and 12 decode steps give the same logits,
     bit for bit, with the C ops and with the torch emulations."""
