@@ -318,8 +318,11 @@ GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float
     const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
     for (int64_t i = 0; i < n16; i += 16) /* the weights times 1/sum, then to f16 and back */
         _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
-    /* V: lane i % lanes of every output column accumulates key i's product */
-    memset(acc, 0, sizeof(float) * (size_t)lanes * a->dv);
+    /* V: lane i % lanes of every output column accumulates key i's product; lanes at or past `used`
+     * take no key and stay +0, so they are neither cleared nor read (adding +0 changes no sum here:
+     * a lane's sum starts at +0 and so is never -0) */
+    const int used = i1 < lanes ? (int)i1 : lanes;
+    memset(acc, 0, sizeof(float) * (size_t)used * a->dv);
     for (int64_t i = i0; i < i1; i++) {
         const __m512 w = _mm512_set1_ps(p[i]);
         const uint16_t *vr = key_row(a, vb, a->svt, i);
@@ -331,10 +334,11 @@ GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float
     for (int d = 0; d < a->dv; d += 16) { /* the lane reduction for 16 columns at once */
         __m512 c[16];
         const float *col = acc + d;
+#define GO_LANE(j) ((j) < used ? _mm512_loadu_ps(col + (j) * a->dv) : _mm512_setzero_ps())
         for (int l = 0; l < 16; l++)
-            c[l] = lanes == 64 ? _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(col + l * a->dv), _mm512_loadu_ps(col + (32 + l) * a->dv)),
-                                               _mm512_add_ps(_mm512_loadu_ps(col + (16 + l) * a->dv), _mm512_loadu_ps(col + (48 + l) * a->dv)))
-                               : _mm512_loadu_ps(col + l * a->dv);
+            c[l] = lanes == 64 ? _mm512_add_ps(_mm512_add_ps(GO_LANE(l), GO_LANE(32 + l)), _mm512_add_ps(GO_LANE(16 + l), GO_LANE(48 + l)))
+                               : GO_LANE(l);
+#undef GO_LANE
         for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
         for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
         _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
