@@ -35,21 +35,37 @@ def block_aligned_keys_enabled() -> bool:
     return switches.enabled("TALLOW_ALIGNED_REUSE")
 
 
+def ggml_c_ops(x: torch.Tensor):
+    """kernels/cpu/ggml_ops (TALLOW_NUMERICS=ggml's elementwise ops in C, the emulations' bits) when
+    TALLOW_GGML_C_OPS is on, the library is built and x is on the CPU; else None (the emulations run)."""
+    global _ggml_ops
+    if x.device.type != "cpu":
+        return None
+    if _ggml_ops is None:
+        from .kernels.cpu import ggml_ops as _ggml_ops
+    return _ggml_ops if _ggml_ops.usable() else None
+
+
+_ggml_ops = None  # the module, imported at the first call (it loads the C library)
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) * weight, op by op."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def c_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
-    """TALLOW_CPU_C_NORM (default on), the C library built, and rows it takes (CPU fp32); not
-    under TALLOW_FAST_LAYERS=0."""
+def c_norm(x: torch.Tensor, weight: torch.Tensor | None):
+    """kernels/cpu/ggml_ops when its RMSNorm (ggml's arithmetic, one C call) takes these rows:
+    TALLOW_CPU_C_NORM (default on), the library built, CPU fp32; not under TALLOW_FAST_LAYERS=0
+    (the op-by-op reference). Else None."""
+    global _ggml_ops
     if x.device.type != "cpu" or x.dtype != torch.float32 or not switches.enabled("TALLOW_CPU_C_NORM"):
-        return False
-    if not fast_paths_enabled():  # TALLOW_FAST_LAYERS=0: the op-by-op reference
-        return False
-    from .kernels.cpu import c_norm
-
-    return c_norm.usable() and c_norm.applies(x, weight)
+        return None
+    if not fast_paths_enabled():
+        return None
+    if _ggml_ops is None:
+        from .kernels.cpu import ggml_ops as _ggml_ops
+    return _ggml_ops if _ggml_ops.built() and _ggml_ops.norm_fits(x, weight) else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,10 +74,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     One aten call instead of five; bit-identical to `rms_norm_reference` on float32
     (tests/test_cpu_fastpaths.py), ~20% less time per call at decode sizes.
     """
-    if c_norm_applies(x, weight):  # ggml's arithmetic in one C call (kernels/cpu/c_norm.py), both modes
-        from .kernels.cpu import c_norm
-
-        return c_norm.rms_norm(x, weight, eps)
+    c = c_norm(x, weight)
+    if c is not None:  # ggml's arithmetic in one C call (kernels/cpu/ggml_ops.c), in both modes
+        return c.rms_norm(x, weight, eps)
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's double sum and float scale (numerics.py)
         return ggml_rms_norm(x, weight, eps)
     if fast_paths_enabled() and x.dtype == torch.float32:
@@ -142,6 +157,10 @@ class RotaryTables:
         A CUDA-graph step gathers them at a position held on the device."""
         n, heads, head_dim = x.shape
         rd = self.rope_dim
+        if self.ggml:
+            c = ggml_c_ops(x)
+            if c is not None:  # TALLOW_NUMERICS=ggml in one C call (the rest of each head copied)
+                return c.rope(x, cos, sin, rd, self.style == "neox")
         rot = x if rd == head_dim else x[..., :rd]
         if self.style == "neox":
             swapped = rot.unflatten(-1, (2, rd // 2)).flip(-2).reshape(n, heads, rd)
@@ -281,7 +300,8 @@ def attend_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own SIMD exponential (numerics.ggml_v_expf)
-        return ggml_swiglu(gate, up)
+        c = ggml_c_ops(gate)
+        return c.swiglu(gate, up) if c is not None else ggml_swiglu(gate, up)
     return F.silu(gate) * up
 
 
@@ -293,7 +313,8 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     (Beyond |x| >= 10 ggml returns x or 0, which gelu_tanh already equals in fp16.)
     """
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own table, built with libm's tanhf
-        return ggml_geglu(gate, up)
+        c = ggml_c_ops(gate)
+        return c.geglu(gate, up) if c is not None else ggml_geglu(gate, up)
     if fast_paths_enabled():
         # torch's fp16 GELU computes in fp32 and rounds once: bit-identical to the line below
         # for every finite fp16 input (tests/test_cpu_fastpaths.py), in 3 kernels instead of 6.

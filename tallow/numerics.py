@@ -19,6 +19,10 @@ each mirrors (ggml-cpu/ops.cpp, vec.h, llamafile/sgemm.cpp, as GCC compiles them
 - SwiGLU: silu by ggml_v_expf; GeGLU: ggml's fp16 GELU table (built with libm's tanhf).
 
 The switch is read at call time except where a table is built (RotaryTables, linears).
+
+These emulations are the reference: on the CPU the layers run RMSNorm, the RoPE rotation, SwiGLU/GeGLU
+and the attention through kernels/cpu/ggml_ops.c instead (one C call each, the same bits, checked
+against the functions below by tests/test_ggml_numerics.py); TALLOW_GGML_C_OPS=0 runs these.
 """
 
 from __future__ import annotations

@@ -339,47 +339,114 @@ register(op="attend_f16", impl="tallow.kernels.cpu.c_attention:attend_f16", need
          run=_f16_attention, reference=_f16_attention_reference)
 
 
-def _row_norm_inputs(shape, dtype, g):
-    """(rows, heads, n, per-head weight): x (rows, heads, n) sliced from a wider projection."""
-    rows, heads, n, per_head = shape
-    proj = torch.randn(rows, (heads + 1) * n, generator=g) * 3
-    w = torch.randn(*((heads, n) if per_head else (n,)), generator=g)
-    return {"x": proj[:, : heads * n].view(rows, heads, n), "w": w, "branch": torch.randn(rows, heads, n, generator=g)}
+# TALLOW_NUMERICS=ggml's elementwise ops in C (ggml_ops.c) against their torch emulations in
+# tallow/numerics.py, bit for bit (tests/test_ggml_numerics.py runs the portable C too).
+def _ggml_ops():
+    from tallow.kernels.cpu import ggml_ops
+
+    return ggml_ops
 
 
-def _row_norm_reference(a):
-    from tallow.numerics import ggml_rms_norm
-
-    return ggml_rms_norm(a["x"].contiguous(), None, 1e-6) * a["w"]
-
-
-def _row_norm(a):
-    from tallow.kernels.cpu.c_norm import rms_norm
-
-    return rms_norm(a["x"], a["w"], 1e-6)
+def _ggml_norm_inputs(shape, dtype, g):
+    rows, heads, n, add = shape  # heads > 0: a per-head weight (heads, n) over (rows, heads, n); add: x + delta first
+    dims, w = ((rows, heads, n), torch.randn(heads, n, generator=g)) if heads else ((rows, n), torch.randn(n, generator=g))
+    return {"x": torch.randn(*dims, generator=g) * 3, "w": w, "delta": torch.randn(*dims, generator=g) if add else None}
 
 
-register(op="rms_norm_rows", impl="tallow.kernels.cpu.c_norm:rms_norm", needs="ggml_dot", metric="exact",
-         inputs=_row_norm_inputs, shapes=((1, 1, 1536, False), (3, 8, 256, True), (70, 2, 96, False)),
-         run=_row_norm, reference=_row_norm_reference)
+def _ggml_norm(a, c_ops: bool):
+    """the norm, or with a delta the sum and the norm side by side"""
+    if c_ops:
+        out = _ggml_ops().rms_norm(a["x"], a["w"], 1e-6, a["delta"])
+    else:
+        from tallow.numerics import ggml_rms_norm
+
+        x = a["x"] if a["delta"] is None else a["x"] + a["delta"]
+        out = ggml_rms_norm(x, a["w"], 1e-6) if a["delta"] is None else (x, ggml_rms_norm(x, a["w"], 1e-6))
+    return torch.cat(out, dim=-1) if isinstance(out, tuple) else out
 
 
-def _norm_add_reference(a):
-    from tallow.numerics import ggml_rms_norm
-
-    x = a["branch"].contiguous()
-    return x + ggml_rms_norm(a["x"].contiguous(), a["w"] if a["w"].dim() == 1 else None, 1e-6) * (1 if a["w"].dim() == 1 else a["w"])
-
-
-def _norm_add(a):
-    from tallow.kernels.cpu.c_norm import norm_add
-
-    return norm_add(a["branch"].contiguous(), a["x"], a["w"], 1e-6)
+register(op="ggml_rms_norm", impl="tallow.kernels.cpu.ggml_ops:rms_norm", needs="ggml_dot", metric="exact",
+         inputs=_ggml_norm_inputs, shapes=((1, 0, 576, False), (5, 0, 1536, False), (3, 12, 64, False), (1, 0, 640, True),
+                                           (4, 0, 1536, True)),
+         run=lambda a: _ggml_norm(a, True), reference=lambda a: _ggml_norm(a, False))
 
 
-register(op="norm_add_rows", impl="tallow.kernels.cpu.c_norm:norm_add", needs="ggml_dot", metric="exact",
-         inputs=_row_norm_inputs, shapes=((1, 1, 1536, False), (5, 3, 64, False)),
-         run=_norm_add, reference=_norm_add_reference)
+def _ggml_rope_inputs(shape, dtype, g):
+    from tallow.layers import RotaryTables
+
+    n, heads, head_dim, rope_dim, style, at = shape
+    table = RotaryTables(rope_dim, 10000.0, style)
+    table.ggml = True  # ggml's angles and libm's cosf/sinf, whatever the environment
+    table.ensure(at + n)
+    qkv = torch.randn(n, (heads + 2) * head_dim, generator=g) * 4  # Q/K heads as a strided view, as in a block
+    return {"x": qkv[:, : heads * head_dim].view(n, heads, head_dim), "table": table, "at": at}
+
+
+def _ggml_rope(a, c_ops: bool):
+    t, at, n = a["table"], a["at"], a["x"].shape[0]
+    cos, sin = t.cos_full[at : at + n], t.sin_signed[at : at + n]
+    if c_ops:
+        return _ggml_ops().rope(a["x"], cos, sin, t.rope_dim, t.style == "neox")
+    from tallow.numerics import ggml_rope_rotate
+
+    rd = t.rope_dim
+    rot = a["x"][..., :rd]
+    pairs = (2, rd // 2) if t.style == "neox" else (rd // 2, 2)
+    swapped = rot.unflatten(-1, pairs).flip(-2 if t.style == "neox" else -1).reshape(rot.shape)
+    second = torch.arange(rd) >= rd // 2 if t.style == "neox" else torch.arange(rd) % 2 == 1
+    return torch.cat((ggml_rope_rotate(rot, swapped, cos, sin, second), a["x"][..., rd:]), dim=-1)
+
+
+register(op="ggml_rope", impl="tallow.kernels.cpu.ggml_ops:rope", needs="ggml_dot", metric="exact",
+         inputs=_ggml_rope_inputs, shapes=((1, 12, 64, 64, "norm", 300), (4, 16, 128, 128, "neox", 5), (3, 4, 256, 256, "neox", 1000),
+                                          (2, 8, 64, 32, "norm", 77)),
+         run=lambda a: _ggml_rope(a, True), reference=lambda a: _ggml_rope(a, False))
+
+
+def _ggml_glu_inputs(shape, dtype, g):
+    rows, f, spread = shape
+    gate_up = torch.randn(rows, 2 * f, generator=g) * spread  # gate and up side by side, as the fused product gives them
+    return {"gate": gate_up[:, :f], "up": gate_up[:, f:]}
+
+
+register(op="ggml_swiglu", impl="tallow.kernels.cpu.ggml_ops:swiglu", needs="ggml_dot", metric="exact",
+         inputs=_ggml_glu_inputs, shapes=((1, 1536, 4.0), (3, 8960, 8.0), (2, 64, 60.0)),
+         run=lambda a: _ggml_ops().swiglu(a["gate"], a["up"]),
+         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_swiglu(a["gate"], a["up"]))
+register(op="ggml_geglu", impl="tallow.kernels.cpu.ggml_ops:geglu", needs="ggml_dot", metric="exact",
+         inputs=_ggml_glu_inputs, shapes=((1, 2048, 4.0), (3, 640, 12.0)),
+         run=lambda a: _ggml_ops().geglu(a["gate"], a["up"]),
+         reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_geglu(a["gate"], a["up"]))
+
+
+def _ggml_attention_inputs(shape, dtype, g):
+    n_kv, heads, dim, cap, lo, start, n_q, window, scale = shape
+    qk = torch.randn(n_q, heads + 1, dim, generator=g) * 2  # Q as a strided view, as the rotated Q/K heads give it
+    return {"q": qk[:, :heads], "k": (torch.randn(n_kv, cap, dim, generator=g) * 2).half(),
+            "v": torch.randn(n_kv, cap, dim, generator=g).half(), "lo": lo, "start": start, "window": window, "scale": scale}
+
+
+def _ggml_attention_reference(a):
+    from tallow.layers import attention_mask
+    from tallow.numerics import ggml_attention
+
+    end = a["start"] + a["q"].shape[0]
+    slots = torch.arange(a["lo"], end) % a["k"].shape[1]  # a ring's slots, in position order
+    mask = attention_mask(torch.arange(a["start"], end), end - a["lo"], a["window"], a["lo"])
+    return ggml_attention(a["q"].transpose(0, 1), a["k"][:, slots], a["v"][:, slots], mask, a["scale"])
+
+
+# shapes: (n_kv, heads, head_dim, slots, lo, start, query rows, window, scale) — one-token steps with
+# smollm2's and qwen2.5's heads, gemma3's 256-wide ones under a window, a ring that wraps, a head_dim
+# not a multiple of 16; prompt rows (tinyBLAS's 16 lanes), causal, with a window
+register(op="ggml_attend", impl="tallow.kernels.cpu.ggml_ops:attend", needs="ggml_dot", metric="exact",
+         inputs=_ggml_attention_inputs,
+         shapes=((3, 9, 64, 200, 0, 36, 1, None, 0.125), (2, 12, 128, 1000, 0, 699, 1, None, 0.088),
+                 (1, 4, 256, 600, 0, 519, 1, 510, 1.0), (1, 4, 256, 40, 30, 64, 1, 32, 0.0625), (2, 4, 40, 50, 0, 4, 1, None, 0.3),
+                 (3, 9, 64, 200, 0, 0, 40, None, 0.125), (2, 4, 128, 300, 0, 100, 37, None, 0.088), (1, 4, 256, 600, 0, 30, 70, 50, 1.0),
+                 (1, 2, 64, 100, 20, 60, 21, 40, 0.5)),
+         run=lambda a: _ggml_ops().attend(a["q"], a["k"], a["v"], a["lo"], a["start"], a["window"], a["scale"]),
+         reference=_ggml_attention_reference)
 
 
 def _experts_inputs(shape, dtype, g):
@@ -680,9 +747,11 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.dequant_matmul:enabled", "tallow.kernels.cpu.dequant_matmul:int4_weight_t", "tallow.kernels.cpu.dequant_matmul:scratch_bytes",
     "tallow.kernels.cpu.fused_linear:fusion_enabled",
     "tallow.kernels.cpu.c_attention:usable", "tallow.kernels.cpu.c_attention:set_simd",
-    "tallow.kernels.cpu.c_norm:usable", "tallow.kernels.cpu.c_norm:applies",
+    "tallow.kernels.cpu.ggml_ops:usable", "tallow.kernels.cpu.ggml_ops:set_simd",
+    "tallow.kernels.cpu.ggml_ops:built", "tallow.kernels.cpu.ggml_ops:norm_fits",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
+    "tallow.kernels.cpu.ggml_dot:in_use_status",
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
     "tallow.kernels.cpu.ggml_dot:prefetch_bytes",  # the weight-row prefetch distance, a setting (test_ggml_dot checks it changes no bit)
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",

@@ -332,3 +332,128 @@ def test_v_expf_differs_from_torch_exp():
     ours = ggml_v_expf(x)
     assert (ours != torch.exp(x)).any()
     assert ((ours - torch.exp(x.double()).float()).abs() / torch.exp(x)).max() < 3e-7  # within ~2 ulp
+
+
+# TALLOW_NUMERICS=ggml's elementwise ops in C (kernels/cpu/ggml_ops.c): the AVX-512 code and the portable
+# C, each bit for bit against the torch emulation above (tests/kernel_cases.py holds the same cases for
+# the default code; here both codes run).
+@pytest.fixture(params=[True, False], ids=["avx512", "portable"])
+def c_ops(request):
+    from tallow.kernels.cpu import ggml_dot, ggml_ops
+
+    if not ggml_dot.available():
+        pytest.skip(f"C kernel: {ggml_dot.status()}")
+    if ggml_ops.set_simd(request.param) != request.param:
+        pytest.skip("no AVX-512 on this CPU")
+    yield ggml_ops
+    ggml_ops.set_simd(True)
+
+
+def _same_bits(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert ours.shape == ref.shape
+    same = ours.float().view(torch.int32) == ref.float().view(torch.int32)
+    assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} differ, max |d| {(ours - ref).abs().max():.3e}"
+
+
+def test_c_ops_elementwise_are_the_emulations_bits(c_ops):
+    from kernel_cases import CASES
+
+    g = torch.Generator().manual_seed(14)
+    for case in CASES:
+        if case.impl.startswith("tallow.kernels.cpu.ggml_ops:"):
+            for shape in case.shapes:
+                args = case.inputs(shape, torch.float32, g)
+                _same_bits(case.run(args), case.reference(args))
+
+
+def test_c_attention_is_the_emulations_bits_at_many_lengths(c_ops):
+    """Attention of one token over 1..300 keys (every lane of the 64-lane sums and of the 16-value
+    softmax blocks filled and not), grouped heads, a window, a ring that wraps; and of 1..20 prompt
+    rows after some cached keys (tinyBLAS's 16 lanes), causal."""
+    from tallow.layers import attention_mask
+    from tallow.numerics import ggml_attention
+
+    g = torch.Generator().manual_seed(11)
+    k = (torch.randn(2, 320, 64, generator=g) * 3).half()
+    v = torch.randn(2, 320, 64, generator=g).half()
+    cases = [(n, 1) for n in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 300]] + [(40 + r, r) for r in range(2, 21)]
+    for n, rows in cases:
+        q = torch.randn(rows, 6, 64, generator=g) * 2
+        lo = 17 if n > 200 else 0
+        start, window = lo + n - rows, (n // 3 + 1 if n % 2 else None)
+        slots = torch.arange(lo, lo + n) % 300  # the first 300 slots as a ring
+        mask = attention_mask(torch.arange(start, lo + n), n, window, lo)
+        ref = ggml_attention(q.transpose(0, 1), k[:, slots], v[:, slots], mask, 0.125)
+        for threads in (1, 2):
+            _same_bits(c_ops.attend(q, k[:, :300], v[:, :300], lo, start, window, 0.125, threads=threads), ref)
+
+
+def test_c_exp_handles_ggmls_edges(c_ops):
+    """SiLU at the exponential's edges: |n| > 192 (0 or inf), -inf, large and tiny values."""
+    from tallow.numerics import ggml_swiglu
+
+    x = torch.tensor([-1e30, -200.0, -133.0, -88.7, -87.3, -1e-30, 0.0, -0.0, 1e-30, 80.0, 88.7, 89.0, 140.0, 1e30,
+                      float("inf"), float("-inf")] * 2)
+    up = torch.linspace(-2, 2, x.numel())
+    ours, ref = c_ops.swiglu(x[None], up[None]), ggml_swiglu(x[None], up[None])
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+    _same_bits(torch.nan_to_num(ours), torch.nan_to_num(ref))
+
+
+def test_c_ops_switch_picks_the_path(monkeypatch):
+    """Under TALLOW_NUMERICS=ggml the layers call the C ops by default and the emulations with
+    TALLOW_GGML_C_OPS=0; the same bits either way."""
+    from tallow import layers, numerics
+    from tallow.kernels.cpu import ggml_dot, ggml_ops
+
+    if not ggml_dot.available():
+        pytest.skip(f"C kernel: {ggml_dot.status()}")
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    calls = []
+    monkeypatch.setattr(ggml_ops, "swiglu", lambda g, u: calls.append("c") or numerics.ggml_swiglu(g, u))
+    gate, up = torch.randn(2, 64), torch.randn(2, 64)
+    layers.swiglu(gate, up)
+    assert calls == ["c"]
+    monkeypatch.setenv("TALLOW_GGML_C_OPS", "0")
+    layers.swiglu(gate, up)
+    assert calls == ["c"]
+
+
+def test_without_the_library_the_emulations_run(monkeypatch):
+    """No C library (no compiler at install, or one from an older tallow without ggml_ops.c): the
+    layers fall back to the torch emulations."""
+    from tallow import layers, numerics
+    from tallow.kernels.cpu import ggml_ops
+
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    monkeypatch.setattr(ggml_ops, "_lib_ready", None)
+    monkeypatch.setattr(ggml_ops, "_missing", True)
+    assert not ggml_ops.usable() and layers.ggml_c_ops(torch.zeros(1)) is None
+    gate, up = torch.randn(2, 64), torch.randn(2, 64)
+    _same_bits(layers.swiglu(gate, up), numerics.ggml_swiglu(gate, up))
+
+
+def test_decode_steps_with_c_ops_equal_the_emulations(monkeypatch):
+    """smollm2-135m under TALLOW_NUMERICS=ggml: a prompt and 12 decode steps give the same logits,
+    bit for bit, with the C ops and with the torch emulations."""
+    from model_paths import require_model
+
+    import tallow
+    from tallow.kernels.cpu import ggml_dot
+
+    if not ggml_dot.usable():
+        pytest.skip(f"C kernel: {ggml_dot.status()}")
+    path = require_model("smollm2-135m")
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    runs = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("TALLOW_GGML_C_OPS", on)
+        llm = tallow.LLM(path, ctx=128)
+        llm.engine.reset()
+        rows = [llm.engine.prefill_chunk_at(list(range(300, 320)), 0)[-1]]
+        tok = 5
+        for _ in range(12):
+            rows.append(llm.engine.decode_step(tok))
+            tok = int(rows[-1].argmax())
+        runs.append(torch.stack(rows))
+    _same_bits(runs[0], runs[1])

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from ..layers import c_norm_applies, geglu, rms_norm, swiglu
+from ..layers import c_norm, geglu, rms_norm, swiglu
 from .. import switches
 
 
@@ -33,6 +33,9 @@ class TorchOps:
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
         """The residual stream after adding `delta` (None: nothing to add) and its RMSNorm."""
         if delta is not None:
+            c = c_norm(x, weight) if weight.dim() == 1 and delta.shape == x.shape else None
+            if c is not None:  # the add and the norm in one C call, the same bits as below
+                return c.rms_norm(x, weight, eps, delta)
             x = x + delta
         return x, rms_norm(x, weight, eps)
 
@@ -48,10 +51,6 @@ class TorchOps:
     def norm_add(self, x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, eps: float,
                  scale: torch.Tensor | None = None) -> torch.Tensor:
         """(x + rmsnorm(branch) * weight) * scale: a normed branch joining the stream."""
-        if c_norm_applies(branch, weight) and x.shape == branch.shape:  # the same operations, one C call
-            from .cpu import c_norm
-
-            return c_norm.norm_add(x, branch, weight, eps, scale)
         y = x + rms_norm(branch, weight, eps)
         return y if scale is None else y * scale
 

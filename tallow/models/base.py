@@ -16,6 +16,7 @@ from ..errors import ModelFileError
 from ..families import family
 from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
+from ..numerics import ggml_enabled
 from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, rms_norm, softcap_logits
 from ..memory.kv_pool import KVPool
@@ -149,6 +150,18 @@ class DecoderModel:
     # of Q sees the scaled values; the other families scale the scores inside soft_max
     # (step.EagerAttention.ggml_attend).
     ggml_prescaled_q = False
+
+    def output_rows(self, w: LayerWeights, x: torch.Tensor, attn_out: torch.Tensor,
+                    step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream and the attention output after the last block's output projection,
+        cut to the row whose logits the step returns (LAST) under TALLOW_NUMERICS=ggml: llama.cpp's
+        graphs take only the output rows there (ggml_get_rows(inp_out_ids)), so the last feed-forward
+        part runs on one row, and a product of one row sums in vec_dot's order, not the tiled order of
+        8+ prompt rows (the first token after a prompt would differ in the last bits otherwise)."""
+        if step.logits != LAST or x.shape[0] == 1 or w.index != len(self.layers) - 1 or self.device.type != "cpu" \
+                or not ggml_enabled():
+            return x, attn_out
+        return x[-1:], attn_out[-1:]
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta: torch.Tensor | None, step: Step,
               kv: KVPool) -> tuple[torch.Tensor, torch.Tensor]:

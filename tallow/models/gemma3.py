@@ -34,6 +34,7 @@ class Gemma3Model(DecoderModel):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        attn = ops.norm(w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm, eps)
+        x, attn = self.output_rows(w, x, w.attn_output(self.attend(w.index, q, kv, step)), step)
+        attn = ops.norm(attn, w.post_attention_norm, eps)
         x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
         return x, ops.norm(w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu")), w.post_ffw_norm, eps)

@@ -41,7 +41,8 @@ class LlamaModel(DecoderModel):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        x, h = ops.add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.ffn_norm, eps)
+        x, attn = self.output_rows(w, x, w.attn_output(self.attend(w.index, q, kv, step)), step)
+        x, h = ops.add_norm(x, attn, w.ffn_norm, eps)
         return x, self.mlp(w, h)
 
     def mlp(self, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask,
+from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, ggml_c_ops,
                       block_aligned_keys_enabled, c_attention_enabled, decode_attention, fast_paths_enabled)
 from ..memory.kv_pool import KVPool
 from ..numerics import ggml_attention, ggml_enabled
@@ -160,11 +160,15 @@ class EagerAttention(Backend):
         n = q.shape[0]
         end = start + n
         lo = kv.window_start(index, start)
-        keys, values = kv.view(index, lo, end)  # (n_kv_heads, n_keys, dim), position order
-        mask = attention_mask(torch.arange(start, end), end - lo, layer.sliding_window, lo)
         scale = spec.attn_scale
         if model.ggml_prescaled_q:
             q, scale = q * scale, 1.0
+        if spec.attn_logit_softcap is None and kv.dtype == torch.float16 and not kv.scaled:
+            c = ggml_c_ops(q)
+            if c is not None:  # one C call over the pool's f16 rows (kernels/cpu/ggml_ops.c), the same bits
+                return c.attend(q, kv.k[index], kv.v[index], lo, start, layer.sliding_window, scale)
+        keys, values = kv.view(index, lo, end)  # (n_kv_heads, n_keys, dim), position order
+        mask = attention_mask(torch.arange(start, end), end - lo, layer.sliding_window, lo)
         return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)
 
 

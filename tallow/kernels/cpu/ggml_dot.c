@@ -102,6 +102,9 @@ static inline uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | q);
 }
 
+/* the same, exported for ggml_ops.c */
+uint16_t tg_f32_to_f16(float f) { return f32_to_f16(f); }
+
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline float rdh(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 

@@ -1,0 +1,55 @@
+"""Time or profile N decode steps of a real model on the CPU (dev only; session 11).
+
+  PYTHONPATH=$PWD python scripts/decode_profile.py MODEL [--steps 32] [--threads T] [--profile]
+
+A 20-token prompt, 4 warm-up steps, then N steps of engine.decode_step with each step's argmax fed
+back (bench.bench_decode's loop). Without --profile: tok/s and ms per step; with it: cProfile's 25
+largest entries by own time. The environment picks the path (TALLOW_NUMERICS=ggml, TALLOW_GGML_C_OPS=0 …).
+Run timings under the shared lock: flock /tmp/cpu_bench.lock python scripts/decode_profile.py …
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=0, help="torch's (and the C kernel's) threads; 0: torch's default")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import tallow
+
+    path = args.model if "/" in args.model else os.path.expanduser(f"~/.cache/tallow/models/{args.model}.gguf")
+    engine = tallow.load(path).engine
+    engine.reset()
+    engine.prefill_chunk_at(list(range(100, 120)), 0)
+    token = 5
+    for _ in range(4):
+        token = int(engine.decode_step(token).argmax())
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler:
+        profiler.enable()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        token = int(engine.decode_step(token).argmax())
+    dt = time.perf_counter() - t0
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    print(f"{args.model}: {args.steps / dt:.1f} tok/s ({dt / args.steps * 1e3:.2f} ms/step), {torch.get_num_threads()} threads"
+          f"{' (profiled)' if profiler else ''}")
+
+
+if __name__ == "__main__":
+    main()

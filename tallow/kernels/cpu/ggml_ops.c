@@ -1,0 +1,387 @@
+/* ggml's elementwise arithmetic for TALLOW_NUMERICS=ggml, in C: the decode step's RMSNorm, RoPE
+ * rotation, SwiGLU/GeGLU and one-token attention over the f16 KV cache.
+ *
+ * Each function gives the bits of its torch emulation in tallow/numerics.py (the reference, itself
+ * bit-identical to llama.cpp b11434's CPU backend: flash attention off, f16 K/V), only without the
+ * dozens of small torch calls per op. What fixes the bits, op by op:
+ *   - RMSNorm: squares in float summed one by one in double, mean = (float)(sum / n),
+ *     scale = 1 / sqrtf(mean + eps) (correctly rounded), then (x * scale) * w.
+ *   - RoPE: rotate_pairs with GCC's contraction: fma(x0, cos, x1 * -sin) and fma(x0, sin, x1 * cos).
+ *   - exp: ggml_v_expf (AVX-512 form): degree-5 polynomial, every multiply-add fused, j * 2^n rounded
+ *     once; SiLU x / (1 + exp(-x)); SwiGLU silu(g) * u. GeGLU: ggml's fp16 GELU table (passed in).
+ *   - attention, one query: Q rounded to f16; scores by ggml_vec_dot_f16 (4 accumulators of 16
+ *     lanes over steps of 64 values, reduced (0+2)+(1+3), then the 16 lanes as GCC's
+ *     _mm512_reduce_add_ps: halves, quarters, pairs), times the scale; softmax: exp(s - max) per
+ *     block of 16, each block summed by the same lane tree in float, the block sums added in
+ *     double, weights times (float)(1 / sum); weights rounded to f16; the V product by
+ *     ggml_vec_dot_f16 over the keys (key i in lane i % 64, keys counted from the view's first).
+ * Products of two f16 values are exact in float, so a fused multiply-add there is one rounded add
+ * and only the order of the adds matters. The AVX-512 code and the portable C below do the same
+ * float operations in the same order (tests/test_ggml_numerics.py runs both against the emulation).
+ *
+ * Built into the optional library with ggml_dot.c (-ffp-contract=off: a multiply-add is fused where
+ * written as fmaf or an FMA intrinsic, nowhere else); loaded through ctypes by ggml_ops.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GO_X86 1
+#define GO_TGT __attribute__((target("avx512f,avx512dq,fma,f16c")))
+#else
+#define GO_X86 0
+#endif
+
+float tg_f16_to_f32(uint16_t h);  /* ggml_dot.c: the library's fp16 converters */
+uint16_t tg_f32_to_f16(float f); /* round to nearest even, as vcvtps2ph */
+
+static int go_use_simd = -1;
+
+int go_simd(void) {
+    if (go_use_simd < 0) {
+#if GO_X86
+        __builtin_cpu_init();
+        go_use_simd = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+#else
+        go_use_simd = 0;
+#endif
+    }
+    return go_use_simd;
+}
+
+/* 0: the portable C, 1: AVX-512 where the CPU has it (tests run both); returns the state now */
+int go_set_simd(int on) {
+    go_use_simd = on ? -1 : 0;
+    return go_simd();
+}
+
+static inline float round_f16(float x) { return tg_f16_to_f32(tg_f32_to_f16(x)); }
+
+/* ------------------------------------------------------------------ exp, one lane */
+
+/* ggml_v_expf on one value: n = round(x log2 e), b = x - n ln2 in two parts, p(b) by Estrin, p * 2^n */
+static inline float expf_lane(float x) {
+    const float shift = 0x1.8p23f;
+    const float n = fmaf(x, 0x1.715476p+0f, shift) - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (n != n) return n;                                  /* NaN in, NaN out */
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY; /* past scalef's reach: ggml's blend */
+    return scalbnf(j, (int)n);                             /* j * 2^n rounded once, as vscalefps */
+}
+
+/* the lane tree of _mm512_reduce_add_ps (GCC): halves, quarters, pairs */
+static inline float hsum16_lanes(const float *v) {
+    float a[8], b[4];
+    for (int l = 0; l < 8; l++) a[l] = v[l] + v[l + 8];
+    for (int l = 0; l < 4; l++) b[l] = a[l] + a[l + 4];
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+#if GO_X86
+GO_TGT static inline __m512 expf16(__m512 x) {
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift), shift);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 hi = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                                      _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f)));
+    const __m512 j = _mm512_fmadd_ps(hi, u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    const __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (!far) return res;
+    const __mmask16 low = _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ);
+    const __m512 edge = _mm512_mask_blend_ps(low, _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(far, res, edge);
+}
+
+GO_TGT static inline float hsum16(__m512 v) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b)); /* lanes 0+2, 1+3 */
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+#endif
+
+/* ------------------------------------------------------------------ RMSNorm */
+
+/* y (rows, n) = rms_norm(x rows (x_stride apart)) * w[row % w_rows] (w NULL: no weight). With d
+ * (rows, n contiguous) not NULL the rows normed are x + d (one rounded add, as torch's), written to
+ * sum (rows, n): the residual add before a block's norm, in the same call. */
+void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_out, int64_t rows, int64_t n, const float *w,
+                 int64_t w_rows, float eps, float *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *yr = y + r * n;
+        if (d) {
+            float *sr = sum_out + r * n;
+            for (int64_t i = 0; i < n; i++) sr[i] = xr[i] + d[r * n + i];
+            xr = sr;
+        }
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += (double)(xr[i] * xr[i]);
+        const float mean = (float)(sum / (double)n);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        const float *wr = w ? w + (r % w_rows) * n : NULL;
+        if (wr)
+            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] * scale) * wr[i];
+        else
+            for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * scale;
+    }
+}
+
+/* ------------------------------------------------------------------ RoPE */
+
+/* out (n_tok, heads, head_dim) contiguous from x (strides in floats, last dim contiguous): the first
+ * rope_dim values of each head rotated by the token's table rows (cos_full, sin_signed: rope_dim
+ * floats per token, sin negated on first members), the rest copied. neox: pairs (i, i + rd/2), else
+ * (2i, 2i+1). */
+void go_rope(const float *x, int64_t st_tok, int64_t st_head, int64_t n_tok, int64_t heads, int head_dim, int rope_dim,
+             const float *cos_full, const float *sin_signed, int neox, float *out) {
+    const int half = rope_dim / 2;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *c = cos_full + t * rope_dim, *s = sin_signed + t * rope_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *xh = x + t * st_tok + h * st_head;
+            float *o = out + (t * heads + h) * head_dim;
+            for (int p = 0; p < half; p++) {
+                const int i0 = neox ? p : 2 * p, i1 = neox ? p + half : 2 * p + 1;
+                const float x0 = xh[i0], x1 = xh[i1];
+                o[i0] = fmaf(x0, c[i0], x1 * s[i0]); /* x0 cos - x1 sin */
+                o[i1] = fmaf(x0, s[i1], x1 * c[i1]); /* x0 sin + x1 cos */
+            }
+            if (rope_dim < head_dim) memcpy(o + rope_dim, xh + rope_dim, sizeof(float) * (size_t)(head_dim - rope_dim));
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ gated units */
+
+#if GO_X86
+/* the row's whole blocks of 16 in AVX-512; returns how many values it did */
+GO_TGT static int64_t swiglu_avx512(const float *g, const float *u, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
+/* y = silu(g) * u over rows (g, u, y row strides in floats); silu by ggml_v_expf on every value (the
+ * emulation's choice; ggml's scalar tail for widths not a multiple of 16 would use libm's expf). */
+void go_swiglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, float *y, int64_t ys) {
+    const int simd = go_simd();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gr = g + r * gs, *ur = u + r * us;
+        float *yr = y + r * ys;
+        int64_t i = 0;
+#if GO_X86
+        if (simd) i = swiglu_avx512(gr, ur, n, yr);
+#endif
+        for (; i < n; i++) yr[i] = (gr[i] / (1.0f + expf_lane(0.0f - gr[i]))) * ur[i];
+    }
+}
+
+/* y = gelu(g) * u by ggml's fp16 table (65536 floats): 0 where g <= -10, g * u where g >= 10. */
+void go_geglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, const float *table, float *y,
+              int64_t ys) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gr = g + r * gs, *ur = u + r * us;
+        float *yr = y + r * ys;
+        for (int64_t i = 0; i < n; i++) {
+            const float x = gr[i];
+            yr[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * ur[i] : table[tg_f32_to_f16(x)] * ur[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct {
+    const float *q;                  /* query row r, head h at q + r * sqr + h * sqh */
+    int64_t sqr, sqh;
+    const uint16_t *k, *v;           /* f16 cache bases */
+    int64_t skh, skt, svh, svt;      /* strides (elements) */
+    int64_t cap, lo, n, start, window; /* key i: position lo + i, slot (lo + i) % cap; row r: position start + r */
+    int n_q, n_heads, group, dk, dv, lanes;
+    float scale;
+    float *out;                      /* (n_q, n_heads, dv) */
+} go_attn_t;
+
+/* The product's lanes to one float. 64 lanes (ggml_vec_dot_f16, one query row): lane l + 16 j in
+ * acc[j][l], reduced (0+2) + (1+3), then the 16 lanes; 16 lanes (llamafile's tinyBLAS, prompt rows):
+ * the 16 lanes alone. */
+static inline float lanes_sum(const float *acc, int64_t stride, int lanes) {
+    float c[16];
+    for (int l = 0; l < 16; l++)
+        c[l] = lanes == 64 ? (acc[l * stride] + acc[(32 + l) * stride]) + (acc[(16 + l) * stride] + acc[(48 + l) * stride])
+                           : acc[l * stride];
+    return hsum16_lanes(c);
+}
+
+static inline const uint16_t *key_row(const go_attn_t *a, const uint16_t *base, int64_t st, int64_t i) {
+    return base + ((a->lo + i) % a->cap) * st;
+}
+
+/* the keys row r sees: [*i0, *i1) of the view (the causal edge, and a window's) */
+static inline void visible(const go_attn_t *a, int r, int64_t *i0, int64_t *i1) {
+    const int64_t pos = a->start + r;
+    *i1 = pos - a->lo + 1 < a->n ? pos - a->lo + 1 : a->n;
+    *i0 = a->window > 0 && pos - a->window + 1 > a->lo ? pos - a->window + 1 - a->lo : 0;
+}
+
+/* softmax of p[0, n16) in place (n16 a multiple of 16, -inf past the keys): ggml_vec_soft_max_f32.
+ * The keys past a row's causal edge are -inf in ggml's row too: their blocks add exact zeros. */
+static void softmax_portable(float *p, int64_t n16) {
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n16; i++) top = p[i] > top ? p[i] : top;
+    if (!(top > -INFINITY)) top = 0.0f;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n16; i += 16) {
+        for (int l = 0; l < 16; l++) p[i + l] = expf_lane(p[i + l] - top);
+        sum += (double)hsum16_lanes(p + i);
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n16; i++) p[i] *= inv;
+}
+
+/* one (row, head), portable: p (n + 16 floats), acc (64 * dv floats) scratch */
+static void head_portable(const go_attn_t *a, int r, int h, float *p, float *acc) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group, lanes = a->lanes;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
+    for (int64_t i = i0; i < i1; i++) {
+        const uint16_t *kr = key_row(a, kb, a->skt, i);
+        float s[64] = {0};
+        for (int d = 0; d < a->dk; d++) s[d % lanes] += round_f16(q[d]) * tg_f16_to_f32(kr[d]); /* exact products */
+        p[i] = lanes_sum(s, 1, lanes) * a->scale;
+    }
+    softmax_portable(p, n16);
+    memset(acc, 0, sizeof(float) * (size_t)lanes * a->dv);
+    for (int64_t i = i0; i < i1; i++) { /* masked keys add exact zeros: skipped */
+        const float w = round_f16(p[i]);
+        const uint16_t *vr = key_row(a, vb, a->svt, i);
+        float *ac = acc + (i % lanes) * a->dv;
+        for (int d = 0; d < a->dv; d++) ac[d] += w * tg_f16_to_f32(vr[d]);
+    }
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
+    for (int d = 0; d < a->dv; d++) o[d] = lanes_sum(acc + d, a->dv, lanes);
+}
+
+#if GO_X86
+/* one (row, head), AVX-512 (dk, dv multiples of 16); q16: dk floats of scratch */
+GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float *acc, float *q16) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group, lanes = a->lanes, nacc = lanes / 16;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int d = 0; d < a->dk; d += 16) /* Q to f16 and back, once */
+        _mm512_storeu_ps(q16 + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
+    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
+    for (int64_t i = i0; i < i1; i++) {
+        const uint16_t *kr = key_row(a, kb, a->skt, i);
+        __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int d = 0; d < a->dk; d += 16) {
+            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
+            s[(d / 16) % nacc] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + d), kv, s[(d / 16) % nacc]);
+        }
+        const __m512 t = nacc == 4 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])) : s[0];
+        p[i] = hsum16(t) * a->scale;
+    }
+    /* softmax */
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(p + i));
+    float top = _mm512_reduce_max_ps(mx);
+    if (!(top > -INFINITY)) top = 0.0f;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(p + i, e);
+        sum += (double)hsum16(e);
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
+    for (int64_t i = 0; i < n16; i += 16) /* the weights times 1/sum, then to f16 and back */
+        _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
+    /* V: lane i % lanes of every output column accumulates key i's product; lanes at or past `used`
+     * take no key and stay +0, so they are neither cleared nor read (adding +0 changes no sum here:
+     * a lane's sum starts at +0 and so is never -0) */
+    const int used = i1 < lanes ? (int)i1 : lanes;
+    memset(acc, 0, sizeof(float) * (size_t)used * a->dv);
+    for (int64_t i = i0; i < i1; i++) {
+        const __m512 w = _mm512_set1_ps(p[i]);
+        const uint16_t *vr = key_row(a, vb, a->svt, i);
+        float *ac = acc + (i % lanes) * a->dv;
+        for (int d = 0; d < a->dv; d += 16)
+            _mm512_storeu_ps(ac + d, _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + d))), _mm512_loadu_ps(ac + d)));
+    }
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
+    for (int d = 0; d < a->dv; d += 16) { /* the lane reduction for 16 columns at once */
+        __m512 c[16];
+        const float *col = acc + d;
+#define GO_LANE(j) ((j) < used ? _mm512_loadu_ps(col + (j) * a->dv) : _mm512_setzero_ps())
+        for (int l = 0; l < 16; l++)
+            c[l] = lanes == 64 ? _mm512_add_ps(_mm512_add_ps(GO_LANE(l), GO_LANE(32 + l)), _mm512_add_ps(GO_LANE(16 + l), GO_LANE(48 + l)))
+                               : GO_LANE(l);
+#undef GO_LANE
+        for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
+        for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
+        _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+    }
+}
+#endif
+
+/* out (n_q, n_heads, dv) float32: query rows r = 0..n_q-1 at positions start + r (row r, head h at
+ * q + r * sqr + h * sqh) over keys i = 0..n-1 at positions lo + i, slots (lo + i) % cap of the f16
+ * caches (K head g at k + g * skh, slot t at + t * skt; V likewise); row r sees the keys at positions
+ * up to its own and, with window > 0, after pos - window; query head h reads KV head h / (n_heads /
+ * n_kv). One row: ggml_vec_dot_f16's 64 lanes; more: tinyBLAS's 16. (row, head) pairs spread over
+ * nthreads. Returns 0, -1 without memory. */
+int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k,
+              const uint16_t *v, int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t cap, int64_t lo, int64_t n,
+              int64_t start, int64_t window, float scale, float *out, int nthreads) {
+    go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window,
+                   n_q, n_heads, n_heads / n_kv, dk, dv, n_q > 1 ? 16 : 64, scale, out};
+    const int simd = GO_X86 && go_simd() && dk % 16 == 0 && dv % 16 == 0;
+    const int64_t n16 = (n + 15) / 16 * 16, per = n16 + 64 * (int64_t)dv + dk;
+    const int64_t items = (int64_t)n_q * n_heads;
+    /* a parallel region costs a few microseconds: only where each thread gets real work */
+    const double work = (double)items * (double)n * (double)(dk + dv);
+    if (nthreads < 1 || work < 1.5e5) nthreads = 1;
+    if (nthreads > items) nthreads = (int)items;
+    float *scratch = malloc(sizeof(float) * (size_t)(per * nthreads));
+    if (!scratch) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        float *s = scratch + per * omp_get_thread_num();
+#else
+        float *s = scratch;
+#endif
+        const int r = (int)(it / n_heads), h = (int)(it % n_heads);
+#if GO_X86
+        if (simd) {
+            head_avx512(&a, r, h, s, s + n16, s + n16 + 64 * (int64_t)dv);
+            continue;
+        }
+#endif
+        head_portable(&a, r, h, s, s + n16);
+    }
+    free(scratch);
+    return 0;
+}
