@@ -35,6 +35,14 @@ from tallow.spec import spec_from_gguf  # noqa: E402
 FUSED_ARCHITECTURES = tuple(a for a in ARCHITECTURES if a != "gemma4-31b")
 
 
+def _decode_steps(gf, spec, ids):
+    """A fresh model's decode steps over ids (logits stacked) and the model."""
+    model = build_model(gf, spec)
+    for table in model.rope.values():
+        table.ensure(64)
+    kv = KVPool(spec, 64)
+    return torch.cat([model.run(decode_step(t, i), kv) for i, t in enumerate(ids)]), model
+
 def fused_steps_and_eager(arch: str, tmp_path, n_tokens: int, **pool) -> tuple:
     """(fused decode steps' logits, eager torch forward's logits, their two KV pools) over the
     same tokens, the steps with the GPU's Triton ops."""
@@ -147,20 +155,10 @@ def test_gemv_prologues_match_separate_kernels(arch, tmp_path, monkeypatch):
     spec = spec_from_gguf(gf)
     ids = tiny_prompt(2)
 
-    def run():
-        model = build_model(gf, spec)
-        for table in model.rope.values():
-            table.ensure(64)
-        kv = KVPool(spec, 64)
-        return torch.cat([
-            model.run(decode_step(t, i), kv)
-            for i, t in enumerate(ids)
-        ]), model
-
-    folded, model = run()
+    folded, model = _decode_steps(gf, spec, ids)
     assert model.ops.lazy
     monkeypatch.setenv("TALLOW_GEMV_PROLOGUE", "0")
-    separate, model = run()
+    separate, model = _decode_steps(gf, spec, ids)
     assert not model.ops.lazy
     assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-4
 
@@ -210,18 +208,11 @@ def test_integer_dot_decode_with_folded_q8(tmp_path, monkeypatch):
     spec = spec_from_gguf(gf)
     ids = tiny_prompt(2)
 
-    def run():
-        model = build_model(gf, spec)
-        for table in model.rope.values():
-            table.ensure(64)
-        kv = KVPool(spec, 64)
-        return torch.cat([model.run(decode_step(t, i), kv) for i, t in enumerate(ids)]), model
-
-    folded, model = run()
+    folded, model = _decode_steps(gf, spec, ids)
     layers = lin_layers(model)
     assert len(layers) >= 8 and all(p.kind.startswith("mmvq_") for p in layers)
     monkeypatch.setenv("TALLOW_Q8_PROLOGUE", "0")
-    separate, _ = run()
+    separate, _ = _decode_steps(gf, spec, ids)
     assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-3
     monkeypatch.delenv("TALLOW_Q8_PROLOGUE")
     check_rows_equal_steps("llama", tmp_path, None)
