@@ -35,18 +35,21 @@ def block_aligned_keys_enabled() -> bool:
     return switches.enabled("TALLOW_ALIGNED_REUSE")
 
 
+def _ops():
+    """kernels/cpu/ggml_ops, imported at the first call (it loads the C library)."""
+    global _ggml_ops
+    if _ggml_ops is None:
+        from .kernels.cpu import ggml_ops as _ggml_ops
+    return _ggml_ops
+
+
+_ggml_ops = None
+
+
 def ggml_c_ops(x: torch.Tensor):
     """kernels/cpu/ggml_ops (TALLOW_NUMERICS=ggml's elementwise ops in C, the emulations' bits) when
     TALLOW_GGML_C_OPS is on, the library is built and x is on the CPU; else None (the emulations run)."""
-    global _ggml_ops
-    if x.device.type != "cpu":
-        return None
-    if _ggml_ops is None:
-        from .kernels.cpu import ggml_ops as _ggml_ops
-    return _ggml_ops if _ggml_ops.usable() else None
-
-
-_ggml_ops = None  # the module, imported at the first call (it loads the C library)
+    return _ops() if x.device.type == "cpu" and _ops().usable() else None
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,21 +61,20 @@ def c_norm(x: torch.Tensor, weight: torch.Tensor | None):
     """kernels/cpu/ggml_ops when its RMSNorm (ggml's arithmetic, one C call) takes these rows:
     TALLOW_CPU_C_NORM (default on), the library built, CPU fp32; not under TALLOW_FAST_LAYERS=0
     (the op-by-op reference). Else None."""
-    global _ggml_ops
     if x.device.type != "cpu" or x.dtype != torch.float32 or not switches.enabled("TALLOW_CPU_C_NORM"):
         return None
     if not fast_paths_enabled():
         return None
-    if _ggml_ops is None:
-        from .kernels.cpu import ggml_ops as _ggml_ops
-    return _ggml_ops if _ggml_ops.built() and _ggml_ops.norm_fits(x, weight) else None
+    ops = _ops()
+    return ops if ops.built() and ops.norm_fits(x, weight) else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) * weight.
 
-    One aten call instead of five; bit-identical to `rms_norm_reference` on float32
-    (tests/test_cpu_fastpaths.py), ~20% less time per call at decode sizes.
+    On the CPU one C call in ggml's arithmetic where the library is built (`c_norm`); else under
+    TALLOW_NUMERICS=ggml its emulation, else one aten call instead of five, bit-identical to
+    `rms_norm_reference` on float32 (tests/test_cpu_fastpaths.py).
     """
     c = c_norm(x, weight)
     if c is not None:  # ggml's arithmetic in one C call (kernels/cpu/ggml_ops.c), in both modes

@@ -316,3 +316,21 @@ def test_group_equals_its_parts(types, monkeypatch):
     assert torch.equal(group(x8), torch.cat([group(x8[i : i + 1]) for i in range(8)]))
     x9 = torch.randn(9, k)  # prefill: the torch layers
     assert torch.equal(group(x9), FusedLinear([p.fallback[0] for p in parts])(x9))
+
+
+@needs_c
+def test_prefill_plan_keeps_short_chunks_off_the_c_rows(tmp_path, monkeypatch):
+    """Without the dequantized prefill tiles, prefill chunks must be longer than the C kernel's rows
+    (its Q/K/V and gate/up groups included), or a row's bits would depend on the chunk's length."""
+    from tallow.engine.prefill_plan import plan_for
+    from tallow.gguf_file import GGUFFile
+    from tallow.models import build_model
+    from tallow.spec import spec_from_gguf
+    from tiny_models import write_tiny_model
+
+    monkeypatch.setenv("TALLOW_PREFILL_DEQUANT", "0")
+    gf = GGUFFile(write_tiny_model("llama", tmp_path / "t.gguf", qtype=QT.Q8_0))
+    model = build_model(gf, spec_from_gguf(gf))
+    assert any(t.kind == "ggml_dot" and not hasattr(t, "MAX_ROWS") for t in model.layers[0].tensors.values()
+               if hasattr(t, "kind"))  # a group of C parts
+    assert plan_for(model, 512).min_rows == ggml_dot.GgmlDotLinear.MAX_ROWS + 1

@@ -103,9 +103,11 @@ def plan_for(model, chunk: int) -> PrefillPlan:
     if model.device.type == "cpu" and model.spec.attn_logit_softcap is None and rows_are_exact(model):
         # Fewer rows than MIN_ROWS run in the low-bit kernel instead of the dequantized tile;
         # one row would take the decode attention instead of the padded prefill one.
-        # The C kernel (ggml_dot.GgmlDotLinear) takes up to MAX_ROWS rows, the fallback more.
-        c_rows = max((getattr(t, "MAX_ROWS", 0) for t in model_linears(model) if t.kind == "ggml_dot"), default=0)
-        min_rows = dequant_matmul.MIN_ROWS if dequant_matmul.enabled() else max(2, c_rows + 1)
+        # The C kernel takes up to GgmlDotLinear.MAX_ROWS rows (its groups too), the torch fallback more.
+        from ..kernels.cpu.ggml_dot import GgmlDotLinear
+
+        c_kernel = any("ggml_dot" in str(t.kind).split("+") for t in model_linears(model))
+        min_rows = dequant_matmul.MIN_ROWS if dequant_matmul.enabled() else (GgmlDotLinear.MAX_ROWS + 1 if c_kernel else 2)
         return PrefillPlan(chunk, row_invariant=True, min_rows=min(min_rows, chunk))
     return PrefillPlan(chunk, row_invariant=False)
 
