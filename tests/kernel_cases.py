@@ -212,6 +212,20 @@ register(op="moe_gemv", impl="tallow.kernels.triton.moe_gemv:moe_gemv", needs="t
          run=lambda a: _triton("moe_gemv", "moe_gemv")(a["x"], a["w"], a["ids"], a["x_div"],
                                                         out=torch.full((a["ids"].numel(), a["w"].rows), float("nan"))),
          reference=lambda a: _triton("moe_gemv", "moe_gemv_reference")(a["x"], a["w"], a["ids"], a["x_div"]))
+# The routed experts' integer-dot GEMV: per pair against mmvq_reference of the chosen expert's
+# matrix and the pair's x row (float64, exact integer dots), 1e-6 as the mmvq case.
+def _moe_q8_inputs(shape, dtype, g):
+    a = _moe_inputs(shape, dtype, g)
+    a["xq"] = _triton("mmvq", "quantize_q8_1_reference")(a["x"])
+    return a
+
+
+register(op="moe_mmvq", impl="tallow.kernels.triton.moe_mmvq:moe_mmvq", needs="triton", tol=1e-6,
+         inputs=_moe_q8_inputs, shapes=tuple((t, 4, 24, 512, 4, x) for t in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
+                                             for x in (1, 2)),
+         run=lambda a: _triton("moe_mmvq", "moe_mmvq")(a["xq"], a["w"], a["ids"], a["x_div"],
+                                                        out=torch.full((a["ids"].numel(), a["w"].rows), float("nan"))),
+         reference=lambda a: _triton("moe_mmvq", "moe_mmvq_reference")(a["xq"], a["w"], a["ids"], a["x_div"]))
 # Every FP4 value times its scale is a bf16 number: exact.
 register(op="fp4_dequantize_to", impl="tallow.kernels.triton.moe_gemv:fp4_dequantize_to", needs="triton",
          metric="exact", inputs=_fp4_inputs, shapes=((39, 20, 96, 1), (40, 17, 128, 1)),
@@ -737,6 +751,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
     "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
+    "tallow.kernels.triton.moe_mmvq:moe_mmvq_reference", "tallow.kernels.triton.moe_mmvq:moe_mmvq_config",
+    "tallow.kernels.triton.moe_mmvq:moe_mmvq_ok",
     # NVML/CPU readings printed beside bench figures, not kernels
     "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",
     "tallow.kernels.gpu.machine_state:gpu_state", "tallow.kernels.gpu.machine_state:machine_state",

@@ -123,3 +123,30 @@ def test_gpu_plan_counts_the_expert_banks(tmp_path, monkeypatch, arch, qtype):
     assert model.place._scratch.buffer.numel() <= max(largest, _gpu_expert_stack(gf))
     bank = model.layers[1].ffn_experts
     assert model.place._scratch.buffer.numel() >= sum(w.n_experts * w.rows * w.k for w in bank.gate_up[:1])
+
+
+@pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0)])
+def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
+    """TALLOW_MOE_MMVQ=1: the routed experts through the integer-dot GEMV (x as Q8_1). A decode
+    row (its GLU folded into down's quantization) bit for bit its row of a multi-token pair path
+    (GLU materialized first); within Q8_1's rounding of the torch reference (fp32 products): two
+    roundings in series, h (0.5% relative here) and the GLU output (0.8-1.0%), through the GLU and
+    the slot sum: 5e-2 (measured 2.9e-2 on gemma4-moe Q4_0, under 2e-2 on qwen3moe Q8_0); the
+    fp32 expert GEMV's output differs from it."""
+    spec, _, gpu = _models(tmp_path, monkeypatch, arch, qtype)
+    bank = gpu.layers[1].ffn_experts
+    g = torch.Generator().manual_seed(2)
+    n, k = 10, spec.n_experts_used
+    h = torch.randn(n, spec.dim, generator=g)
+    weights, ids = cpu_moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
+    glu = (lambda gu: gpu.ops.glu(gu, "swiglu")) if arch == "qwen3moe" else (lambda gu: gpu.ops.glu(gu, "geglu"))
+    monkeypatch.setenv("TALLOW_MOE_GROUPED", "0")
+    fp32 = bank(h, ids, weights, glu)
+    monkeypatch.setenv("TALLOW_MOE_MMVQ", "1")
+    pairs = bank(h, ids, weights, glu)
+    one = bank(h[3:4], ids[3:4], weights[3:4], glu)
+    assert torch.equal(one[0], pairs[3])
+    assert not torch.equal(pairs, fp32)  # the switch took the other kernel
+    monkeypatch.setenv("TALLOW_MOE_TRITON", "0")
+    ref = bank(h, ids, weights, glu)
+    assert float((pairs - ref).norm() / ref.norm()) < 5e-2

@@ -15,6 +15,10 @@ inside a graph capture, the decode path 8 tokens at a time.
 The combination is the CPU bank's (kernels/cpu/moe.py): expert outputs scaled by the per-expert
 output scale and the routing weight, summed over the slots (one batched product here).
 
+With TALLOW_MOE_MMVQ=1 the plane types take the integer-dot GEMV instead
+(kernels/triton/moe_mmvq.py): x quantized to Q8_1 once per projection -- the GLU before down
+folded into that quantization -- and llama.cpp's MMVQ arithmetic over the chosen experts.
+
 Switches: TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
 matrices gathered and dequantized in torch, fp32 products), for every chunk size;
 TALLOW_MOE_GROUPED=0 runs a prefill chunk through the decode path, GEMV_MAX_ROWS tokens at a time.
@@ -33,7 +37,9 @@ from ...quant.reference import dequantize
 from ..block_ops import LazyInput
 from ..triton.dequant import dequantize_to
 from ..cpu import moe as cpu_moe
+from ..triton.mmvq import quantize_q8_1
 from ..triton.moe_gemv import ExpertWeights, fp4_dequantize_to, moe_gemv, moe_gemv_reference
+from ..triton.moe_mmvq import moe_mmvq, moe_mmvq_ok
 from ..triton.moe_route import moe_route
 from ..triton.planes import QTYPES, pack_planes
 from ..triton.quant_gemv import SUPPORTED as GEMV_TYPES
@@ -143,19 +149,32 @@ class GPUExpertBank:
         m, parts = gu.shape[0], self.gate_up_scale.shape[1]
         return (gu.view(m, parts, -1) * self.gate_up_scale[ids].view(m, parts, 1)).view(m, -1)
 
+    def _mmvq(self, w: ExpertWeights) -> bool:
+        return moe_mmvq_ok(w) and triton_enabled() and switches.enabled("TALLOW_MOE_MMVQ")
+
     def _pairs(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> torch.Tensor:
         """(n * k, dim) fp32: every (token, slot) pair's expert output, in pair order."""
         n, k = ids.shape
         flat = ids.reshape(-1)
         gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
         col = 0
+        hq = None  # h's Q8_1 blocks, quantized once for the integer-dot projections
         for w in self.gate_up:
-            self._project(w, h, flat, k, gu[:, col : col + w.rows])
+            if self._mmvq(w):
+                hq = hq if hq is not None else quantize_q8_1(h)
+                moe_mmvq(hq, w, flat, k, out=gu[:, col : col + w.rows])
+            else:
+                self._project(w, h, flat, k, gu[:, col : col + w.rows])
             col += w.rows
         a = glu(self._scale_gate_up(gu, flat))
+        y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
+        if self._mmvq(self.down):
+            # a lazy GLU is applied by the quantization itself: no GLU launch
+            aq = quantize_q8_1(a.x, prologue=a.take()) if isinstance(a, LazyInput) else quantize_q8_1(a)
+            moe_mmvq(aq, self.down, flat, 1, out=y)
+            return y
         if isinstance(a, LazyInput):
             a = a.materialize()
-        y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
         self._project(self.down, a, flat, 1, y)
         return y
 

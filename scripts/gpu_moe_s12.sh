@@ -1,0 +1,85 @@
+#!/bin/bash
+# Issue 16 on the H200 (session 12): the routed experts' integer-dot GEMV, the full MoE twins beside llama.cpp.
+#   bash scripts/gpu_moe_s12.sh STEP...
+# Steps:
+#   setup            wheels (.whl), llama-bench b11434 from .llbin's pieces (built in an earlier lease of the
+#                    project from .llsrc: scripts/gpu_same_run.sh pack-split), machine state, copy bandwidth
+#   bg-twin NAME     scripts/make_moe_twin.py NAME into /dev/shm/twins (RAM: the disk writes slowly) in the
+#                    background; `wait-twins` waits for every such writer
+#   kernels          scripts/gpu_moe_mmvq.py --sweep: the check against the reference on the device, then the
+#                    expert GEMVs' times, integer-dot vs fp32, on the twins' projection shapes
+#   check            scripts/gpu_moe_check.py --quick (tiny MoE models: routing and logits against the CPU)
+#   ab NAME          tallow tg128 with TALLOW_MOE_MMVQ=0 and =1 (scripts/gpu_ab.py), -r 3 each
+#   table NAME       tallow bench -p 33,512 -n 128 -r 3 ($ENV_T applied), then llama-bench -p 33,512 -n 128 -r 5
+#   depth NAME       tg128 at depth 32768: tallow with FP8 KV and with f16 KV, llama-bench with f16 and q8_0 KV
+#   plan NAME        tallow plan --device cuda --ctx 65536, what a load allocates (make_moe_twin --measure-load),
+#                    and the plan on a budget the weights do not fit (--mem-budget 8GiB: must refuse, rc != 0)
+#   profile NAME     scripts/gpu_profile.py --prefill 33 --decode 8 --sequence ($ENV_T applied)
+#   rm NAME          delete a twin (RAM)
+# Everything is tee'd into $OUT (steps.log and one file per step).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+TW=/dev/shm/twins; mkdir -p $TW
+LLAMA=/root/llama/bin/llama-bench
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+T0=$SECONDS
+say() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv,noheader | tee -a $OUT/state.txt; }
+llama_json() {  # model, tests...
+  local m=$1; shift
+  $LLAMA -m $m -ngl 99 -fa 1 "$@" -o jsonl 2> $OUT/llama_err.txt | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py
+  local rc=$?; [ -s $OUT/llama_err.txt ] && grep -i "error\|unsupported\|fail\|nvfp4\|fallback" $OUT/llama_err.txt | head -5; return $rc
+}
+WRITERS=()
+set -- "$@"
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    setup) say "setup"
+      if [ ! -x $LLAMA ]; then mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA; fi
+      $LLAMA --version 2>&1 | tail -2 | tee -a $OUT/steps.log
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/steps.log; state
+      python3 - <<'PY' 2>&1 | tee -a $OUT/steps.log
+import torch
+x = torch.empty(1 << 31, dtype=torch.float16, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+s.record()
+for _ in range(10): y.copy_(x)
+e.record(); torch.cuda.synchronize()
+print(f"device copy bandwidth {2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3) / 1e9:.0f} GB/s (read+write, 4 GiB, 10 copies)")
+PY
+      ;;
+    bg-twin) name=$1; shift; say "twin $name (background)"
+      ( t=$SECONDS; [ -s $TW/$name.gguf ] || { python3 scripts/make_moe_twin.py $name $TW/$name.gguf.tmp && mv $TW/$name.gguf.tmp $TW/$name.gguf; }
+        echo "twin $name rc $? in $((SECONDS - t)) s" ) > $OUT/twin_$name.log 2>&1 &
+      WRITERS+=($!) ;;
+    wait-twins) for p in "${WRITERS[@]}"; do wait $p; done; WRITERS=(); cat $OUT/twin_*.log | tail -4 | tee -a $OUT/steps.log; ls -la $TW ;;
+    kernels) say "kernels"; timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep 2>&1 | grep -v Warning | tee $OUT/kernels.txt | tail -16 ;;
+    check) say "check"; timeout 90 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -10 | tee $OUT/moe_check.txt ;;
+    ab) name=$1; shift; say "ab $name"; state
+      python3 scripts/gpu_ab.py --work $TW --twins $name --tests "-p 0 -n 128 -r 3" TALLOW_MOE_MMVQ=0 TALLOW_MOE_MMVQ=1 2>&1 | tee -a $OUT/ab.txt; state ;;
+    table) name=$1; shift; say "table $name (${ENV_T:-defaults})"; state
+      env ${ENV_T:-} python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 33,512 -n 128 -r 3 2>&1 | grep -v Warning | tee -a $OUT/table.txt
+      state; llama_json $TW/$name.gguf -p 33,512 -n 128 -r 5 | tee -a $OUT/table.txt; state ;;
+    depth) name=$1; shift; say "depth $name"
+      for kv in fp8 f16; do env ${ENV_T:-} python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 0 -n 128 -d 32768 -r 2 --kv-dtype $kv 2>&1 \
+        | grep -v Warning | tee -a $OUT/depth.txt; done
+      llama_json $TW/$name.gguf -p 0 -n 128 -d 32768 -r 3 | tee -a $OUT/depth.txt
+      llama_json $TW/$name.gguf -p 0 -n 128 -d 32768 -r 3 -ctk q8_0 -ctv q8_0 | tee -a $OUT/depth.txt ;;
+    plan) name=$1; shift; say "plan $name"
+      python3 -m tallow.cli plan -m $TW/$name.gguf --device cuda --ctx 65536 2>&1 | tee -a $OUT/plan.txt
+      python3 scripts/make_moe_twin.py --measure-load $TW/$name.gguf --ctx 65536 2>&1 | grep -v Warning | tee -a $OUT/plan.txt
+      python3 -m tallow.cli plan -m $TW/$name.gguf --device cuda --ctx 65536 --mem-budget 8GiB > $OUT/refuse.txt 2>&1
+      echo "plan --mem-budget 8GiB: rc $?" >> $OUT/refuse.txt; tail -4 $OUT/refuse.txt | tee -a $OUT/plan.txt ;;
+    profile) name=$1; shift; say "profile $name (${ENV_T:-defaults})"
+      env ${ENV_T:-} timeout 120 python3 scripts/gpu_profile.py $TW/$name.gguf --prefill 33 --decode 8 --sequence > $OUT/profile_$name.txt 2>&1
+      grep -i "replay\|per token" $OUT/profile_$name.txt | tail -3 ;;
+    rm) name=$1; shift; rm -f $TW/$name.gguf; say "removed $name" ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+say "done"
