@@ -18,9 +18,9 @@ import argparse
 
 import torch
 
-from tallow.kernels.triton.mmvq import quantize_q8_1
+from tallow.kernels.triton.mmvq import nv_order_reference, quantize_q8_1
 from tallow.kernels.triton.moe_gemv import ExpertWeights, moe_gemv
-from tallow.kernels.triton.moe_mmvq import moe_mmvq, moe_mmvq_config, moe_mmvq_ok, moe_mmvq_reference
+from tallow.kernels.triton.moe_mmvq import NVFP4_CONFIG, moe_mmvq, moe_mmvq_config, moe_mmvq_ok, moe_mmvq_reference
 from tallow.kernels.triton.planes import pack_planes, random_raw
 
 # name, ggml type, experts, rows of one expert, K, pairs per x row (gate/up: the 8 slots read the token's row)
@@ -34,6 +34,8 @@ SHAPES = [
     ("g26 gate+up NVFP4", 40, 128, 1408, 2816, 8),
     ("g26 down NVFP4", 40, 128, 2816, 704, 1),
 ]
+SWEEP_NV = [(2, 2, 1, 3), (4, 1, 1, 3), (4, 4, 1, 2), (8, 2, 1, 1), (8, 2, 2, 2), (4, 2, 2, 3), (16, 2, 4, 1), (8, 4, 4, 1),
+            (2, 4, 1, 3), (1, 4, 1, 3)]
 SWEEP = [(2, 2, 1, 1), (2, 4, 1, 3), (4, 1, 1, 3), (4, 2, 1, 3), (4, 2, 2, 3), (8, 2, 1, 1), (8, 2, 2, 3), (4, 4, 1, 2),
          (8, 4, 4, 1), (16, 2, 4, 1)]
 
@@ -110,9 +112,14 @@ def main() -> None:
         out = torch.full((8, rows), float("nan"), device="cuda")
         fp = moe_gemv(x, w0, ids[0], x_div, out=torch.full((8, rows), float("nan"), device="cuda"))
         line = {"name": name, "MB": touched / 1e6}
+        nv = qtype == 40  # the NVFP4 kernel reads x's codes in nv_order
         if moe_mmvq_ok(w0):
             xq = quantize_q8_1(x)
-            got = moe_mmvq(xq, w0, ids[0], x_div, out=out)
+            xq_run = quantize_q8_1(x, nv_order=nv)
+            if nv and not torch.equal(xq_run.qs, nv_order_reference(xq.qs)):
+                print(f"check {name}: quantize_q8_1(nv_order=True) is not the permuted natural quantization FAILED")
+                failed = True
+            got = moe_mmvq(xq_run, w0, ids[0], x_div, out=out)
             ref = moe_mmvq_reference(xq, w0, ids[0], x_div).cuda()
             e_ref = float((got.double() - ref.double()).norm() / ref.double().norm())
             e_fp = float((got - fp).norm() / fp.norm())
@@ -124,8 +131,9 @@ def main() -> None:
         line["fp32_us"] = t * 1e3
         line["fp32_GBs"] = touched / (t * 1e-3) / 1e9
         if moe_mmvq_ok(w0):
-            xq = quantize_q8_1(x)
-            cfgs = [moe_mmvq_config(w0.planes.qtype, rows, k)] + (SWEEP if args.sweep else [])
+            xq = quantize_q8_1(x, nv_order=nv)
+            cfgs = ([NVFP4_CONFIG] + (SWEEP_NV if args.sweep else []) if nv else
+                    [moe_mmvq_config(w0.planes.qtype, rows, k)] + (SWEEP if args.sweep else []))
             best = None
             for cfg in cfgs:
                 try:
@@ -140,7 +148,8 @@ def main() -> None:
                 if best is None or t < best[0]:
                     best = (t, cfg)
             line["best_us"], line["best_cfg"] = best[0] * 1e3, best[1]
-            tq = time_graph(lambda: [moe_mmvq(quantize_q8_1(x), w, i, x_div, out=o) for w, i, o in zip(ws, ids, outs)]) / len(ws)
+            tq = time_graph(lambda: [moe_mmvq(quantize_q8_1(x, nv_order=nv), w, i, x_div, out=o)
+                                     for w, i, o in zip(ws, ids, outs)]) / len(ws)
             line["q8+mmvq_us"] = tq * 1e3
         rows_out.append(line)
         del ws, w0

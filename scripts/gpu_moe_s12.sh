@@ -59,6 +59,15 @@ PY
       WRITERS+=($!) ;;
     wait-twins) for p in "${WRITERS[@]}"; do wait $p; done; WRITERS=(); cat $OUT/twin_*.log | tail -4 | tee -a $OUT/steps.log; ls -la $TW ;;
     kernels) say "kernels"; timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep 2>&1 | grep -v Warning | tee $OUT/kernels.txt | tail -16 ;;
+    kernels-nv) say "kernels-nv: NVFP4 swept, the K-quant defaults"
+      timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep --only NVFP4 2>&1 | grep -v Warning | tee $OUT/kernels_nv.txt | tail -8
+      timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --only qwen3,Q4_K 2>&1 | grep -v Warning | tee $OUT/kernels_kq.txt | tail -8 ;;
+    tg) name=$1; shift; say "tg $name: tallow TALLOW_MOE_MMVQ=1, then llama-bench, tg128"
+      TALLOW_MOE_MMVQ=1 python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep "tg128:" | tee -a $OUT/tg.txt
+      llama_json $TW/$name.gguf -p 0 -n 128 -r 5 | tee -a $OUT/tg.txt ;;
+    debug) name=$1; shift; say "debug $name: CUDA_LAUNCH_BLOCKING=1, one short bench"
+      CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 33 -n 16 -r 1 > $OUT/debug_$name.txt 2>&1
+      echo "rc $?" >> $OUT/debug_$name.txt; grep -v Warning $OUT/debug_$name.txt | grep -B2 -A3 "File\|Error\|rc " | tail -40 ;;
     check) say "check"; timeout 90 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -10 | tee $OUT/moe_check.txt ;;
     ab) name=$1; shift; say "ab $name"; state
       python3 scripts/gpu_ab.py --work $TW --twins $name --tests "-p 0 -n 128 -r 3" TALLOW_MOE_MMVQ=0 TALLOW_MOE_MMVQ=1 2>&1 | tee -a $OUT/ab.txt; state ;;

@@ -214,16 +214,21 @@ register(op="moe_gemv", impl="tallow.kernels.triton.moe_gemv:moe_gemv", needs="t
          reference=lambda a: _triton("moe_gemv", "moe_gemv_reference")(a["x"], a["w"], a["ids"], a["x_div"]))
 # The routed experts' integer-dot GEMV: per pair against mmvq_reference of the chosen expert's
 # matrix and the pair's x row (float64, exact integer dots), 1e-6 as the mmvq case.
+# NVFP4 (40): the kernel reads x's codes in nv_order, the reference in natural order.
 def _moe_q8_inputs(shape, dtype, g):
     a = _moe_inputs(shape, dtype, g)
     a["xq"] = _triton("mmvq", "quantize_q8_1_reference")(a["x"])
+    a["xq_run"] = a["xq"]
+    if shape[0] == 40:
+        q = a["xq"]
+        a["xq_run"] = type(q)(_triton("mmvq", "nv_order_reference")(q.qs), q.d, q.s, q.isum)
     return a
 
 
 register(op="moe_mmvq", impl="tallow.kernels.triton.moe_mmvq:moe_mmvq", needs="triton", tol=1e-6,
          inputs=_moe_q8_inputs, shapes=tuple((t, 4, 24, 512, 4, x) for t in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
-                                             for x in (1, 2)),
-         run=lambda a: _triton("moe_mmvq", "moe_mmvq")(a["xq"], a["w"], a["ids"], a["x_div"],
+                                             for x in (1, 2)) + ((40, 3, 20, 256, 4, 2), (40, 3, 12, 192, 2, 1)),
+         run=lambda a: _triton("moe_mmvq", "moe_mmvq")(a["xq_run"], a["w"], a["ids"], a["x_div"],
                                                         out=torch.full((a["ids"].numel(), a["w"].rows), float("nan"))),
          reference=lambda a: _triton("moe_mmvq", "moe_mmvq_reference")(a["xq"], a["w"], a["ids"], a["x_div"]))
 # Every FP4 value times its scale is a bf16 number: exact.

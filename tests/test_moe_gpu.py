@@ -31,6 +31,9 @@ from tallow.kernels.gpu.moe import GPUExpertBank  # noqa: E402
 from tallow.memory.kv_pool import KVPool  # noqa: E402
 from tallow.models import build_model  # noqa: E402
 from tallow.spec import spec_from_gguf  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from tallow.kernels.triton.moe_mmvq import _e2m1_words  # noqa: E402
 
 
 def _models(tmp_path, monkeypatch, arch, qtype):
@@ -125,7 +128,7 @@ def test_gpu_plan_counts_the_expert_banks(tmp_path, monkeypatch, arch, qtype):
     assert model.place._scratch.buffer.numel() >= sum(w.n_experts * w.rows * w.k for w in bank.gate_up[:1])
 
 
-@pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0)])
+@pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0), ("qwen3moe", QT.NVFP4)])
 def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
     """TALLOW_MOE_MMVQ=1: the routed experts through the integer-dot GEMV (x as Q8_1). A decode
     row (its GLU folded into down's quantization) bit for bit its row of a multi-token pair path
@@ -150,3 +153,30 @@ def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
     monkeypatch.setenv("TALLOW_MOE_TRITON", "0")
     ref = bank(h, ids, weights, glu)
     assert float((pairs - ref).norm() / ref.norm()) < 5e-2
+
+
+@triton.jit
+def _decode_e2m1(w_ptr, lo_ptr, hi_ptr):
+    i = tl.arange(0, 2)
+    lo, hi = _e2m1_words(tl.load(w_ptr + i), False)
+    tl.store(lo_ptr + i, lo)
+    tl.store(hi_ptr + i, hi)
+
+
+def test_nv_order_quantization_and_e2m1_bytes():
+    """quantize_q8_1(nv_order=True) stores exactly the natural codes permuted per 16 (0, 8, 1, 9, ...);
+    the portable E2M1 byte decoding (the interpreter's form of the NVFP4 kernel's byte permutes)
+    gives ggml's kvalues for all 16 codes."""
+    from tallow.kernels.triton.mmvq import nv_order_reference, quantize_q8_1
+    from tallow.quant.fp4 import KVALUES
+
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+    nat, nv = quantize_q8_1(x), quantize_q8_1(x, nv_order=True)
+    assert torch.equal(nv.qs, nv_order_reference(nat.qs)) and not torch.equal(nv.qs, nat.qs)
+    assert torch.equal(nv.d, nat.d) and torch.equal(nv.isum, nat.isum)
+
+    words = torch.tensor([0x76543210, 0xFEDCBA98 - (1 << 32)], dtype=torch.int32)  # nibbles 0..7, then 8..15
+    lo, hi = torch.empty(2, dtype=torch.int32), torch.empty(2, dtype=torch.int32)
+    _decode_e2m1[(1,)](words, lo, hi)
+    got = torch.stack([lo, hi], 1).view(torch.int8).reshape(-1).float()
+    assert torch.equal(got, KVALUES)

@@ -15,7 +15,7 @@ inside a graph capture, the decode path 8 tokens at a time.
 The combination is the CPU bank's (kernels/cpu/moe.py): expert outputs scaled by the per-expert
 output scale and the routing weight, summed over the slots (one batched product here).
 
-With TALLOW_MOE_MMVQ=1 the plane types take the integer-dot GEMV instead
+With TALLOW_MOE_MMVQ=1 the plane types and NVFP4 take the integer-dot GEMV instead
 (kernels/triton/moe_mmvq.py): x quantized to Q8_1 once per projection -- the GLU before down
 folded into that quantization -- and llama.cpp's MMVQ arithmetic over the chosen experts.
 
@@ -158,11 +158,13 @@ class GPUExpertBank:
         flat = ids.reshape(-1)
         gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
         col = 0
-        hq = None  # h's Q8_1 blocks, quantized once for the integer-dot projections
+        hq = {}  # h's Q8_1 blocks by code order (NVFP4's or natural), quantized once
         for w in self.gate_up:
             if self._mmvq(w):
-                hq = hq if hq is not None else quantize_q8_1(h)
-                moe_mmvq(hq, w, flat, k, out=gu[:, col : col + w.rows])
+                nv = w.raw is not None
+                if nv not in hq:
+                    hq[nv] = quantize_q8_1(h, nv_order=nv)
+                moe_mmvq(hq[nv], w, flat, k, out=gu[:, col : col + w.rows])
             else:
                 self._project(w, h, flat, k, gu[:, col : col + w.rows])
             col += w.rows
@@ -170,7 +172,9 @@ class GPUExpertBank:
         y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
         if self._mmvq(self.down):
             # a lazy GLU is applied by the quantization itself: no GLU launch
-            aq = quantize_q8_1(a.x, prologue=a.take()) if isinstance(a, LazyInput) else quantize_q8_1(a)
+            nv = self.down.raw is not None
+            aq = (quantize_q8_1(a.x, prologue=a.take(), nv_order=nv) if isinstance(a, LazyInput)
+                  else quantize_q8_1(a, nv_order=nv))
             moe_mmvq(aq, self.down, flat, 1, out=y)
             return y
         if isinstance(a, LazyInput):

@@ -53,7 +53,7 @@ from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
 from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x
 
-__all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "mmvq", "mmvq_q8", "mmvq_reference",
+__all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "nv_order_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
 
 MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
@@ -83,7 +83,8 @@ def _roundf(v):
 
 @triton.jit
 def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, stride_xm, stride_am, stride_sm, eps,
-                 BLK: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr):
+                 BLK: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr,
+                 NV_ORDER: tl.constexpr = False):
     # PRO: quant_gemv's prologue codes (0 x as given, 1/2 RMSNorm with/without the residual add,
     # 3/4 SwiGLU/GeGLU of x's two halves): the op before the product, applied as x is loaded.
     # A norm needs the whole row's 1/RMS: every program of the row computes it (the row is a
@@ -109,7 +110,12 @@ def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, str
     d = tl.math.div_rn(amax, tl.full((BLK,), 127.0, tl.float32))
     safe = tl.where(amax == 0.0, 1.0, d)
     q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (BLK, 32)))))
-    tl.store(q_ptr + m * K + blk[:, None] * 32 + j[None, :], q.to(tl.int8), mask=ok[:, None])
+    # NV_ORDER: each 16 codes as 0, 8, 1, 9, ..., 7, 15 -- the order of NVFP4's nibbles (moe_mmvq.py)
+    if NV_ORDER:
+        pos = (j % 8) * 2 + (j % 16) // 8 + (j // 16) * 16
+    else:
+        pos = j
+    tl.store(q_ptr + m * K + blk[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=ok[:, None])
     tl.store(d_ptr + m * nblk + blk, d.to(tl.float16), mask=ok)
     tl.store(sb_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
     isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
@@ -117,10 +123,12 @@ def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, str
     tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
 
 
-def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue | None = None) -> Q8Act:
+def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue | None = None,
+                  nv_order: bool = False) -> Q8Act:
     """x float32/16 (M, K), K a multiple of 32 -> Q8Act. `out` reuses buffers (CUDA graphs).
     With a `prologue` (quant_gemv.Prologue), the codes are those of prologue(x) (x (M, 2K) for a
-    GLU), as quant_gemv computes it; a norm's `sum_out` receives x + residual."""
+    GLU), as quant_gemv computes it; a norm's `sum_out` receives x + residual. `nv_order`: the
+    codes of each 16 stored as 0, 8, 1, 9, ..., 7, 15 (nv_order_reference), the NVFP4 GEMV's x."""
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     pro = prologue.code if prologue is not None else 0
     m, k = x2.shape
@@ -144,8 +152,14 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue 
     _q8_1_kernel[(m, triton.cdiv(k // 32, blk))](
         x2, a, wt, s_t, out.qs, out.d, out.s, out.isum, k, x2.stride(0), a.stride(0), s_t.stride(0),
         float(prologue.eps) if prologue is not None else 0.0, BLK=blk, PRO=pro, WRITE_SUM=sum_out is not None,
-        num_warps=2, **pdl.launch(dev))
+        NV_ORDER=nv_order, num_warps=2, **pdl.launch(dev))
     return out
+
+
+def nv_order_reference(qs: torch.Tensor) -> torch.Tensor:
+    """Codes (M, K) in natural order -> each 16 as 0, 8, 1, 9, ..., 7, 15 (quantize_q8_1's nv_order)."""
+    m, k = qs.shape
+    return qs.reshape(m, k // 16, 2, 8).transpose(2, 3).reshape(m, k).contiguous()
 
 
 def _roundf_reference(v: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,13 @@ program (tile, p) takes the integer dots of rows tile*BLOCK_N.. of expert ids[p]
 row p // X_DIV, through mmvq's per-type step functions with one x row (ROWS=1): the same integer
 sums and the same fp32 combination, in the same order, as mmvq_q8 on that expert's matrix alone.
 
+NVFP4 experts (GGUF type 40; Hopper has no FP4 instructions) take the same road: each code word
+holds 8 E2M1 codes (a sub-block's bytes j..j+3: elements j, j+8, j+1, j+9, ...), turned into 4+4
+signed bytes (the codes' values doubled, ggml's kvalues) by byte-permute table lookups in
+registers (`_e2m1_words`), dotted with x's Q8_1 codes stored in that same order
+(quantize_q8_1(nv_order=True)); per 16-element sub-block the integer sum times its UE4M3 scale / 2
+times x's block scale, in fp32.
+
 The expert id is read from a device tensor, so nothing is decided on the host and the decode step
 stays one CUDA graph; per pair one accumulator, no split K: a pair's output does not depend on the
 other pairs of the launch (a verification row is bit for bit its decode step's).
@@ -22,7 +29,8 @@ import triton
 import triton.language as tl
 
 from . import INTERPRETED, pdl
-from .mmvq import (MMVQ_TYPES, Q8Act, _BLOCK, _G_PER, _PLANES, _WORDS, _q4k_step, _q4x_step, _q6k_step, _q80_step,
+from .fp4_gemv import NVFP4
+from .mmvq import (MMVQ_TYPES, Q8Act, _BLOCK, _G_PER, _PLANES, _WORDS, _dp4a, _q4k_step, _q4x_step, _q6k_step, _q80_step,
                    mmvq_config, mmvq_reference)
 from .moe_gemv import ExpertWeights
 from .planes import PlaneWeight
@@ -31,8 +39,107 @@ __all__ = ["moe_mmvq", "moe_mmvq_reference", "moe_mmvq_config", "moe_mmvq_ok"]
 
 
 def moe_mmvq_ok(w: ExpertWeights) -> bool:
-    """Whether this stacked expert weight has an integer-dot kernel (a plane type of MMVQ_TYPES)."""
-    return w.planes is not None and w.planes.qtype in MMVQ_TYPES
+    """Whether this stacked expert weight has an integer-dot kernel (a plane type of MMVQ_TYPES, or NVFP4)."""
+    return (w.planes is not None and w.planes.qtype in MMVQ_TYPES) or (w.raw is not None and w.qtype == NVFP4)
+
+
+@triton.jit
+def _e2m1_half(c):
+    """Portable: 4 E2M1 codes in the low 16 bits of c (nibble i -> byte i) -> int32 of 4 signed
+    bytes, their doubled values (the interpreter's form of _e2m1_words' lookup, same integers)."""
+    out = tl.zeros_like(c)
+    for i in tl.static_range(4):
+        n = (c >> (4 * i)) & 15
+        mag = n & 7
+        big = tl.where((mag & 1) == 1, 6, 4) << (tl.maximum(mag - 4, 0) >> 1)
+        v = tl.where(mag < 4, mag, big)
+        v = tl.where(n >= 8, -v, v)
+        out |= (v & 255) << (8 * i)
+    return out
+
+
+@triton.jit
+def _e2m1_words(w, ASM: tl.constexpr):
+    """A word of 8 E2M1 codes -> (lo, hi): the values of nibbles 0-3 and 4-7 as 4 signed bytes each.
+    ASM: three byte permutes per half (prmt: the value from the positive table -- the doubled
+    E2M1 values 0, 1, 2, 3, 4, 6, 8, 12 as the bytes of two words -- and from the negative one for
+    codes 8..15, then per byte the one its sign bit picks); else _e2m1_half's arithmetic."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 s, p, n, t, a0, a1, b0, b1;
+            mov.b32 a0, 0x03020100;
+            mov.b32 a1, 0x0C080604;
+            mov.b32 b0, 0xFDFEFF00;
+            mov.b32 b1, 0xF4F8FAFC;
+            and.b32 s, $2, 0x7777;
+            prmt.b32 p, a0, a1, s;
+            prmt.b32 n, b0, b1, s;
+            shr.b32 t, $2, 1;
+            and.b32 t, t, 0x4444;
+            or.b32 t, t, 0x3210;
+            prmt.b32 $0, p, n, t;
+            shr.b32 s, $2, 16;
+            and.b32 s, s, 0x7777;
+            prmt.b32 p, a0, a1, s;
+            prmt.b32 n, b0, b1, s;
+            shr.b32 t, $2, 17;
+            and.b32 t, t, 0x4444;
+            or.b32 t, t, 0x3210;
+            prmt.b32 $1, p, n, t;
+            }""", "=r,=r,r", [w], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        return lo, hi
+    else:
+        return _e2m1_half(w & 0xFFFF), _e2m1_half((w >> 16) & 0xFFFF)
+
+
+@triton.jit
+def _ue4m3_half(d):
+    """UE4M3 scale bytes (int32) -> float32 value / 2, as fp4_gemv (0 and 0x7F mean 0)."""
+    ex, man = (d >> 3) & 15, (d & 7).to(tl.float32)
+    pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)  # 2^(ex - 7)
+    raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
+    return tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)
+
+
+@triton.jit
+def _moe_nvfp4_kernel(w_ptr, wb_ptr, xq_ptr, d8_ptr, ids_ptr, y_ptr, N, K, stride_ym, X_DIV,
+                      BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
+                      PDL: tl.constexpr):
+    # w_ptr: the raw blocks as int32 words (9 a block: the 4 scale bytes, then 8 code words, two
+    # per sub-block); wb_ptr: the same bytes, for the scales. Per K step BLOCKS blocks.
+    pid = tl.program_id(0)
+    p = tl.program_id(1)
+    pdl.wait(PDL)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    local = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = local < N
+    local = tl.minimum(local, N - 1).to(tl.int64)
+    rows = e * N + local
+    nb = K // 64
+    xr = (p // X_DIV).to(tl.int64)
+    xq = xq_ptr + xr * (K // 4)
+    d8 = d8_ptr + xr * (K // 32)
+    u = tl.arange(0, 8)  # code word u of a block: sub-block u // 2, x words 2u and 2u + 1
+    s = tl.arange(0, 4)
+    acc = tl.zeros((BLOCK_N, BLOCKS, 4), dtype=tl.float32)
+    for kb in tl.range(0, nb, BLOCKS, num_stages=STAGES):
+        blk = kb + tl.arange(0, BLOCKS)
+        ok = blk < nb
+        blk = tl.where(ok, blk, 0)
+        w = tl.load(w_ptr + rows[:, None, None] * (nb * 9) + blk[None, :, None] * 9 + 1 + u[None, None, :],
+                    mask=ok[None, :, None], other=0)  # (BN, B, 8)
+        lo, hi = _e2m1_words(w, ASM)
+        xo = blk[:, None] * 16 + 2 * u[None, :]
+        xl = tl.load(xq + xo, mask=ok[:, None], other=0)[None, :, :]
+        xh = tl.load(xq + xo + 1, mask=ok[:, None], other=0)[None, :, :]
+        prod = _dp4a(lo, xl, ASM) + _dp4a(hi, xh, ASM)  # (BN, B, 8), exact
+        sumi = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCKS, 4, 2)), axis=3)  # per sub-block
+        sc = _ue4m3_half(tl.load(wb_ptr + rows[:, None, None] * (nb * 36) + blk[None, :, None] * 36 + s[None, None, :],
+                                 mask=ok[None, :, None], other=0).to(tl.int32))  # (BN, B, 4)
+        dx = tl.load(d8 + blk[:, None] * 2 + s[None, :] // 2, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
+        acc = tl.fma(sc * dx, sumi.to(tl.float32), acc)
+    tl.store(y_ptr + p.to(tl.int64) * stride_ym + local, tl.sum(tl.sum(acc, axis=2), axis=1), mask=row_ok)
 
 
 @triton.jit
@@ -83,10 +190,19 @@ def _moe_mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, ids_ptr, y_
     tl.store(y_ptr + p.to(tl.int64) * stride_ym + local, tl.sum(acc0, axis=1), mask=row_ok)
 
 
+NVFP4_CONFIG = (4, 2, 1, 3)  # (BLOCK_N, BLOCKS, warps, stages): a lead, swept on the H200 (scripts/gpu_moe_mmvq.py)
+
+
 def moe_mmvq_config(qtype: str, rows: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCKS per K step, num_warps, num_stages): mmvq's configuration for one expert's
     (rows, k) shape, without K splits (the pairs already give rows/BLOCK_N x pairs programs:
     Qwen3-30B-A3B's gate+up 384 x 8), BLOCKS no more than the K blocks there are."""
+    if qtype in ("Q4_K", "Q6_K"):
+        # the H200 sweep (scripts/gpu_moe_mmvq.py --sweep, session 12): 8 rows a one-warp program,
+        # no cp.async stages, the best for Qwen3-30B-A3B's and Gemma 4 26B's gate+up (8.4 / 10.8
+        # µs against mmvq_config's 11.8 / 16.7) and the Q6_K down (7.3 against 13.7); the short
+        # Q4_K down (K 768) 4 rows (6.05 against 6.48)
+        return (8, 2, 1, 1) if qtype == "Q6_K" or k >= 2048 else (4, 2, 1, 1)
     block_n, blocks, warps, stages = mmvq_config(qtype, rows, k)[:4]
     nb = k // _BLOCK[qtype]
     while blocks > 1 and blocks > nb:
@@ -96,8 +212,9 @@ def moe_mmvq_config(qtype: str, rows: int, k: int) -> tuple[int, int, int, int]:
 
 def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: torch.Tensor | None = None,
              config=None) -> torch.Tensor:
-    """y[p] = the integer-dot product of x row p // x_div (Q8_1, xq) with expert ids[p]'s matrix,
-    for every pair p (ids (P,) on the device, M * x_div == P). Returns float32 (P, w.rows)."""
+    """y[p] = the integer-dot product of x row p // x_div (Q8_1, xq; for NVFP4 quantized with
+    nv_order=True) with expert ids[p]'s matrix, for every pair p (ids (P,) on the device,
+    M * x_div == P). Returns float32 (P, w.rows)."""
     if not moe_mmvq_ok(w):
         raise ValueError(f"moe_mmvq: no integer-dot kernel for this expert weight ({w.kind}).")
     m_rows, k = xq.qs.shape
@@ -108,9 +225,15 @@ def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: to
     ids = ids.reshape(-1)
     if out is None:
         out = torch.empty((p_count, w.rows), dtype=torch.float32, device=dev)
+    dp4a = not (INTERPRETED or dev.type != "cuda")  # inline PTX needs a compiled kernel; same integers
+    if w.raw is not None:  # NVFP4: x's codes must come in nv_order (quantize_q8_1(nv_order=True))
+        block_n, blocks, warps, stages = tuple(config) if config is not None else NVFP4_CONFIG
+        _moe_nvfp4_kernel[(triton.cdiv(w.rows, block_n), p_count)](
+            w.raw.view(torch.int32), w.raw, xq.qs.view(torch.int32), xq.d, ids, out, w.rows, w.k, out.stride(0), x_div,
+            BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, ASM=dp4a, num_warps=warps, **pdl.launch(dev))
+        return out
     qtype = w.planes.qtype
     block_n, blocks, warps, stages = tuple(config) if config is not None else moe_mmvq_config(qtype, w.rows, w.k)
-    dp4a = not (INTERPRETED or dev.type != "cuda")  # inline PTX needs a compiled kernel; same integers
     planes = [w.planes.planes[name].view(torch.int32) if name in _WORDS[qtype] else w.planes.planes[name]
               for name in _PLANES[qtype]]
     planes += [planes[0]] * (4 - len(planes))
@@ -121,10 +244,32 @@ def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: to
     return out
 
 
+def _nvfp4_reference(xq: Q8Act, w: ExpertWeights, ids: list[int], x_div: int) -> torch.Tensor:
+    """float64: per pair and 16-element sub-block, the exact integer dot of the doubled codes with
+    x's natural-order codes, times UE4M3 / 2 times x's block scale, summed."""
+    from ...quant.fp4 import KVALUES, ue4m3_half
+
+    nb = w.k // 64
+    blocks = w.raw.view(w.n_experts, w.rows, nb, 36)
+    out = []
+    for p, e in enumerate(ids):
+        b = blocks[e].to(torch.int64)  # (rows, nb, 36)
+        q = b[..., 4:].reshape(w.rows, nb, 4, 8)
+        codes = KVALUES.to(b.device)[torch.cat((q & 15, q >> 4), dim=-1)].double()  # (rows, nb, 4, 16)
+        x = xq.qs[p // x_div].double().reshape(nb, 4, 16)
+        sumi = (codes * x).sum(-1)  # exact
+        sc = ue4m3_half(b[..., :4].to(torch.uint8)).double()  # (rows, nb, 4)
+        d8 = xq.d[p // x_div].double().reshape(nb, 2).repeat_interleave(2, dim=1)  # (nb, 4)
+        out.append((sc * d8 * sumi).sum((1, 2)).float()[None])
+    return torch.cat(out)
+
+
 def moe_mmvq_reference(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int) -> torch.Tensor:
     """Per pair, mmvq_reference (float64, exact integer dots) of the chosen expert's planes and its
-    x row's Q8_1 blocks -> float32 (P, rows)."""
+    x row's Q8_1 blocks (natural order, also for NVFP4) -> float32 (P, rows)."""
     ids = ids.reshape(-1).tolist()
+    if w.raw is not None:
+        return _nvfp4_reference(xq, w, ids, x_div)
     out = []
     for p, e in enumerate(ids):
         part = PlaneWeight(w.planes.qtype, w.rows, w.k,
