@@ -7,7 +7,10 @@ Per model (qwen3moe and the Gemma 4 26B-A4B-style gemma4-moe, several expert typ
   2. a prompt prefilled in one chunk (the grouped path) then decode: the same, with the bf16 bound;
   3. greedy through the engine (tallow.load on cuda: CUDA-graph decode) = greedy on the CPU's
      reference linears;
-  4. TALLOW_MOE_TRITON=0 (torch reference on the GPU): routing identical, logits within 1e-4.
+  4. TALLOW_MOE_TRITON=0 (torch reference on the GPU): routing identical, logits within 1e-4;
+  5. TALLOW_MOE_MMVQ=1 (the integer-dot expert GEMV, x as Q8_1): decode logits within 5e-2, the
+     number of calls routed as on the CPU printed.
+Checks 1-4 run with TALLOW_MOE_MMVQ=0 (the fp32 expert GEMV).
 Prints one line per check and exits 1 if any fails.
 
     python scripts/gpu_moe_check.py [--device cuda] [--quick]
@@ -101,6 +104,8 @@ def main() -> int:
 def check_file(a, tmp: Path, arch: str, qt) -> None:
     """The checks of the module doc on one tiny file."""
     name = f"{arch} {qt.name}"
+    os.environ["TALLOW_MOE_MMVQ"] = "0"  # the fp32 expert GEMV, held to the bounds below; 5. is the integer-dot one
+    switches.refresh()
     path = write_tiny_model(arch, tmp / f"{arch}-{qt.name}.gguf", qtype=qt)
     gf = GGUFFile(path)
     spec = spec_from_gguf(gf)
@@ -144,6 +149,18 @@ def check_file(a, tmp: Path, arch: str, qt) -> None:
     switches.refresh()
     err3 = float((got3 - ref).abs().max()) / scale
     check(got3_ids == ref_ids and err3 <= 1e-4, f"{name}: TALLOW_MOE_TRITON=0 routing identical, logits {err3:.2e}")
+    # the integer-dot expert GEMV (TALLOW_MOE_MMVQ, the default; every check above runs with it off):
+    # x rounded to Q8_1 before each expert product, as llama.cpp's CUDA build does, so the CPU
+    # reference's routes are compared, not required, and the logits held to 5e-2
+    os.environ["TALLOW_MOE_MMVQ"] = "1"
+    switches.refresh()
+    got4, got4_ids = routed(gpu, spec, one_by_one)
+    os.environ["TALLOW_MOE_MMVQ"] = "0"
+    switches.refresh()
+    err4 = float((got4 - ref).abs().max()) / scale
+    same4 = sum(x == y for x, y in zip(got4_ids, ref_ids))
+    check(err4 <= 5e-2, f"{name}: TALLOW_MOE_MMVQ=1 decode logits {err4:.2e} (bound 5e-2, Q8_1 activations); "
+          f"routing as the CPU's in {same4}/{len(ref_ids)} calls ({sorted({gpu.layers[i].ffn_experts.kind for i in range(spec.n_layers)})})")
     del cpu, gpu
     texts = {}
     for dev in ("cpu", a.device):

@@ -66,6 +66,7 @@ def _record_routes(monkeypatch):
                                          pytest.param("gemma4-moe", QT.Q4_0, marks=pytest.mark.slow)])  # ~25 s interpreted
 def test_gpu_decode_matches_cpu_and_routes_the_same(tmp_path, monkeypatch, arch, qtype):
     spec, cpu, gpu = _models(tmp_path, monkeypatch, arch, qtype)
+    monkeypatch.setenv("TALLOW_MOE_MMVQ", "0")  # the fp32 expert GEMV: test_gpu_bank_integer_dot_path has the other
     assert isinstance(gpu.layers[0].ffn_experts, GPUExpertBank)
     assert gpu.layers[0].ffn_experts.kind.startswith("routed+triton_")
     tokens = [5, 40, 99]
@@ -76,6 +77,7 @@ def test_gpu_decode_matches_cpu_and_routes_the_same(tmp_path, monkeypatch, arch,
         logits = torch.cat([model.forward([t], i, kv, all_logits=True) for i, t in enumerate(tokens)])
         out[name] = (logits, [c.tolist() for c in calls])
         monkeypatch.undo()
+        monkeypatch.setenv("TALLOW_MOE_MMVQ", "0")
     (ref, ref_routes), (got, got_routes) = out["cpu"], out["gpu"]
     assert got_routes == ref_routes and len(ref_routes) == len(tokens) * spec.n_layers
     assert float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
@@ -94,6 +96,7 @@ def test_gpu_bank_paths_agree(tmp_path, monkeypatch, arch, qtype):
     weights, ids = cpu_moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
     glu = (lambda gu: gpu.ops.glu(gu, "swiglu")) if arch == "qwen3moe" else (lambda gu: gpu.ops.glu(gu, "geglu"))
     monkeypatch.setenv("TALLOW_MOE_GROUPED", "0")
+    monkeypatch.setenv("TALLOW_MOE_MMVQ", "0")  # the fp32 expert GEMV (the integer-dot one: the next test)
     pairs = bank(h, ids, weights, glu)
     one = bank(h[3:4], ids[3:4], weights[3:4], glu)  # a decode step's row: bit for bit its pair-path row
     assert torch.equal(one[0], pairs[3])
@@ -130,7 +133,7 @@ def test_gpu_plan_counts_the_expert_banks(tmp_path, monkeypatch, arch, qtype):
 
 @pytest.mark.parametrize("arch, qtype", [("qwen3moe", QT.Q8_0), ("gemma4-moe", QT.Q4_0), ("qwen3moe", QT.NVFP4)])
 def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
-    """TALLOW_MOE_MMVQ=1: the routed experts through the integer-dot GEMV (x as Q8_1). A decode
+    """TALLOW_MOE_MMVQ (default): the routed experts through the integer-dot GEMV (x as Q8_1). A decode
     row (its GLU folded into down's quantization) bit for bit its row of a multi-token pair path
     (GLU materialized first); within Q8_1's rounding of the torch reference (fp32 products): two
     roundings in series, h (0.5% relative here) and the GLU output (0.8-1.0%), through the GLU and
@@ -144,6 +147,7 @@ def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
     weights, ids = cpu_moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
     glu = (lambda gu: gpu.ops.glu(gu, "swiglu")) if arch == "qwen3moe" else (lambda gu: gpu.ops.glu(gu, "geglu"))
     monkeypatch.setenv("TALLOW_MOE_GROUPED", "0")
+    monkeypatch.setenv("TALLOW_MOE_MMVQ", "0")
     fp32 = bank(h, ids, weights, glu)
     monkeypatch.setenv("TALLOW_MOE_MMVQ", "1")
     pairs = bank(h, ids, weights, glu)
@@ -180,3 +184,21 @@ def test_nv_order_quantization_and_e2m1_bytes():
     _decode_e2m1[(1,)](words, lo, hi)
     got = torch.stack([lo, hi], 1).view(torch.int8).reshape(-1).float()
     assert torch.equal(got, KVALUES)
+
+
+def test_router_never_names_an_expert_past_the_layer():
+    """A NaN or inf router logit (an overflowing random twin on the H200 did this): the Triton
+    router's ids stay experts of the layer (a NaN once gave id n_experts, and the expert GEMV read
+    past its weights: an illegal memory access), NaN ranking first as in torch.topk, the weights NaN."""
+    from tallow.kernels.triton.moe_route import moe_route
+
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(4))
+    logits[0, 5] = float("nan")
+    logits[1, :] = float("nan")
+    logits[2, 7] = float("inf")
+    weights, ids = moe_route(logits, 4, True, cpu_moe.MIN_WEIGHT_SUM)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 16
+    # one NaN or inf logit makes the row's softmax all NaN (as torch's): every lane ties, lowest ids first
+    assert ids.tolist() == [[0, 1, 2, 3]] * 3 and bool(weights.isnan().all())
+    logits[:, :] = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(moe_route(logits, 4, True, cpu_moe.MIN_WEIGHT_SUM)[1], cpu_moe.route_softmax(logits, 4)[1])

@@ -15,11 +15,11 @@ inside a graph capture, the decode path 8 tokens at a time.
 The combination is the CPU bank's (kernels/cpu/moe.py): expert outputs scaled by the per-expert
 output scale and the routing weight, summed over the slots (one batched product here).
 
-With TALLOW_MOE_MMVQ=1 the plane types and NVFP4 take the integer-dot GEMV instead
+By default the plane types and NVFP4 take the integer-dot GEMV instead
 (kernels/triton/moe_mmvq.py): x quantized to Q8_1 once per projection -- the GLU before down
 folded into that quantization -- and llama.cpp's MMVQ arithmetic over the chosen experts.
 
-Switches: TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
+Switches: TALLOW_MOE_MMVQ=0 takes the fp32 expert GEMV for every type; TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
 matrices gathered and dequantized in torch, fp32 products), for every chunk size;
 TALLOW_MOE_GROUPED=0 runs a prefill chunk through the decode path, GEMV_MAX_ROWS tokens at a time.
 """

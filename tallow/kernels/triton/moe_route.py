@@ -28,14 +28,18 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, min_sum,
     x = tl.load(logits_ptr + row * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32)
     e = tl.where(ok, tl.exp(x - tl.max(x, 0)), 0.0)
     p = e / tl.sum(e, 0)
-    cand = tl.where(ok, p, -1.0)  # probabilities are >= 0: a padded lane is never chosen
+    # probabilities are >= 0: a padded lane (-1) is never chosen. A NaN (an inf or NaN logit)
+    # ranks above every number, as in torch.topk: the chosen ids stay experts of the layer (a
+    # NaN maximum would otherwise match no lane and give id BLOCK_E, which the expert GEMVs
+    # would read past their weights), and its weight stays NaN.
+    cand = tl.where(ok, tl.where(p != p, 2.0, p), -1.0)
     slot = tl.arange(0, KP)
     w = tl.zeros([KP], dtype=tl.float32)
     ids = tl.zeros([KP], dtype=tl.int64)
     for s in tl.static_range(K):
         best = tl.max(cand, 0)
         idx = tl.min(tl.where(cand == best, offs, BLOCK_E), 0)
-        w = tl.where(slot == s, best, w)
+        w = tl.where(slot == s, tl.where(best > 1.5, float("nan"), best), w)
         ids = tl.where(slot == s, idx.to(tl.int64), ids)
         cand = tl.where(offs == idx, -1.0, cand)
     if NORMALIZE:
