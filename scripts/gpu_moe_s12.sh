@@ -11,7 +11,12 @@
 #   check            scripts/gpu_moe_check.py --quick (tiny MoE models: routing and logits against the CPU)
 #   ab NAME          tallow tg128 with TALLOW_MOE_MMVQ=0 and =1 (scripts/gpu_ab.py), -r 3 each
 #   table NAME       tallow bench -p 33,512 -n 128 -r 3 ($ENV_T applied), then llama-bench -p 33,512 -n 128 -r 5
-#   depth NAME       tg128 at depth 32768: tallow with FP8 KV and with f16 KV, llama-bench with f16 and q8_0 KV
+#   depth NAME       tg128 at depth 32768: tallow with FP8 KV and with f16 KV, llama-bench with f16 and (DEPTH_Q8=1,
+#                    the default) q8_0 KV
+#   kernels-quick    scripts/gpu_moe_mmvq.py without the sweep: every shape checked and timed as shipped
+#   kernels-nv       the NVFP4 shapes swept, the K-quant ones as shipped
+#   tg NAME          tg128 alone: tallow (TALLOW_MOE_MMVQ=1), then llama-bench
+#   debug NAME       one short bench with CUDA_LAUNCH_BLOCKING=1 (where an illegal access happens)
 #   plan NAME        tallow plan --device cuda --ctx 65536, what a load allocates (make_moe_twin --measure-load),
 #                    and the plan on a budget the weights do not fit (--mem-budget 8GiB: must refuse, rc != 0)
 #   profile NAME     scripts/gpu_profile.py --prefill 33 --decode 8 --sequence ($ENV_T applied)
@@ -78,7 +83,9 @@ PY
       for kv in fp8 f16; do env ${ENV_T:-} python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 0 -n 128 -d 32768 -r 2 --kv-dtype $kv 2>&1 \
         | grep -v Warning | tee -a $OUT/depth.txt; done
       llama_json $TW/$name.gguf -p 0 -n 128 -d 32768 -r 3 | tee -a $OUT/depth.txt
-      llama_json $TW/$name.gguf -p 0 -n 128 -d 32768 -r 3 -ctk q8_0 -ctv q8_0 | tee -a $OUT/depth.txt ;;
+      [ "${DEPTH_Q8:-1}" = 1 ] && llama_json $TW/$name.gguf -p 0 -n 128 -d 32768 -r 3 -ctk q8_0 -ctv q8_0 | tee -a $OUT/depth.txt ;;
+    kernels-quick) say "kernels-quick: every shape's check and time with the shipped configs"
+      timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py 2>&1 | grep -v Warning | tee $OUT/kernels_quick.txt | tail -12 ;;
     plan) name=$1; shift; say "plan $name"
       python3 -m tallow.cli plan -m $TW/$name.gguf --device cuda --ctx 65536 2>&1 | tee -a $OUT/plan.txt
       python3 scripts/make_moe_twin.py --measure-load $TW/$name.gguf --ctx 65536 2>&1 | grep -v Warning | tee -a $OUT/plan.txt

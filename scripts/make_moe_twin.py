@@ -294,7 +294,7 @@ def measure_load(path: Path, ctx: int) -> int:
     import torch
 
     import tallow
-    from tallow.memory.budget import plan_memory
+    from tallow.memory.budget import gpu_dequant_scratch_bytes, plan_memory
 
     plan = plan_memory(str(path), ctx, device="cuda")
     torch.cuda.synchronize()
@@ -303,8 +303,12 @@ def measure_load(path: Path, ctx: int) -> int:
     llm = tallow.load(str(path), ctx=ctx, device="cuda", progress=False)
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated() - base
-    print(f"load {time.time() - t0:.1f} s; planned weights + KV {(plan.weights + plan.kv) / 2**30:.3f} GiB, "
-          f"allocated after load {resident / 2**30:.3f} GiB ({resident / (plan.weights + plan.kv) - 1:+.2%})")
+    # a load holds the weights (RoPE tables included), the KV and the scratch's dequantization
+    # buffer (allocated at load); the rest of the scratch is prefill's activations
+    at_load = plan.weights + plan.kv + gpu_dequant_scratch_bytes(plan.header)
+    print(f"load {time.time() - t0:.1f} s; planned weights + KV + dequant buffer {at_load / 2**30:.3f} GiB "
+          f"(weights {plan.weights / 2**30:.3f}, KV {plan.kv / 2**30:.3f}), allocated after load "
+          f"{resident / 2**30:.3f} GiB ({resident - at_load:+,} bytes, {resident / at_load - 1:+.3%})")
     torch.cuda.reset_peak_memory_stats()
     llm.generate(list(range(1000, 1512)), max_tokens=16, temperature=0)
     peak = torch.cuda.max_memory_allocated() - base

@@ -202,3 +202,20 @@ def test_router_never_names_an_expert_past_the_layer():
     assert ids.tolist() == [[0, 1, 2, 3]] * 3 and bool(weights.isnan().all())
     logits[:, :] = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
     assert torch.equal(moe_route(logits, 4, True, cpu_moe.MIN_WEIGHT_SUM)[1], cpu_moe.route_softmax(logits, 4)[1])
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma4-moe"])
+def test_gpu_plan_counts_the_rope_tables(tmp_path, monkeypatch, arch):
+    """A GPU model keeps RoPE tables for its whole trained context from the load (Gemma 4 26B-A4B
+    twin: 2.25 GiB, found as the gap between the plan and a cuda load on the H200): the GPU plan's
+    weights count them to the byte."""
+    from tallow.memory.budget import gpu_rope_bytes, gpu_weights_bytes, plan_memory
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q8_0))
+    spec = spec_from_gguf(gf)
+    monkeypatch.setattr(dispatch.Placement, "on_gpu", property(lambda self: True))
+    model = build_model(gf, spec)
+    held = sum(getattr(t, f).numel() * 4 for t in model.rope.values() for f in ("cos", "sin", "cos_full", "sin_signed"))
+    assert held == gpu_rope_bytes(spec) > 0
+    monkeypatch.setattr("tallow.memory.budget.gpu_free_bytes", lambda device: 1 << 40)
+    assert plan_memory(gf, 64, device="cuda").weights == gpu_weights_bytes(gf) + held

@@ -334,14 +334,29 @@ def gpu_weights_bytes(header: GGUFFile) -> int:
     return total
 
 
+def gpu_rope_bytes(spec: ModelSpec) -> int:
+    """The RoPE tables a GPU model keeps from its load (models/base.py), for the whole trained
+    context whatever the planned one: per distinct (base, rotated width, factors) cos and sin
+    (n, rope_dim / 2) and their full-width forms (n, rope_dim), float32 (layers.RotaryTables).
+    Gemma 4 26B-A4B's two tables at 262,144 positions: 2.25 GiB."""
+    n = max(spec.context_length, 256)  # RotaryTables.ensure's growth from empty tables
+    return sum(n * 3 * rope_dim * 4 for _, rope_dim, _ in {layer.rope_key for layer in spec.layers})
+
+
+def gpu_dequant_scratch_bytes(header: GGUFFile) -> int:
+    """The bf16 buffer prefill dequantizes each matrix (or a layer's stacked experts) into, sized
+    for the largest and allocated at load (kernels/gpu/linear.Scratch): part of the scratch."""
+    largest = max((t.n_rows * t.n_cols for t in header.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1), default=0)
+    return max(largest, _gpu_expert_stack(header)) * 2
+
+
 def gpu_scratch_bytes(spec: ModelSpec, header: GGUFFile, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                       kv_dtype: str = "f16") -> int:
     """GPU transients: the bf16 buffer prefill dequantizes each matrix into (sized for the
     largest, kernels/gpu/linear.Scratch), and one prefill chunk's activations twice — the
     eager pass that warms a graph up and the prefill graphs' shared memory pool — with the
     CPU account's per-chunk formula (chunk_activation_bytes), and the logits."""
-    largest = max((t.n_rows * t.n_cols for t in header.tensors.values() if len(t.shape) >= 2 and t.n_rows > 1), default=0)
-    return max(largest, _gpu_expert_stack(header)) * 2 + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
+    return gpu_dequant_scratch_bytes(header) + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
 
 
 def _gpu_expert_stack(header: GGUFFile) -> int:
@@ -587,7 +602,7 @@ def plan_memory(
     return MemoryPlan(
         model=os.path.basename(header.path),
         n_ctx=ctx,
-        weights=gpu_weights_bytes(header) if on_gpu else weights_bytes(header, linear_mode),
+        weights=gpu_weights_bytes(header) + gpu_rope_bytes(spec) if on_gpu else weights_bytes(header, linear_mode),
         kv=kv_bytes(spec, ctx, kv_dtype, prefill_chunk),
         scratch=gpu_scratch_bytes(spec, header, ctx, prefill_chunk, kv_dtype) if on_gpu else scratch_bytes(spec, ctx, prefill_chunk, kv_dtype),
         prefix_cache=0 if on_gpu else prefix_cache_bytes(spec, ctx, kv_dtype),
