@@ -219,6 +219,8 @@ def _moe_q8_inputs(shape, dtype, g):
     a = _moe_inputs(shape, dtype, g)
     a["xq"] = _triton("mmvq", "quantize_q8_1_reference")(a["x"])
     a["xq_run"] = a["xq"]
+    # gate and up side by side (x per token) with the files' per-expert scales, applied in the launch
+    a["scale"] = torch.rand(shape[1], 2, generator=g) + 0.5 if shape[-1] > 1 else None
     if shape[0] == 40:
         q = a["xq"]
         a["xq_run"] = type(q)(_triton("mmvq", "nv_order_reference")(q.qs), q.d, q.s, q.isum)
@@ -229,8 +231,9 @@ register(op="moe_mmvq", impl="tallow.kernels.triton.moe_mmvq:moe_mmvq", needs="t
          inputs=_moe_q8_inputs, shapes=tuple((t, 4, 24, 512, 4, x) for t in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
                                              for x in (1, 2)) + ((40, 3, 20, 256, 4, 2), (40, 3, 12, 192, 2, 1)),
          run=lambda a: _triton("moe_mmvq", "moe_mmvq")(a["xq_run"], a["w"], a["ids"], a["x_div"],
-                                                        out=torch.full((a["ids"].numel(), a["w"].rows), float("nan"))),
-         reference=lambda a: _triton("moe_mmvq", "moe_mmvq_reference")(a["xq"], a["w"], a["ids"], a["x_div"]))
+                                                        out=torch.full((a["ids"].numel(), a["w"].rows), float("nan")),
+                                                        scale=a["scale"]),
+         reference=lambda a: _triton("moe_mmvq", "moe_mmvq_reference")(a["xq"], a["w"], a["ids"], a["x_div"], a["scale"]))
 # Every FP4 value times its scale is a bf16 number: exact.
 register(op="fp4_dequantize_to", impl="tallow.kernels.triton.moe_gemv:fp4_dequantize_to", needs="triton",
          metric="exact", inputs=_fp4_inputs, shapes=((39, 20, 96, 1), (40, 17, 128, 1)),

@@ -219,3 +219,19 @@ def test_gpu_plan_counts_the_rope_tables(tmp_path, monkeypatch, arch):
     assert held == gpu_rope_bytes(spec) > 0
     monkeypatch.setattr("tallow.memory.budget.gpu_free_bytes", lambda device: 1 << 40)
     assert plan_memory(gf, 64, device="cuda").weights == gpu_weights_bytes(gf) + held
+
+
+def test_scale_fold_off_is_the_torch_ops(tmp_path, monkeypatch):
+    """TALLOW_MOE_SCALE_FOLD=0: gemma4-moe's per-expert output scales by torch's gather and multiply
+    (the router's input scaling after its norm) -- within rounding of the folded launch's output."""
+    spec, _, gpu = _models(tmp_path, monkeypatch, "gemma4-moe", QT.Q4_0)
+    bank = gpu.layers[1].ffn_experts
+    assert bank.out_scale is not None
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(2, spec.dim, generator=g)
+    weights, ids = cpu_moe.route_softmax(torch.randn(2, spec.n_experts, generator=g), spec.n_experts_used)
+    glu = lambda gu: gpu.ops.glu(gu, "geglu")  # noqa: E731
+    folded = bank(h, ids, weights, glu)
+    monkeypatch.setenv("TALLOW_MOE_SCALE_FOLD", "0")
+    unfolded = bank(h, ids, weights, glu)
+    assert float((folded - unfolded).norm() / unfolded.norm()) < 1e-6

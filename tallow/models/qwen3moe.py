@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import switches
 from ..errors import ModelFileError
 from ..families.tensors import EXPERT
 from ..kernels.cpu.moe import ExpertBank, expert_slice
@@ -123,6 +124,8 @@ def load_gemma4_experts(model: DecoderModel, i: int) -> dict:
     t = {key: model.norm_weight(tn(role)) for key, role in norms.items()}
     t["ffn_gate_inp"] = model.linear(router.name)
     t["ffn_gate_inp_scale"] = model.norm_weight(tn(ROUTER, "scale"))
+    if model.place.on_gpu:  # the router input's two scalings as the norm's weight: two launches fewer a layer
+        t["router_norm_weight"] = t["ffn_gate_inp_scale"] * (1.0 / model.spec.dim**0.5)
     t["ffn_experts"] = load_experts(model, i)
     return t
 
@@ -134,10 +137,14 @@ def gemma4_moe_ffn(w: LayerWeights, x: torch.Tensor, mlp: torch.Tensor, ops, eps
     """Gemma 4 26B-A4B's FFN output before post_ffw_norm, from the attention output x (n, dim)
     and the dense MLP's output `mlp`: post_ffw_norm_1(mlp) + post_ffw_norm_2(experts), the experts
     over pre_ffw_norm_2(x), routed by the logits of rms_norm(x) / sqrt(dim) * ffn_gate_inp.scale."""
-    ones = _ONES.get((spec.dim, x.device))
-    if ones is None:
-        ones = _ONES[(spec.dim, x.device)] = torch.ones(spec.dim, device=x.device)
-    router_in = ops.norm(x, ones, eps) * (1.0 / spec.dim**0.5) * w.ffn_gate_inp_scale
+    folded = w.get("router_norm_weight") if switches.enabled("TALLOW_MOE_SCALE_FOLD") else None
+    if folded is not None:  # GPU: x * rstd * (scale / sqrt(dim)), the product's rounding order aside the same
+        router_in = ops.norm(x, folded, eps)
+    else:  # llama.cpp's order of operations (the CPU's routes are its routes)
+        ones = _ONES.get((spec.dim, x.device))
+        if ones is None:
+            ones = _ONES[(spec.dim, x.device)] = torch.ones(spec.dim, device=x.device)
+        router_in = ops.norm(x, ones, eps) * (1.0 / spec.dim**0.5) * w.ffn_gate_inp_scale
     routed = moe_ffn(w, ops.norm(x, w.pre_ffw_norm_2, eps), w.ffn_gate_inp(router_in), spec.n_experts_used,
                      lambda gu: ops.glu(gu, "geglu"))
     return ops.norm(mlp, w.post_ffw_norm_1, eps) + ops.norm(routed, w.post_ffw_norm_2, eps)

@@ -19,7 +19,8 @@ By default the plane types and NVFP4 take the integer-dot GEMV instead
 (kernels/triton/moe_mmvq.py): x quantized to Q8_1 once per projection -- the GLU before down
 folded into that quantization -- and llama.cpp's MMVQ arithmetic over the chosen experts.
 
-Switches: TALLOW_MOE_MMVQ=0 takes the fp32 expert GEMV for every type; TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
+Switches: TALLOW_MOE_MMVQ=0 takes the fp32 expert GEMV for every type; TALLOW_MOE_SCALE_FOLD=0 applies
+the per-expert scales by torch ops instead of in the integer-dot launches; TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
 matrices gathered and dequantized in torch, fp32 products), for every chunk size;
 TALLOW_MOE_GROUPED=0 runs a prefill chunk through the decode path, GEMV_MAX_ROWS tokens at a time.
 """
@@ -127,6 +128,13 @@ class GPUExpertBank:
             if w.has_kernel:
                 scratch.reserve(w.n_experts * w.rows * w.k)  # the grouped prefill's dequantized stack
         self.kind = "+".join(["routed", *sorted({w.kind for w in (*gate_up, down)})])
+        # the per-expert scales as the integer-dot launches take them (n_experts, parts): applied
+        # there, they cost no gather-and-multiply launches of their own
+        self._gate_up_scales = None
+        if gate_up_scale is not None:
+            self._gate_up_scales = ([gate_up_scale.float().contiguous()] if len(gate_up) == 1 else
+                                    [gate_up_scale[:, i : i + 1].float().contiguous() for i in range(len(gate_up))])
+        self._out_scale = None if out_scale is None else out_scale.float().reshape(-1, 1).contiguous()
 
     @property
     def nbytes(self) -> int:
@@ -152,35 +160,39 @@ class GPUExpertBank:
     def _mmvq(self, w: ExpertWeights) -> bool:
         return moe_mmvq_ok(w) and triton_enabled() and switches.enabled("TALLOW_MOE_MMVQ")
 
-    def _pairs(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> torch.Tensor:
-        """(n * k, dim) fp32: every (token, slot) pair's expert output, in pair order."""
+    def _pairs(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> tuple[torch.Tensor, bool]:
+        """(n * k, dim) fp32: every (token, slot) pair's expert output, in pair order; and whether
+        the per-expert output scale is already applied (by the integer-dot down launch)."""
         n, k = ids.shape
         flat = ids.reshape(-1)
         gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
         col = 0
         hq = {}  # h's Q8_1 blocks by code order (NVFP4's or natural), quantized once
-        for w in self.gate_up:
+        fold_on = switches.enabled("TALLOW_MOE_SCALE_FOLD")
+        fold = fold_on and self._gate_up_scales is not None and all(self._mmvq(w) for w in self.gate_up)
+        for i, w in enumerate(self.gate_up):
             if self._mmvq(w):
                 nv = w.raw is not None
                 if nv not in hq:
                     hq[nv] = quantize_q8_1(h, nv_order=nv)
-                moe_mmvq(hq[nv], w, flat, k, out=gu[:, col : col + w.rows])
+                moe_mmvq(hq[nv], w, flat, k, out=gu[:, col : col + w.rows], scale=self._gate_up_scales[i] if fold else None)
             else:
                 self._project(w, h, flat, k, gu[:, col : col + w.rows])
             col += w.rows
-        a = glu(self._scale_gate_up(gu, flat))
+        a = glu(gu if fold else self._scale_gate_up(gu, flat))
         y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
         if self._mmvq(self.down):
             # a lazy GLU is applied by the quantization itself: no GLU launch
             nv = self.down.raw is not None
             aq = (quantize_q8_1(a.x, prologue=a.take(), nv_order=nv) if isinstance(a, LazyInput)
                   else quantize_q8_1(a, nv_order=nv))
-            moe_mmvq(aq, self.down, flat, 1, out=y)
-            return y
+            out_scale = self._out_scale if fold_on else None
+            moe_mmvq(aq, self.down, flat, 1, out=y, scale=out_scale)
+            return y, out_scale is not None
         if isinstance(a, LazyInput):
             a = a.materialize()
         self._project(self.down, a, flat, 1, y)
-        return y
+        return y, False
 
     # -- the grouped path (prefill) -----------------------------------------------------------
     def _dense_stack(self, w: ExpertWeights) -> torch.Tensor:
@@ -249,13 +261,17 @@ class GPUExpertBank:
         grouped = n > GEMV_MAX_ROWS and switches.enabled("TALLOW_MOE_GROUPED") and triton_enabled()
         if grouped and not self._grouped_on_device(h.device) and h.is_cuda and torch.cuda.is_current_stream_capturing():
             grouped = False  # a prefill graph cannot wait for the per-expert loop's host sync: the pair path
+        scaled = False
         if not grouped:
-            out = torch.cat([self._pairs(h[t : t + GEMV_MAX_ROWS], ids[t : t + GEMV_MAX_ROWS], glu)
-                             for t in range(0, n, GEMV_MAX_ROWS)]) if n > GEMV_MAX_ROWS else self._pairs(h, ids, glu)
+            if n <= GEMV_MAX_ROWS:
+                out, scaled = self._pairs(h, ids, glu)
+            else:
+                parts = [self._pairs(h[t : t + GEMV_MAX_ROWS], ids[t : t + GEMV_MAX_ROWS], glu) for t in range(0, n, GEMV_MAX_ROWS)]
+                out, scaled = torch.cat([p[0] for p in parts]), parts[0][1]
         else:
             out = self._grouped(h, ids, glu)
         out = out.view(n, k, self.dim)
-        if self.out_scale is not None:  # llama.cpp scales the expert's output, then weights it
+        if self.out_scale is not None and not scaled:  # llama.cpp scales the expert's output, then weights it
             weights = weights * self.out_scale[ids]
         # The weighted sum over the k slots as one batched (1 x k) @ (k x dim) product: one launch
         # where the CPU bank's slot-order adds are 2k (a decode step is launch-bound); fp32 (no

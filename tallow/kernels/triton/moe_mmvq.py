@@ -103,9 +103,9 @@ def _ue4m3_half(d):
 
 
 @triton.jit
-def _moe_nvfp4_kernel(w_ptr, wb_ptr, xq_ptr, d8_ptr, ids_ptr, y_ptr, N, K, stride_ym, X_DIV,
+def _moe_nvfp4_kernel(w_ptr, wb_ptr, xq_ptr, d8_ptr, ids_ptr, y_ptr, sc_ptr, N, K, stride_ym, X_DIV, PART_ROWS,
                       BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr, ASM: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PARTS: tl.constexpr, PDL: tl.constexpr):
     # w_ptr: the raw blocks as int32 words (9 a block: the 4 scale bytes, then 8 code words, two
     # per sub-block); wb_ptr: the same bytes, for the scales. Per K step BLOCKS blocks.
     pid = tl.program_id(0)
@@ -139,13 +139,24 @@ def _moe_nvfp4_kernel(w_ptr, wb_ptr, xq_ptr, d8_ptr, ids_ptr, y_ptr, N, K, strid
                                  mask=ok[None, :, None], other=0).to(tl.int32))  # (BN, B, 4)
         dx = tl.load(d8 + blk[:, None] * 2 + s[None, :] // 2, mask=ok[:, None], other=0.0).to(tl.float32)[None, :, :]
         acc = tl.fma(sc * dx, sumi.to(tl.float32), acc)
-    tl.store(y_ptr + p.to(tl.int64) * stride_ym + local, tl.sum(tl.sum(acc, axis=2), axis=1), mask=row_ok)
+    tl.store(y_ptr + p.to(tl.int64) * stride_ym + local,
+             _scaled(tl.sum(tl.sum(acc, axis=2), axis=1), sc_ptr, e, local, PART_ROWS, PARTS), mask=row_ok)
 
 
 @triton.jit
-def _moe_mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, ids_ptr, y_ptr, N, K, stride_ym, X_DIV,
-                     QT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-                     BLOCK_K: tl.constexpr, G: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr):
+def _scaled(y, sc_ptr, e, local, PART_ROWS, PARTS: tl.constexpr):
+    """y times the expert's output scale of the part its rows belong to (PARTS 0: none; gate and
+    up side by side: PARTS 2, PART_ROWS the width), one fp32 multiply as the torch ops it replaces."""
+    if PARTS == 0:
+        return y
+    return y * tl.load(sc_ptr + e * PARTS + local // PART_ROWS)
+
+
+@triton.jit
+def _moe_mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, ids_ptr, y_ptr, sc_ptr, N, K, stride_ym, X_DIV,
+                     PART_ROWS, QT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+                     BLOCK_K: tl.constexpr, G: tl.constexpr, DP4A: tl.constexpr, PARTS: tl.constexpr,
+                     PDL: tl.constexpr):
     # QT as mmvq: 0 Q4_K, 1 Q6_K, 2 Q8_0, 3/4/5 Q4_0/Q4_1/Q5_0. N: one expert's rows.
     pid = tl.program_id(0)
     p = tl.program_id(1)
@@ -187,7 +198,8 @@ def _moe_mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, ids_ptr, y_
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _q4x_step(
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, p0, p1, p2, xq, d8, s8,
                 rows, kb, nb, nb, K, G, 1, QT - 3, DP4A)
-    tl.store(y_ptr + p.to(tl.int64) * stride_ym + local, tl.sum(acc0, axis=1), mask=row_ok)
+    tl.store(y_ptr + p.to(tl.int64) * stride_ym + local, _scaled(tl.sum(acc0, axis=1), sc_ptr, e, local, PART_ROWS, PARTS),
+             mask=row_ok)
 
 
 # (BLOCK_N, BLOCKS, warps, stages): the H200 sweep's best for both of Gemma 4 26B's NVFP4 shapes
@@ -213,10 +225,12 @@ def moe_mmvq_config(qtype: str, rows: int, k: int) -> tuple[int, int, int, int]:
 
 
 def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: torch.Tensor | None = None,
-             config=None) -> torch.Tensor:
+             config=None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """y[p] = the integer-dot product of x row p // x_div (Q8_1, xq; for NVFP4 quantized with
     nv_order=True) with expert ids[p]'s matrix, for every pair p (ids (P,) on the device,
-    M * x_div == P). Returns float32 (P, w.rows)."""
+    M * x_div == P). Returns float32 (P, w.rows). `scale` (n_experts, parts) fp32: each output row
+    times its expert's scale for the part (of `parts` equal row ranges) it lies in (the files'
+    per-expert `.scale` tensors, applied in the launch instead of a gather and a multiply)."""
     if not moe_mmvq_ok(w):
         raise ValueError(f"moe_mmvq: no integer-dot kernel for this expert weight ({w.kind}).")
     m_rows, k = xq.qs.shape
@@ -228,11 +242,17 @@ def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: to
     if out is None:
         out = torch.empty((p_count, w.rows), dtype=torch.float32, device=dev)
     dp4a = not (INTERPRETED or dev.type != "cuda")  # inline PTX needs a compiled kernel; same integers
+    parts = 0 if scale is None else scale.shape[1]
+    if scale is not None and (scale.shape[0] != w.n_experts or w.rows % parts or not scale.is_contiguous()):
+        raise ValueError(f"moe_mmvq: scale {tuple(scale.shape)} does not split {w.n_experts} experts' {w.rows} rows.")
+    sc = scale if scale is not None else out
+    part_rows = w.rows // max(parts, 1)
     if w.raw is not None:  # NVFP4: x's codes must come in nv_order (quantize_q8_1(nv_order=True))
         block_n, blocks, warps, stages = tuple(config) if config is not None else NVFP4_CONFIG
         _moe_nvfp4_kernel[(triton.cdiv(w.rows, block_n), p_count)](
-            w.raw.view(torch.int32), w.raw, xq.qs.view(torch.int32), xq.d, ids, out, w.rows, w.k, out.stride(0), x_div,
-            BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, ASM=dp4a, num_warps=warps, **pdl.launch(dev))
+            w.raw.view(torch.int32), w.raw, xq.qs.view(torch.int32), xq.d, ids, out, sc, w.rows, w.k, out.stride(0), x_div,
+            part_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, ASM=dp4a, PARTS=parts, num_warps=warps,
+            **pdl.launch(dev))
         return out
     qtype = w.planes.qtype
     block_n, blocks, warps, stages = tuple(config) if config is not None else moe_mmvq_config(qtype, w.rows, w.k)
@@ -240,9 +260,9 @@ def moe_mmvq(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int, out: to
               for name in _PLANES[qtype]]
     planes += [planes[0]] * (4 - len(planes))
     _moe_mmvq_kernel[(triton.cdiv(w.rows, block_n), p_count)](
-        *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, ids, out, w.rows, w.k, out.stride(0), x_div,
-        QT=MMVQ_TYPES.index(qtype), BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[qtype],
-        G=blocks * _G_PER[qtype], DP4A=dp4a, num_warps=warps, **pdl.launch(dev))
+        *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, ids, out, sc, w.rows, w.k, out.stride(0), x_div,
+        part_rows, QT=MMVQ_TYPES.index(qtype), BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=_BLOCK[qtype],
+        G=blocks * _G_PER[qtype], DP4A=dp4a, PARTS=parts, num_warps=warps, **pdl.launch(dev))
     return out
 
 
@@ -266,9 +286,15 @@ def _nvfp4_reference(xq: Q8Act, w: ExpertWeights, ids: list[int], x_div: int) ->
     return torch.cat(out)
 
 
-def moe_mmvq_reference(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int) -> torch.Tensor:
+def moe_mmvq_reference(xq: Q8Act, w: ExpertWeights, ids: torch.Tensor, x_div: int,
+                       scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per pair, mmvq_reference (float64, exact integer dots) of the chosen expert's planes and its
-    x row's Q8_1 blocks (natural order, also for NVFP4) -> float32 (P, rows)."""
+    x row's Q8_1 blocks (natural order, also for NVFP4) -> float32 (P, rows), times `scale` as
+    moe_mmvq applies it."""
+    if scale is not None:
+        y = moe_mmvq_reference(xq, w, ids, x_div)
+        parts = scale.shape[1]
+        return (y.view(y.shape[0], parts, -1) * scale[ids.reshape(-1).long()].view(-1, parts, 1)).view_as(y)
     ids = ids.reshape(-1).tolist()
     if w.raw is not None:
         return _nvfp4_reference(xq, w, ids, x_div)
