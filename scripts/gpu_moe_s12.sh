@@ -15,6 +15,7 @@
 #                    the default) q8_0 KV
 #   kernels-quick    scripts/gpu_moe_mmvq.py without the sweep: every shape checked and timed as shipped
 #   kernels-nv       the NVFP4 shapes swept, the K-quant ones as shipped
+#   ab-fold NAME     tallow tg128 with TALLOW_MOE_SCALE_FOLD on, off, on again (scripts/gpu_ab.py), -r 3 each
 #   tg NAME          tg128 alone: tallow (TALLOW_MOE_MMVQ=1), then llama-bench
 #   debug NAME       one short bench with CUDA_LAUNCH_BLOCKING=1 (where an illegal access happens)
 #   plan NAME        tallow plan --device cuda --ctx 65536, what a load allocates (make_moe_twin --measure-load),
@@ -67,6 +68,8 @@ PY
     kernels-nv) say "kernels-nv: NVFP4 swept, the K-quant defaults"
       timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep --only NVFP4 2>&1 | grep -v Warning | tee $OUT/kernels_nv.txt | tail -8
       timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --only qwen3,Q4_K 2>&1 | grep -v Warning | tee $OUT/kernels_kq.txt | tail -8 ;;
+    ab-fold) name=$1; shift; say "ab-fold $name"; state
+      python3 scripts/gpu_ab.py --work $TW --twins $name --tests "-p 0 -n 128 -r 3" base TALLOW_MOE_SCALE_FOLD=0 base 2>&1 | tee -a $OUT/ab_fold.txt; state ;;
     tg) name=$1; shift; say "tg $name: tallow TALLOW_MOE_MMVQ=1, then llama-bench, tg128"
       TALLOW_MOE_MMVQ=1 python3 -m tallow.cli bench -m $TW/$name.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep "tg128:" | tee -a $OUT/tg.txt
       llama_json $TW/$name.gguf -p 0 -n 128 -r 5 | tee -a $OUT/tg.txt ;;
