@@ -760,7 +760,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
     "tallow.kernels.triton.moe_mmvq:moe_mmvq_reference", "tallow.kernels.triton.moe_mmvq:moe_mmvq_config",
-    "tallow.kernels.triton.moe_mmvq:moe_mmvq_ok",
+    "tallow.kernels.triton.moe_mmvq:moe_mmvq_ok", "tallow.kernels.triton.mmvq:nv_order_reference",
     # NVML/CPU readings printed beside bench figures, not kernels
     "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",
     "tallow.kernels.gpu.machine_state:gpu_state", "tallow.kernels.gpu.machine_state:machine_state",
