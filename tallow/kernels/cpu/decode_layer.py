@@ -1,0 +1,233 @@
+"""A CPU decode step of the llama block (llama, qwen2) in one C call (decode_layer.c): every layer's norms,
+products, RoPE, K/V write, attention and SwiGLU back to back, with the composed default path's bits.
+
+The composed step (models/llama.py's block) already runs its products, norms and attention in C, but
+reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much as
+the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
+the ones decode_layer.c computes, `run` whether a step and a pool are (one token, host start, an f16
+pool without rings, the default numerics with the C products, norms and attention in use) and runs it.
+
+SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
+found in torch's library, and checks at load that it gives F.silu's bits (`_vexp_ok`); where that is not
+so (another torch build, a CPU without AVX-512) the composed path runs.
+
+Switch (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ... import switches
+from . import ggml_dot
+
+__all__ = ["usable", "DecodeLayers", "swiglu"]
+
+_ABI = 1
+_state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
+
+
+class _Layer(ctypes.Structure):
+    """decode_layer.c's dl_layer_t."""
+
+    _fields_ = [("qkv", ctypes.c_void_p), ("out", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+                ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("skh", ctypes.c_int64), ("skt", ctypes.c_int64),
+                ("svh", ctypes.c_int64), ("svt", ctypes.c_int64), ("window", ctypes.c_int64)]
+
+
+class _Model(ctypes.Structure):
+    """decode_layer.c's dl_model_t."""
+
+    _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
+                ("ffn", ctypes.c_int64), ("neox", ctypes.c_int32), ("pad", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
+
+
+def _torch_vexp() -> int | None:
+    """The address of the 16-lane expf torch's AVX-512 kernels call (Sleef_expf16_u10 in libtorch_cpu),
+    or None where torch does not dispatch to its AVX-512 kernels."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        return ctypes.cast(ctypes.CDLL(path).Sleef_expf16_u10, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+def _vexp_ok(lib) -> bool:
+    """Whether the C SwiGLU gives F.silu(g) * u's bits: values over float32's whole range (both exp
+    edges, zeros, subnormals) in a length whose last n % 32 take torch's scalar loop."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.cat([torch.randn(4000, generator=gen) * s for s in (1.0, 8.0, 40.0)]
+                  + [torch.tensor([0.0, -0.0, 88.0, -88.0, 103.0, -103.0, 1e-40, -1e-40, 3e38, -3e38])])
+    g = torch.cat([g, g[:29]])  # 12039 values: the last 7 through the scalar loop
+    u = torch.randn(g.numel(), generator=gen)
+    y = torch.empty_like(g)
+    if lib.dl_swiglu(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()):
+        return False
+    return torch.equal(y.view(torch.int32), (F.silu(g) * u).view(torch.int32))
+
+
+def _lib():
+    """The library with decode_layer.c, its SwiGLU checked against torch's, or None (reason in _state)."""
+    if "lib" in _state:
+        return _state["lib"]
+    lib, why = ggml_dot._load(), ""
+    if lib is None or not hasattr(lib, "dl_decode"):
+        lib, why = None, "the C library is not built (or is from an older tallow)"
+    elif lib.dl_abi_version() != _ABI:
+        lib, why = None, "the C library is from another version of tallow; reinstall"
+    else:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.dl_decode.argtypes = [p, p, p, i64, p, p, i32]
+        lib.dl_decode.restype = i32
+        lib.dl_set_vexp.argtypes = [p]
+        lib.dl_set_vexp.restype = i32
+        lib.dl_swiglu.argtypes = [p, p, p, i64]
+        lib.dl_swiglu.restype = i32
+        if not lib.dl_set_vexp(_torch_vexp()):
+            lib, why = None, "torch does not run its AVX-512 kernels here (its SiLU could not be matched)"
+        elif not _vexp_ok(lib):
+            lib.dl_set_vexp(None)
+            lib, why = None, "this torch build's SiLU gives other bits than the C SwiGLU"
+    _state.update(lib=lib, why=why)
+    return lib
+
+
+def usable() -> bool:
+    return _lib() is not None
+
+
+def unavailable_reason() -> str:
+    _lib()
+    return _state["why"]
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The C SwiGLU on float32 vectors (tests: it must equal F.silu(g) * u bit for bit)."""
+    y = torch.empty_like(g)
+    if _lib().dl_swiglu(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()):
+        raise RuntimeError("no torch exp handed over")
+    return y
+
+
+def _c_product(linear):
+    """The GgmlDotGroup / GgmlDotLinear behind a block's linear (a FusedLinear of one run), or None."""
+    from .fused_linear import FusedLinear
+
+    if isinstance(linear, FusedLinear):
+        if len(linear.runs) != 1:
+            return None
+        linear = linear.runs[0]
+    return linear if type(linear) in (ggml_dot.GgmlDotGroup, ggml_dot.GgmlDotLinear) else None
+
+
+class DecodeLayers:
+    """A model's layers as decode_layer.c reads them: the products' plans, norms and biases (held here so
+    their addresses stay valid), and per KV pool the cache rows of every layer."""
+
+    def __init__(self, model, linears: list[tuple]):
+        spec, first = model.spec, model.spec.layers[0]
+        self.model = model
+        self.plans = []  # ggml_dot._Products: the C plans and the weights they point into
+        self.keep = []  # biases made contiguous
+        self.layers = (_Layer * len(linears))()
+        for c, (w, (qkv, out, gate_up, down)) in zip(self.layers, zip(model.layers, linears)):
+            runs = [ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True) for lin in (qkv, out, gate_up, down)]
+            self.plans.append(runs)
+            c.qkv, c.out, c.gate_up, c.down = (r.addr for r in runs)
+            c.attn_norm, c.ffn_norm = w.attn_norm.data_ptr(), w.ffn_norm.data_ptr()
+            if qkv.bias is not None:
+                bias = qkv.bias.float().contiguous()
+                self.keep.append(bias)
+                c.qkv_bias = bias.data_ptr()
+            c.window = spec.layers[w.index].sliding_window or 0
+        m = self.cmodel = _Model()
+        m.n_layers, m.dim, m.n_heads, m.n_kv = len(linears), spec.dim, first.n_heads, first.n_kv_heads
+        m.head_dim, m.v_head_dim, m.rope_dim = first.head_dim, first.v_head_dim, first.rope_dim
+        m.ffn = linears[0][3].in_features
+        m.neox, m.eps, m.scale = int(spec.rope_style == "neox"), spec.norm_eps, spec.attn_scale
+        m.layers = self.layers
+        self.table = model.rope[first.rope_key]
+        self.pool, self.k0 = None, 0  # the KV pool whose rows self.layers holds (a weakref), its first row's address
+        self.addr = ctypes.addressof(m)
+
+    @classmethod
+    def for_model(cls, model) -> "DecodeLayers | None":
+        """The C step for a llama/qwen2 model whose every layer decode_layer.c computes: the llama block and
+        feed-forward part unchanged, no Q/K norm, all four products in the C kernel, one head shape and one
+        RoPE table for every layer, the default numerics; else None."""
+        from ...models.llama import LlamaModel
+        from ...numerics import ggml_enabled
+
+        if model.place.on_gpu or ggml_enabled() or not ggml_dot.usable() or not usable():
+            return None
+        if type(model).block is not LlamaModel.block or type(model).mlp is not LlamaModel.mlp or model.qk_norm:
+            return None
+        spec, first = model.spec, model.spec.layers[0]
+        if any((l.n_heads, l.n_kv_heads, l.head_dim, l.v_head_dim, l.rope_key) !=
+               (first.n_heads, first.n_kv_heads, first.head_dim, first.v_head_dim, first.rope_key) for l in spec.layers):
+            return None
+        if spec.attn_logit_softcap is not None or first.n_heads % first.n_kv_heads:
+            return None
+        linears = []
+        for w in model.layers:
+            parts = tuple(_c_product(w.get(name)) for name in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"))
+            if any(p is None for p in parts) or any(p.bias is not None for p in parts[1:]):
+                return None
+            if w.attn_norm.dtype != torch.float32 or w.ffn_norm.dtype != torch.float32:
+                return None
+            linears.append(parts)
+        return cls(model, linears)
+
+    def _bind(self, kv) -> bool:
+        """Point every layer at kv's cache rows; False where the pool is not one decode_layer.c writes
+        (quantized, f32/bf16, rings, layers sharing another's cache)."""
+        if kv.scaled or kv.dtype != torch.float16 or kv.has_rings or len(kv.k) != len(self.layers):
+            return False
+        for c, k, v in zip(self.layers, kv.k, kv.v):
+            if k.stride(-1) != 1 or v.stride(-1) != 1:
+                return False
+            c.k, c.v = k.data_ptr(), v.data_ptr()
+            c.skh, c.skt, c.svh, c.svt = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
+        if len({c.k for c in self.layers}) != len(self.layers):  # a layer reading another's cache
+            return False
+        self.pool, self.k0 = weakref.ref(kv), kv.k[0].data_ptr()
+        return True
+
+    def applies(self, step, kv) -> bool:
+        """Whether this step runs here: one token from a host start, switches as the composed path needs
+        them to give these bits (C norms and C attention on, fast layers on), and kv bindable."""
+        from ...layers import c_attention_enabled, fast_paths_enabled
+        from ...models.step import DECODE
+
+        if step.phase != DECODE or not step.on_host or step.ids.shape[0] != 1:
+            return False
+        if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
+                and fast_paths_enabled() and c_attention_enabled()):
+            return False
+        bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
+        return bound or self._bind(kv)
+
+    def run(self, x: torch.Tensor, step, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (1, dim) the embedded token -> (the stream, the last layer's pending delta), as `_blocks`
+        returns them; the token's K/V written at step.start in every layer."""
+        start = step.start
+        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        delta = torch.empty_like(x)
+        rd = self.cmodel.rope_dim
+        cos = self.table.cos_full.data_ptr() + start * rd * 4  # (n, 1, rope_dim) float32, contiguous
+        sin = self.table.sin_signed.data_ptr() + start * rd * 4
+        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), start, cos, sin, max(1, torch.get_num_threads()))
+        if rc:
+            raise RuntimeError(f"the C decode step failed ({rc})")
+        kv.mark_written(start)
+        return x, delta
