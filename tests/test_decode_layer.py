@@ -1,0 +1,135 @@
+"""The whole llama/qwen2 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER): its
+logits are the composed default path's bit for bit (the reference: the same C products, norms and attention
+reached from Python, with torch's RoPE, f16 cast and SiLU between them), and it steps aside where it does not
+compute what the composed blocks compute."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
+
+from tallow import switches
+from tallow.kernels.cpu import decode_layer
+
+needs_c = pytest.mark.skipif(not decode_layer.usable(), reason=f"C decode step: {decode_layer.unavailable_reason()}")
+
+
+@needs_c
+@pytest.mark.parametrize("n", [1, 16, 31, 32, 33, 47, 1536, 8960, 8963])
+def test_swiglu_is_torchs(n):
+    """SiLU as torch's AVX-512 loop computes it (Sleef's expf on whole blocks of 32, libm's expf on the rest),
+    times up: the bits of F.silu(g) * u, over small, large and overflowing values."""
+    gen = torch.Generator().manual_seed(n)
+    for scale in (0.5, 4.0, 30.0, 120.0):
+        g = torch.randn(n, generator=gen) * scale
+        u = torch.randn(n, generator=gen)
+        assert torch.equal(decode_layer.swiglu(g, u).view(torch.int32), (F.silu(g) * u).view(torch.int32))
+
+
+def _model(path, kv_dtype="f16"):
+    from tallow.gguf_file import GGUFFile
+    from tallow.memory.kv_pool import KVPool
+    from tallow.models import build_model
+    from tallow.spec import spec_from_gguf
+
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    return build_model(gf, spec), KVPool(spec, 64, kv_dtype)
+
+
+def _logits(model, kv, ids, monkeypatch, on: bool, counter: list):
+    """A 6-token prompt, then the rest one decode step at a time; every step's logits."""
+    monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+    switches.refresh()
+    counter.clear()
+    kv.truncate(0)
+    out = [model.forward(ids[:6], 0, kv, all_logits=True)]
+    out += [model.forward([t], 6 + i, kv) for i, t in enumerate(ids[6:])]
+    return out
+
+
+def _count_runs(monkeypatch) -> list:
+    calls: list = []
+    real = decode_layer.DecodeLayers.run
+    monkeypatch.setattr(decode_layer.DecodeLayers, "run", lambda self, x, step, kv: calls.append(1) or real(self, x, step, kv))
+    return calls
+
+
+IDS = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120, 64, 33, 2, 190]
+
+
+@needs_c
+@pytest.mark.parametrize("arch,qtype", [("llama", QT.Q8_0), ("llama", QT.Q4_1), ("qwen2", QT.Q8_0), ("qwen2", QT.Q5_0)])
+def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
+    """Tiny random llama (norm RoPE) and qwen2 (neox RoPE, Q/K/V biases) models: 10 decode steps in one C
+    call each give the composed path's logits bit for bit, and the K/V they write are the same bits."""
+    from tiny_models import write_tiny_model
+
+    model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype))
+    assert model.c_decode is not None
+    calls = _count_runs(monkeypatch)
+    fast = _logits(model, kv, IDS, monkeypatch, True, calls)
+    assert len(calls) == len(IDS) - 6
+    k_fast = [k.clone() for k in kv.k]
+    ref = _logits(model, kv, IDS, monkeypatch, False, calls)
+    assert not calls
+    for a, b in zip(fast, ref):
+        assert torch.equal(a, b)
+    for a, b in zip(k_fast, kv.k):
+        assert torch.equal(a, b)
+
+
+@needs_c
+def test_steps_aside(tmp_path, monkeypatch):
+    """The composed blocks run where the C step does not compute what they compute: an int8 pool, a qwen3
+    model (per-head Q/K norms), TALLOW_NUMERICS=ggml, the torch RMSNorm (TALLOW_CPU_C_NORM=0)."""
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q8_0)
+    model, kv8 = _model(path, "int8")
+    calls = _count_runs(monkeypatch)
+    _logits(model, kv8, IDS[:8], monkeypatch, True, calls)
+    assert not calls
+    _, kv = _model(path)
+    monkeypatch.setenv("TALLOW_CPU_C_NORM", "0")
+    _logits(model, kv, IDS[:8], monkeypatch, True, calls)
+    assert not calls
+    monkeypatch.delenv("TALLOW_CPU_C_NORM")
+    _logits(model, kv, IDS[:8], monkeypatch, True, calls)
+    assert len(calls) == 2
+    assert _model(write_tiny_model("qwen3", tmp_path / "q3.gguf", qtype=QT.Q8_0))[0].c_decode is None
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    switches.refresh()
+    assert _model(path)[0].c_decode is None
+
+
+@needs_c
+def test_real_smollm2_bit_identical(monkeypatch):
+    """The real smollm2-135m (Q8_0/Q4_1 products, 30 layers, ffn 1536): a 20-token prompt and 24 decode steps,
+    greedy, every logit the composed path's."""
+    path = Path(os.path.expanduser("~/.cache/tallow/models/smollm2-135m.gguf"))
+    if not path.exists():
+        pytest.skip("smollm2-135m is not downloaded")
+    import tallow
+
+    engine = tallow.LLM(str(path), ctx=128, device="cpu").engine
+    assert engine.model.c_decode is not None
+
+    def run(on: bool):
+        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+        switches.refresh()
+        engine.reset()
+        out = [engine.prefill_chunk_at(list(range(100, 120)), 0)]
+        token = 5
+        for _ in range(24):
+            out.append(engine.decode_step(token).clone())
+            token = int(out[-1].argmax())
+        return out
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
