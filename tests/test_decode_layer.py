@@ -31,6 +31,26 @@ def test_swiglu_is_torchs(n):
         assert torch.equal(decode_layer.swiglu(g, u).view(torch.int32), (F.silu(g) * u).view(torch.int32))
 
 
+@needs_c
+@pytest.mark.parametrize("ffn", [1536, 8960, 4864, 2048])
+def test_swiglu_rows_are_torchs(ffn):
+    """A verification's rows: F.silu over (m, ffn) views of gate/up side by side, at 2 threads, gives every
+    value the C SwiGLU's row-by-row bits wherever `silu_rows_match` says so (smollm2: 1536, qwen2.5: 8960)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(ffn)
+        for m in range(1, 9):
+            gu = torch.randn(m, 2 * ffn, generator=gen) * 6
+            ref = F.silu(gu[:, :ffn]) * gu[:, ffn:]
+            rows = torch.stack([decode_layer.swiglu(r[:ffn].contiguous(), r[ffn:].contiguous()) for r in gu])
+            if decode_layer.silu_rows_match(m, ffn, 2):
+                assert torch.equal(rows.view(torch.int32), ref.view(torch.int32)), m
+    finally:
+        torch.set_num_threads(threads)
+    assert decode_layer.silu_rows_match(8, 8960, 2) and decode_layer.silu_rows_match(8, 1536, 2)
+
+
 def _model(path, kv_dtype="f16"):
     from tallow.gguf_file import GGUFFile
     from tallow.memory.kv_pool import KVPool
@@ -85,6 +105,30 @@ def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
 
 
 @needs_c
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
+    """A speculative verification (VERIFY, 2..8 rows) in one C call: the composed verification's logits and
+    K/V bit for bit, and so each row the decode step's."""
+    from tallow.models.step import VERIFY
+    from tiny_models import write_tiny_model
+
+    model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0))
+    calls = _count_runs(monkeypatch)
+    out = {}
+    for on in (True, False):
+        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+        switches.refresh()
+        calls.clear()
+        kv.truncate(0)
+        model.forward(IDS[:6], 0, kv)
+        rows = [model.forward(IDS[6 : 6 + m], 6, kv, all_logits=True, phase=VERIFY) for m in (2, 5, 8)]
+        out[on] = rows, [k[:, :14].clone() for k in kv.k], len(calls)
+    assert out[True][2] == 3 and out[False][2] == 0
+    for a, b in zip(out[True][0] + out[True][1], out[False][0] + out[False][1]):
+        assert torch.equal(a, b)
+
+
+@needs_c
 def test_steps_aside(tmp_path, monkeypatch):
     """The composed blocks run where the C step does not compute what they compute: an int8 pool, a qwen3
     model (per-head Q/K norms), TALLOW_NUMERICS=ggml, the torch RMSNorm (TALLOW_CPU_C_NORM=0)."""
@@ -133,3 +177,12 @@ def test_real_smollm2_bit_identical(monkeypatch):
 
     for a, b in zip(run(True), run(False)):
         assert torch.equal(a, b)
+    for on in (True, False):  # a verification of 6 rows after the prompt, through the engine
+        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+        switches.refresh()
+        engine.reset()
+        engine.prefill_chunk_at(list(range(100, 120)), 0)
+        rows = engine.decode_rows([5, 900, 17, 33, 2000, 7])
+        if on:
+            fast = rows.clone()
+    assert torch.equal(fast, rows)

@@ -1,6 +1,7 @@
 /* A whole decode step of the llama block (llama, qwen2: smollm2, qwen2.5) in one C call: every layer's
  * add + RMSNorm, Q/K/V product (+ bias), RoPE, the K/V write into the f16 pool, attention, output
- * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token.
+ * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token or the rows of a
+ * speculative verification.
  *
  * Why: with the products, the norms and the attention already in C, a decode step of smollm2 (30
  * layers) still made ~13 Python-level calls a layer and ~25 torch calls around them (views, RoPE's
@@ -21,7 +22,9 @@
  *   - SwiGLU: torch's CPU silu, x / (1 + exp(-x)): its AVX-512 loop takes 32 values at a time through
  *     Sleef's expf (u10, 16 lanes), the last n % 32 values through libm's expf; the exp here is that
  *     same Sleef function, its address handed over from torch's library (decode_layer.py) and checked
- *     against F.silu at load; then one rounded product with up.
+ *     against F.silu at load; then one rounded product with up. (Over the rows of a verification torch may
+ *     split the values between threads, each piece with its own scalar tail: decode_layer.py takes only
+ *     row counts whose pieces start on whole blocks of 32, where every value is computed as here.)
  * tests/test_decode_layer.py compares the logits of both paths bit for bit.
  *
  * Threads: the products and the attention open their own OpenMP regions as when called from Python;
@@ -140,58 +143,68 @@ static float *scratch_floats(int64_t n) {
     return buf;
 }
 
-/* The token at position `pos` through every layer. x (dim): the residual stream (embedding in, the
- * stream before the last layer's delta out, in place); delta (dim): the last layer's down product out,
- * left unadded as the composed blocks leave it (the output norm adds it). cos, sin: the RoPE tables'
- * rows at pos (rope_dim floats each). Returns 0; -1 without torch's exp, -2 when scratch cannot be
- * allocated, -3 when a product refuses. */
-int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t pos, const float *cos, const float *sin, int nthreads) {
+/* m consecutive tokens at positions pos.. through every layer: one decode token (m = 1), or the rows of a
+ * speculative verification (m <= 8), each row computed as its own decode step computes it (the products
+ * take every row in vec_dot's order whatever m is; row i attends keys ..pos + i, as the composed
+ * verification's query-by-query attention does). x (m, dim): the residual stream (the embeddings in; the
+ * stream before the last layer's delta out, in place); delta (m, dim): the last layer's down product,
+ * left unadded as the composed blocks leave it (the output norm adds it). cos, sin: the RoPE tables' row
+ * at pos (rope_dim floats per position, the next rows following). Returns 0; -1 without torch's exp, -2
+ * when scratch cannot be allocated, -3 when a product refuses. */
+int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t pos, const float *cos, const float *sin,
+              int nthreads) {
 #if DL_X86
     if (!g_vexp) return -1;
 #else
     return -1;
 #endif
     const int64_t dim = M->dim, nh = M->n_heads, nkv = M->n_kv, hd = M->head_dim, vhd = M->v_head_dim, ffn = M->ffn;
-    const int64_t nqk = (nh + nkv) * hd, nqkv = nqk + nkv * vhd;
+    const int64_t rd = M->rope_dim, nqk = (nh + nkv) * hd, nqkv = nqk + nkv * vhd;
     int64_t act = 0; /* the products' quantized activations, in bytes, for the largest plan */
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
         const tg_plan_t *plans[4] = {L->qkv, L->out, L->gate_up, L->down};
         for (int i = 0; i < 4; i++) {
-            const int64_t b = tg_plan_scratch(plans[i], 1);
+            const int64_t b = tg_plan_scratch(plans[i], m);
             if (b > act) act = b;
         }
     }
-    const int64_t floats = dim + nqkv + nqk + nh * vhd + dim + 2 * ffn + ffn + (act + 3) / 4 + 64;
+    const int64_t floats = m * (dim + nqkv + nqk + nh * vhd + dim + 3 * ffn) + (act + 3) / 4 + 64;
     float *buf = scratch_floats(floats);
     if (!buf) return -2;
-    float *h = buf, *qkv = h + dim, *qk = qkv + nqkv, *att = qk + nqk, *o = att + nh * vhd, *gu = o + dim, *g = gu + 2 * ffn;
-    uint8_t *xq = (uint8_t *)(g + ffn);
+    float *h = buf, *qkv = h + m * dim, *qk = qkv + m * nqkv, *att = qk + m * nqk, *o = att + m * nh * vhd;
+    float *gu = o + m * dim, *g = gu + m * 2 * ffn;
+    uint8_t *xq = (uint8_t *)(g + m * ffn);
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
         /* x, h = add_norm(x, delta, attn_norm): nothing pending before the first layer */
-        go_rms_norm(x, dim, l ? delta : NULL, l ? x : NULL, 1, dim, L->attn_norm, 1, M->eps, h);
-        if (tg_linear_multi(L->qkv, h, 1, xq, qkv, nthreads)) return -3;
-        if (L->qkv_bias)
-            for (int64_t i = 0; i < nqkv; i++) qkv[i] = qkv[i] + L->qkv_bias[i];
-        rope_heads(M, qkv, qk, nh + nkv, cos, sin);
-        for (int64_t kh = 0; kh < nkv; kh++) {
-            uint16_t *kr = L->k + kh * L->skh + pos * L->skt, *vr = L->v + kh * L->svh + pos * L->svt;
-            const float *ks = qk + (nh + kh) * hd, *vs = qkv + nqk + kh * vhd;
-            for (int64_t j = 0; j < hd; j++) kr[j] = tg_f32_to_f16(ks[j]);
-            for (int64_t j = 0; j < vhd; j++) vr[j] = tg_f32_to_f16(vs[j]);
+        go_rms_norm(x, dim, l ? delta : NULL, l ? x : NULL, m, dim, L->attn_norm, 1, M->eps, h);
+        if (tg_linear_multi(L->qkv, h, m, xq, qkv, nthreads)) return -3;
+        for (int64_t r = 0; r < m; r++) {
+            float *row = qkv + r * nqkv, *rot = qk + r * nqk;
+            if (L->qkv_bias)
+                for (int64_t i = 0; i < nqkv; i++) row[i] = row[i] + L->qkv_bias[i];
+            rope_heads(M, row, rot, nh + nkv, cos + r * rd, sin + r * rd);
+            for (int64_t kh = 0; kh < nkv; kh++) {
+                uint16_t *kr = L->k + kh * L->skh + (pos + r) * L->skt, *vr = L->v + kh * L->svh + (pos + r) * L->svt;
+                const float *ks = rot + (nh + kh) * hd, *vs = row + nqk + kh * vhd;
+                for (int64_t j = 0; j < hd; j++) kr[j] = tg_f32_to_f16(ks[j]);
+                for (int64_t j = 0; j < vhd; j++) vr[j] = tg_f32_to_f16(vs[j]);
+            }
         }
-        const int64_t end = pos + 1, begin = L->window && end > L->window ? end - L->window : 0;
-        if (ta_attend_f16(qk, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt, L->svh, L->svt, begin, end,
-                          M->scale, 0.0f, att, nthreads))
-            return -2;
-        if (tg_linear_multi(L->out, att, 1, xq, o, nthreads)) return -3;
-        go_rms_norm(x, dim, o, x, 1, dim, L->ffn_norm, 1, M->eps, h);
-        if (tg_linear_multi(L->gate_up, h, 1, xq, gu, nthreads)) return -3;
+        for (int64_t r = 0; r < m; r++) { /* every row's K/V is written: row r sees keys ..pos + r */
+            const int64_t end = pos + r + 1, begin = L->window && end > L->window ? end - L->window : 0;
+            if (ta_attend_f16(qk + r * nqk, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt, L->svh,
+                              L->svt, begin, end, M->scale, 0.0f, att + r * nh * vhd, nthreads))
+                return -2;
+        }
+        if (tg_linear_multi(L->out, att, m, xq, o, nthreads)) return -3;
+        go_rms_norm(x, dim, o, x, m, dim, L->ffn_norm, 1, M->eps, h);
+        if (tg_linear_multi(L->gate_up, h, m, xq, gu, nthreads)) return -3;
 #if DL_X86
-        swiglu_torch(gu, gu + ffn, g, ffn);
+        for (int64_t r = 0; r < m; r++) swiglu_torch(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, g + r * ffn, ffn);
 #endif
-        if (tg_linear_multi(L->down, g, 1, xq, delta, nthreads)) return -3;
+        if (tg_linear_multi(L->down, g, m, xq, delta, nthreads)) return -3;
     }
     return 0;
 }

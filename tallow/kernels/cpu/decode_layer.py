@@ -1,11 +1,12 @@
 """A CPU decode step of the llama block (llama, qwen2) in one C call (decode_layer.c): every layer's norms,
-products, RoPE, K/V write, attention and SwiGLU back to back, with the composed default path's bits.
+products, RoPE, K/V write, attention and SwiGLU back to back, with the composed default path's bits; the
+rows of a speculative verification too, each as its decode step computes it.
 
 The composed step (models/llama.py's block) already runs its products, norms and attention in C, but
 reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much as
 the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
-the ones decode_layer.c computes, `run` whether a step and a pool are (one token, host start, an f16
-pool without rings, the default numerics with the C products, norms and attention in use) and runs it.
+the ones decode_layer.c computes, `applies` whether a step and a pool are (one token or up to 8 verified
+rows, host start, an f16 pool without rings, the C products, norms and attention in use), `run` runs it.
 
 SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
 found in torch's library, and checks at load that it gives F.silu's bits (`_vexp_ok`); where that is not
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from ... import switches
 from . import ggml_dot
 
-__all__ = ["usable", "DecodeLayers", "swiglu"]
+__all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
 _ABI = 1
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
@@ -87,7 +88,7 @@ def _lib():
         lib, why = None, "the C library is from another version of tallow; reinstall"
     else:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.dl_decode.argtypes = [p, p, p, i64, p, p, i32]
+        lib.dl_decode.argtypes = [p, p, p, i64, i64, p, p, i32]
         lib.dl_decode.restype = i32
         lib.dl_set_vexp.argtypes = [p]
         lib.dl_set_vexp.restype = i32
@@ -117,6 +118,19 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if _lib().dl_swiglu(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()):
         raise RuntimeError("no torch exp handed over")
     return y
+
+
+def silu_rows_match(m: int, ffn: int, threads: int) -> bool:
+    """Whether F.silu over m rows of ffn values gives each value the bits the C SwiGLU gives it row by row.
+    torch's CPU loop runs serially under 32768 values (at::internal::GRAIN_SIZE), else splits them into
+    equal pieces, one per thread, and each piece takes Sleef's exp on whole blocks of 32 values and libm's
+    on its last ones: the same as row by row when no block or tail moves, i.e. ffn and every piece a
+    multiple of 32 (tests/test_decode_layer.py checks it at the real models' widths)."""
+    total = m * ffn
+    if total < 32768:
+        return True
+    pieces = min(max(1, threads), -(-total // 32768))
+    return ffn % 32 == 0 and total % (32 * pieces) == 0
 
 
 def _c_product(linear):
@@ -204,12 +218,15 @@ class DecodeLayers:
         return True
 
     def applies(self, step, kv) -> bool:
-        """Whether this step runs here: one token from a host start, switches as the composed path needs
-        them to give these bits (C norms and C attention on, fast layers on), and kv bindable."""
+        """Whether this step runs here: one decode token, or a speculative verification's rows (up to the C
+        products' MAX_ROWS, where torch's SiLU computes each row's values as one row's), from a host start;
+        switches as the composed path needs them to give these bits (C norms and C attention on, fast
+        layers on); and kv bindable."""
         from ...layers import c_attention_enabled, fast_paths_enabled
-        from ...models.step import DECODE
+        from ...models.step import DECODE, VERIFY
 
-        if step.phase != DECODE or not step.on_host or step.ids.shape[0] != 1:
+        m = step.ids.shape[0]
+        if not step.on_host or not (step.phase == DECODE and m == 1 or step.phase == VERIFY and self._rows_ok(m)):
             return False
         if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
                 and fast_paths_enabled() and c_attention_enabled()):
@@ -217,17 +234,21 @@ class DecodeLayers:
         bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
         return bound or self._bind(kv)
 
+    def _rows_ok(self, m: int) -> bool:
+        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and silu_rows_match(m, self.cmodel.ffn, torch.get_num_threads())
+
     def run(self, x: torch.Tensor, step, kv) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (1, dim) the embedded token -> (the stream, the last layer's pending delta), as `_blocks`
-        returns them; the token's K/V written at step.start in every layer."""
-        start = step.start
+        """x (m, dim) the embedded tokens -> (the stream, the last layer's pending delta), as `_blocks`
+        returns them; the tokens' K/V written at step.start.. in every layer."""
+        start, m = step.start, x.shape[0]
         x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         delta = torch.empty_like(x)
         rd = self.cmodel.rope_dim
         cos = self.table.cos_full.data_ptr() + start * rd * 4  # (n, 1, rope_dim) float32, contiguous
         sin = self.table.sin_signed.data_ptr() + start * rd * 4
-        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), start, cos, sin, max(1, torch.get_num_threads()))
+        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), m, start, cos, sin,
+                                     max(1, torch.get_num_threads()))
         if rc:
             raise RuntimeError(f"the C decode step failed ({rc})")
-        kv.mark_written(start)
+        kv.mark_written(start + m - 1)
         return x, delta
