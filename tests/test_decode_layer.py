@@ -84,10 +84,13 @@ IDS = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120, 64, 33, 2, 190]
 
 
 @needs_c
-@pytest.mark.parametrize("arch,qtype", [("llama", QT.Q8_0), ("llama", QT.Q4_1), ("qwen2", QT.Q8_0), ("qwen2", QT.Q5_0)])
+@pytest.mark.parametrize("arch,qtype", [("llama", QT.Q8_0), ("llama", QT.Q4_1), ("qwen2", QT.Q8_0), ("qwen2", QT.Q5_0),
+                                        ("qwen3", QT.Q8_0), ("gemma3", QT.Q8_0)])
 def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
-    """Tiny random llama (norm RoPE) and qwen2 (neox RoPE, Q/K/V biases) models: 10 decode steps in one C
-    call each give the composed path's logits bit for bit, and the K/V they write are the same bits."""
+    """Tiny random llama (norm RoPE), qwen2 (neox RoPE, Q/K/V biases), qwen3 (per-head Q/K norms) and gemma3
+    (sandwich norms, GeGLU, scaled embeddings, two RoPE bases, sliding windows of 8 keys: the steps run past
+    them) models: 10 decode steps in one C call each give the composed path's logits bit for bit, and the
+    K/V they write are the same bits."""
     from tiny_models import write_tiny_model
 
     model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype))
@@ -105,7 +108,7 @@ def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
 
 
 @needs_c
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
     """A speculative verification (VERIFY, 2..8 rows) in one C call: the composed verification's logits and
     K/V bit for bit, and so each row the decode step's."""
@@ -130,8 +133,9 @@ def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
 
 @needs_c
 def test_steps_aside(tmp_path, monkeypatch):
-    """The composed blocks run where the C step does not compute what they compute: an int8 pool, a qwen3
-    model (per-head Q/K norms), TALLOW_NUMERICS=ggml, the torch RMSNorm (TALLOW_CPU_C_NORM=0)."""
+    """The composed blocks run where the C step does not compute what they compute: an int8 pool, a pool with
+    rings (gemma3's sliding layers wrap: torch's attention over the window), TALLOW_NUMERICS=ggml, the torch
+    RMSNorm (TALLOW_CPU_C_NORM=0)."""
     from tiny_models import write_tiny_model
 
     path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q8_0)
@@ -146,43 +150,53 @@ def test_steps_aside(tmp_path, monkeypatch):
     monkeypatch.delenv("TALLOW_CPU_C_NORM")
     _logits(model, kv, IDS[:8], monkeypatch, True, calls)
     assert len(calls) == 2
-    assert _model(write_tiny_model("qwen3", tmp_path / "q3.gguf", qtype=QT.Q8_0))[0].c_decode is None
+    g3, _ = _model(write_tiny_model("gemma3", tmp_path / "g3.gguf", qtype=QT.Q8_0))
+    from tallow.memory.kv_pool import KVPool
+
+    ring = KVPool(g3.spec, 64, max_chunk=4)  # the sliding layers hold 8 + 4 - 1 slots
+    assert ring.has_rings
+    _logits(g3, ring, IDS, monkeypatch, True, calls)
+    assert not calls
     monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
     switches.refresh()
     assert _model(path)[0].c_decode is None
 
 
+REAL = [pytest.param("smollm2-135m", 20, 128, id="smollm2"),
+        pytest.param("gemma3-270m", 600, 700, id="gemma3"),  # past its 512-key window, no ring at ctx 700
+        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow)]
+
+
 @needs_c
-def test_real_smollm2_bit_identical(monkeypatch):
-    """The real smollm2-135m (Q8_0/Q4_1 products, 30 layers, ffn 1536): a 20-token prompt and 24 decode steps,
-    greedy, every logit the composed path's."""
-    path = Path(os.path.expanduser("~/.cache/tallow/models/smollm2-135m.gguf"))
+@pytest.mark.parametrize("name,prompt,ctx", REAL)
+def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
+    """The real files (smollm2: Q8_0/Q4_1 products, ffn 1536; gemma3: Q/K norms, GeGLU, two RoPE bases, the
+    sliding window; qwen2.5: Q4_K/Q6_K, biases, ffn 8960): a prompt and 24 greedy decode steps, then a
+    verification of 6 rows through engine.decode_rows, every logit the composed path's, every step in C."""
+    path = Path(os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
     if not path.exists():
-        pytest.skip("smollm2-135m is not downloaded")
+        pytest.skip(f"{name} is not downloaded")
     import tallow
 
-    engine = tallow.LLM(str(path), ctx=128, device="cpu").engine
+    engine = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
     assert engine.model.c_decode is not None
+    calls = _count_runs(monkeypatch)
+    ids = [100 + (7 * i) % 900 for i in range(prompt)]
 
     def run(on: bool):
         monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
         switches.refresh()
+        calls.clear()
         engine.reset()
-        out = [engine.prefill_chunk_at(list(range(100, 120)), 0)]
+        out = [engine.prefill_chunk_at(ids, 0)]
         token = 5
         for _ in range(24):
             out.append(engine.decode_step(token).clone())
             token = int(out[-1].argmax())
-        return out
+        out.append(engine.decode_rows([5, 900, 17, 33, 2000, 7]))
+        return out, len(calls)
 
-    for a, b in zip(run(True), run(False)):
+    (fast, n_fast), (ref, n_ref) = run(True), run(False)
+    assert n_fast == 25 and n_ref == 0
+    for a, b in zip(fast, ref):
         assert torch.equal(a, b)
-    for on in (True, False):  # a verification of 6 rows after the prompt, through the engine
-        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
-        switches.refresh()
-        engine.reset()
-        engine.prefill_chunk_at(list(range(100, 120)), 0)
-        rows = engine.decode_rows([5, 900, 17, 33, 2000, 7])
-        if on:
-            fast = rows.clone()
-    assert torch.equal(fast, rows)

@@ -1,4 +1,4 @@
-/* A whole decode step of the llama block (llama, qwen2: smollm2, qwen2.5) in one C call: every layer's
+/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5) or gemma3's in one C call: every layer's
  * add + RMSNorm, Q/K/V product (+ bias), RoPE, the K/V write into the f16 pool, attention, output
  * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token or the rows of a
  * speculative verification.
@@ -8,7 +8,7 @@
  * four kernels, the K/V casts, SiLU and its product, allocations): about as long as the products
  * themselves (docs/performance.md, session 12). Here the layers run back to back without Python.
  *
- * Same bits as the composed default path (models/llama.py's block with TALLOW_CPU_GGML_DOT,
+ * Same bits as the composed default path (models/llama.py's and gemma3.py's blocks with TALLOW_CPU_GGML_DOT,
  * TALLOW_CPU_C_NORM and TALLOW_CPU_C_ATTENTION on), because every step is either the same C function
  * it calls or the float operations torch performs there, in the same order:
  *   - norms: go_rms_norm (ggml_ops.c), the residual add in the same call, as ops.add_norm does;
@@ -19,6 +19,10 @@
  *     sin_signed); the part of a head past rope_dim copied;
  *   - K/V: float to f16 rounded to nearest even (tg_f32_to_f16, as torch's .to(float16));
  *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end);
+ *   - GeGLU (gemma3): layers.geglu's F.gelu(gate.half(), approximate="tanh") * up: gate rounded to f16, the
+ *     GELU of that f16 value read from a table torch computed for all 65536 of them at load, times up;
+ *   - gemma3's Q/K norm (one weight row per head) and post-attention / post-feed-forward norms: go_rms_norm
+ *     where ops.norm and rms_norm call it;
  *   - SwiGLU: torch's CPU silu, x / (1 + exp(-x)): its AVX-512 loop takes 32 values at a time through
  *     Sleef's expf (u10, 16 lanes), the last n % 32 values through libm's expf; the exp here is that
  *     same Sleef function, its address handed over from torch's library (decode_layer.py) and checked
@@ -46,24 +50,28 @@
 void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_out, int64_t rows, int64_t n, const float *w,
                  int64_t w_rows, float eps, float *y); /* ggml_ops.c */
 
-/* One layer: its plans and norm weights (held by the Python side), its cache rows. */
+/* One layer: its plans and norm weights (held by the Python side), its RoPE table, its cache rows. */
 typedef struct {
     const tg_plan_t *qkv, *out, *gate_up, *down;
     const float *attn_norm, *ffn_norm;
-    const float *qkv_bias; /* NULL: none */
-    uint16_t *k, *v;       /* the pool's f16 tensors of this layer, (n_kv, n_ctx, dim) */
+    const float *qkv_bias;                     /* NULL: none */
+    const float *qk_norm;                      /* (n_heads + n_kv, head_dim), one row per head; NULL: none */
+    const float *post_attn_norm, *post_ffw_norm; /* gemma3's sandwich norms; NULL: none */
+    const float *cos, *sin;                    /* RotaryTables' cos_full, sin_signed: rope_dim floats per position */
+    uint16_t *k, *v;                           /* the pool's f16 tensors of this layer, (n_kv, n_ctx, dim) */
     int64_t skh, skt, svh, svt;
     int64_t window; /* 0: none */
 } dl_layer_t;
 
 typedef struct {
     int64_t n_layers, dim, n_heads, n_kv, head_dim, v_head_dim, rope_dim, ffn;
-    int32_t neox, pad;
+    int32_t neox, geglu; /* geglu: GELU(gate) * up through `gelu`, else SwiGLU */
     float eps, scale;
+    const float *gelu; /* torch's fp16 GELU (tanh) of every fp16 value, as float (65536) */
     const dl_layer_t *layers;
 } dl_model_t;
 
-int dl_abi_version(void) { return 1; }
+int dl_abi_version(void) { return 2; }
 
 /* ------------------------------------------------------------------ SiLU as torch computes it */
 
@@ -148,11 +156,9 @@ static float *scratch_floats(int64_t n) {
  * take every row in vec_dot's order whatever m is; row i attends keys ..pos + i, as the composed
  * verification's query-by-query attention does). x (m, dim): the residual stream (the embeddings in; the
  * stream before the last layer's delta out, in place); delta (m, dim): the last layer's down product,
- * left unadded as the composed blocks leave it (the output norm adds it). cos, sin: the RoPE tables' row
- * at pos (rope_dim floats per position, the next rows following). Returns 0; -1 without torch's exp, -2
+ * left unadded as the composed blocks leave it (the output norm adds it). Returns 0; -1 without torch's exp, -2
  * when scratch cannot be allocated, -3 when a product refuses. */
-int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t pos, const float *cos, const float *sin,
-              int nthreads) {
+int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t pos, int nthreads) {
 #if DL_X86
     if (!g_vexp) return -1;
 #else
@@ -169,12 +175,12 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
             if (b > act) act = b;
         }
     }
-    const int64_t floats = m * (dim + nqkv + nqk + nh * vhd + dim + 3 * ffn) + (act + 3) / 4 + 64;
+    const int64_t floats = m * (dim + 2 * nqkv + nqk + nh * vhd + dim + 3 * ffn) + (act + 3) / 4 + 64;
     float *buf = scratch_floats(floats);
     if (!buf) return -2;
     float *h = buf, *qkv = h + m * dim, *qk = qkv + m * nqkv, *att = qk + m * nqk, *o = att + m * nh * vhd;
-    float *gu = o + m * dim, *g = gu + m * 2 * ffn;
-    uint8_t *xq = (uint8_t *)(g + m * ffn);
+    float *gu = o + m * dim, *g = gu + m * 2 * ffn, *normed = g + m * ffn;
+    uint8_t *xq = (uint8_t *)(normed + m * nqkv);
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
         /* x, h = add_norm(x, delta, attn_norm): nothing pending before the first layer */
@@ -184,7 +190,13 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
             float *row = qkv + r * nqkv, *rot = qk + r * nqk;
             if (L->qkv_bias)
                 for (int64_t i = 0; i < nqkv; i++) row[i] = row[i] + L->qkv_bias[i];
-            rope_heads(M, row, rot, nh + nkv, cos + r * rd, sin + r * rd);
+            const float *heads = row;
+            if (L->qk_norm) { /* rms_norm over each Q and K head, head h with weight row h */
+                go_rms_norm(row, hd, NULL, NULL, nh + nkv, hd, L->qk_norm, nh + nkv, M->eps, normed + r * nqkv);
+                heads = normed + r * nqkv;
+            }
+            const int64_t at = pos + r;
+            rope_heads(M, heads, rot, nh + nkv, L->cos + at * rd, L->sin + at * rd);
             for (int64_t kh = 0; kh < nkv; kh++) {
                 uint16_t *kr = L->k + kh * L->skh + (pos + r) * L->skt, *vr = L->v + kh * L->svh + (pos + r) * L->svt;
                 const float *ks = rot + (nh + kh) * hd, *vs = row + nqk + kh * vhd;
@@ -199,12 +211,22 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
                 return -2;
         }
         if (tg_linear_multi(L->out, att, m, xq, o, nthreads)) return -3;
+        if (L->post_attn_norm) go_rms_norm(o, dim, NULL, NULL, m, dim, L->post_attn_norm, 1, M->eps, o); /* in place */
         go_rms_norm(x, dim, o, x, m, dim, L->ffn_norm, 1, M->eps, h);
         if (tg_linear_multi(L->gate_up, h, m, xq, gu, nthreads)) return -3;
+        for (int64_t r = 0; r < m; r++) {
+            const float *gr = gu + r * 2 * ffn, *ur = gr + ffn;
+            float *yr = g + r * ffn;
+            if (M->geglu) {
+                for (int64_t i = 0; i < ffn; i++) yr[i] = M->gelu[tg_f32_to_f16(gr[i])] * ur[i];
+            } else {
 #if DL_X86
-        for (int64_t r = 0; r < m; r++) swiglu_torch(gu + r * 2 * ffn, gu + r * 2 * ffn + ffn, g + r * ffn, ffn);
+                swiglu_torch(gr, ur, yr, ffn);
 #endif
+            }
+        }
         if (tg_linear_multi(L->down, g, m, xq, delta, nthreads)) return -3;
+        if (L->post_ffw_norm) go_rms_norm(delta, dim, NULL, NULL, m, dim, L->post_ffw_norm, 1, M->eps, delta);
     }
     return 0;
 }

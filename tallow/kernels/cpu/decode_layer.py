@@ -29,7 +29,7 @@ from . import ggml_dot
 
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
-_ABI = 1
+_ABI = 2
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
 
 
@@ -38,7 +38,8 @@ class _Layer(ctypes.Structure):
 
     _fields_ = [("qkv", ctypes.c_void_p), ("out", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
                 ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
-                ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("skh", ctypes.c_int64), ("skt", ctypes.c_int64),
+                ("qk_norm", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("post_ffw_norm", ctypes.c_void_p),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("skh", ctypes.c_int64), ("skt", ctypes.c_int64),
                 ("svh", ctypes.c_int64), ("svt", ctypes.c_int64), ("window", ctypes.c_int64)]
 
 
@@ -47,8 +48,8 @@ class _Model(ctypes.Structure):
 
     _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
                 ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
-                ("ffn", ctypes.c_int64), ("neox", ctypes.c_int32), ("pad", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
+                ("ffn", ctypes.c_int64), ("neox", ctypes.c_int32), ("geglu", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("gelu", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer))]
 
 
 def _torch_vexp() -> int | None:
@@ -88,7 +89,7 @@ def _lib():
         lib, why = None, "the C library is from another version of tallow; reinstall"
     else:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.dl_decode.argtypes = [p, p, p, i64, i64, p, p, i32]
+        lib.dl_decode.argtypes = [p, p, p, i64, i64, i32]
         lib.dl_decode.restype = i32
         lib.dl_set_vexp.argtypes = [p]
         lib.dl_set_vexp.restype = i32
@@ -120,17 +121,20 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def silu_rows_match(m: int, ffn: int, threads: int) -> bool:
+def silu_rows_match(m: int, ffn: int, threads: int, block: int = 32) -> bool:
     """Whether F.silu over m rows of ffn values gives each value the bits the C SwiGLU gives it row by row.
     torch's CPU loop runs serially under 32768 values (at::internal::GRAIN_SIZE), else splits them into
     equal pieces, one per thread, and each piece takes Sleef's exp on whole blocks of 32 values and libm's
     on its last ones: the same as row by row when no block or tail moves, i.e. ffn and every piece a
-    multiple of 32 (tests/test_decode_layer.py checks it at the real models' widths)."""
+    multiple of 32 (tests/test_decode_layer.py checks it at the real models' widths). GeGLU's fp16 GELU
+    works in blocks of 64 (`block`) over the rows' values flattened."""
     total = m * ffn
+    if block == 64 and ffn % 64:  # its tail would be the last row's only
+        return False
     if total < 32768:
         return True
     pieces = min(max(1, threads), -(-total // 32768))
-    return ffn % 32 == 0 and total % (32 * pieces) == 0
+    return ffn % block == 0 and total % (block * pieces) == 0
 
 
 def _c_product(linear):
@@ -148,47 +152,66 @@ class DecodeLayers:
     """A model's layers as decode_layer.c reads them: the products' plans, norms and biases (held here so
     their addresses stay valid), and per KV pool the cache rows of every layer."""
 
-    def __init__(self, model, linears: list[tuple]):
+    def __init__(self, model, linears: list[tuple], geglu: bool):
         spec, first = model.spec, model.spec.layers[0]
-        self.model = model
         self.plans = []  # ggml_dot._Products: the C plans and the weights they point into
-        self.keep = []  # biases made contiguous
+        self.keep = []  # biases made contiguous, the GELU table
         self.layers = (_Layer * len(linears))()
         for c, (w, (qkv, out, gate_up, down)) in zip(self.layers, zip(model.layers, linears)):
             runs = [ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True) for lin in (qkv, out, gate_up, down)]
             self.plans.append(runs)
             c.qkv, c.out, c.gate_up, c.down = (r.addr for r in runs)
             c.attn_norm, c.ffn_norm = w.attn_norm.data_ptr(), w.ffn_norm.data_ptr()
+            for field, name in (("qk_norm", "attn_qk_norm"), ("post_attn_norm", "post_attention_norm"),
+                                ("post_ffw_norm", "post_ffw_norm")):
+                t = w.get(name)
+                if t is not None:
+                    t = t.contiguous()
+                    self.keep.append(t)
+                    setattr(c, field, t.data_ptr())
             if qkv.bias is not None:
                 bias = qkv.bias.float().contiguous()
                 self.keep.append(bias)
                 c.qkv_bias = bias.data_ptr()
             c.window = spec.layers[w.index].sliding_window or 0
+        # Each layer's RoPE table (gemma3: local and global bases), its pointers renewed when it grows.
+        self.tables = {}
+        for i, layer in enumerate(spec.layers):
+            self.tables.setdefault(layer.rope_key, (model.rope[layer.rope_key], []))[1].append(i)
+        self.table_at = {key: (0, 0) for key in self.tables}
         m = self.cmodel = _Model()
         m.n_layers, m.dim, m.n_heads, m.n_kv = len(linears), spec.dim, first.n_heads, first.n_kv_heads
         m.head_dim, m.v_head_dim, m.rope_dim = first.head_dim, first.v_head_dim, first.rope_dim
         m.ffn = linears[0][3].in_features
         m.neox, m.eps, m.scale = int(spec.rope_style == "neox"), spec.norm_eps, spec.attn_scale
+        if geglu:  # layers.geglu's fp16 GELU of every fp16 value: its bits by construction
+            every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
+            table = F.gelu(every, approximate="tanh").float()
+            self.keep.append(table)
+            m.geglu, m.gelu = 1, table.data_ptr()
         m.layers = self.layers
-        self.table = model.rope[first.rope_key]
         self.pool, self.k0 = None, 0  # the KV pool whose rows self.layers holds (a weakref), its first row's address
         self.addr = ctypes.addressof(m)
 
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
-        """The C step for a llama/qwen2 model whose every layer decode_layer.c computes: the llama block and
-        feed-forward part unchanged, no Q/K norm, all four products in the C kernel, one head shape and one
-        RoPE table for every layer, the default numerics; else None."""
+        """The C step for a model whose every layer decode_layer.c computes: the llama block (llama, qwen2,
+        qwen3) or gemma3's, unchanged; all four products in the C kernel; one head shape for every layer; the
+        default numerics; else None."""
+        from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
         from ...numerics import ggml_enabled
 
         if model.place.on_gpu or ggml_enabled() or not ggml_dot.usable() or not usable():
             return None
-        if type(model).block is not LlamaModel.block or type(model).mlp is not LlamaModel.mlp or model.qk_norm:
+        kind = type(model)
+        llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
+        gemma3 = kind.block is Gemma3Model.block
+        if not (llama or gemma3):
             return None
         spec, first = model.spec, model.spec.layers[0]
-        if any((l.n_heads, l.n_kv_heads, l.head_dim, l.v_head_dim, l.rope_key) !=
-               (first.n_heads, first.n_kv_heads, first.head_dim, first.v_head_dim, first.rope_key) for l in spec.layers):
+        if any((l.n_heads, l.n_kv_heads, l.head_dim, l.v_head_dim, l.rope_dim) !=
+               (first.n_heads, first.n_kv_heads, first.head_dim, first.v_head_dim, first.rope_dim) for l in spec.layers):
             return None
         if spec.attn_logit_softcap is not None or first.n_heads % first.n_kv_heads:
             return None
@@ -197,10 +220,16 @@ class DecodeLayers:
             parts = tuple(_c_product(w.get(name)) for name in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"))
             if any(p is None for p in parts) or any(p.bias is not None for p in parts[1:]):
                 return None
-            if w.attn_norm.dtype != torch.float32 or w.ffn_norm.dtype != torch.float32:
+            norms = [w.get(n) for n in ("attn_norm", "ffn_norm", "attn_qk_norm", "post_attention_norm", "post_ffw_norm")]
+            if any(t is not None and t.dtype != torch.float32 for t in norms):
+                return None
+            qk = norms[2]
+            if qk is not None and tuple(qk.shape) != (first.n_heads + first.n_kv_heads, first.head_dim):
                 return None
             linears.append(parts)
-        return cls(model, linears)
+        if gemma3 and linears[0][3].in_features % 64:  # torch's fp16 GELU takes a scalar tail there
+            return None
+        return cls(model, linears, geglu=gemma3)
 
     def _bind(self, kv) -> bool:
         """Point every layer at kv's cache rows; False where the pool is not one decode_layer.c writes
@@ -235,19 +264,23 @@ class DecodeLayers:
         return bound or self._bind(kv)
 
     def _rows_ok(self, m: int) -> bool:
-        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and silu_rows_match(m, self.cmodel.ffn, torch.get_num_threads())
+        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and silu_rows_match(m, self.cmodel.ffn, torch.get_num_threads(),
+                                                                         64 if self.cmodel.geglu else 32)
 
     def run(self, x: torch.Tensor, step, kv) -> tuple[torch.Tensor, torch.Tensor]:
         """x (m, dim) the embedded tokens -> (the stream, the last layer's pending delta), as `_blocks`
         returns them; the tokens' K/V written at step.start.. in every layer."""
         start, m = step.start, x.shape[0]
+        for key, (table, layers) in self.tables.items():
+            # (n, 1, rope_dim) float32, contiguous; `ensure` may have regrown them
+            at = table.cos_full.data_ptr(), table.sin_signed.data_ptr()
+            if at != self.table_at[key]:
+                self.table_at[key] = at
+                for i in layers:
+                    self.layers[i].cos, self.layers[i].sin = at
         x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         delta = torch.empty_like(x)
-        rd = self.cmodel.rope_dim
-        cos = self.table.cos_full.data_ptr() + start * rd * 4  # (n, 1, rope_dim) float32, contiguous
-        sin = self.table.sin_signed.data_ptr() + start * rd * 4
-        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), m, start, cos, sin,
-                                     max(1, torch.get_num_threads()))
+        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), m, start, max(1, torch.get_num_threads()))
         if rc:
             raise RuntimeError(f"the C decode step failed ({rc})")
         kv.mark_written(start + m - 1)
