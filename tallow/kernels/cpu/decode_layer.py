@@ -1,16 +1,18 @@
-"""A CPU decode step of the llama block (llama, qwen2) in one C call (decode_layer.c): every layer's norms,
-products, RoPE, K/V write, attention and SwiGLU back to back, with the composed default path's bits; the
-rows of a speculative verification too, each as its decode step computes it.
+"""A CPU decode step of the llama block (llama, qwen2, qwen3) or gemma3's in one C call (decode_layer.c):
+every layer's norms, products, RoPE, K/V write, attention and GLU back to back, with the composed default
+path's bits; the rows of a speculative verification too, each as its decode step computes it.
 
-The composed step (models/llama.py's block) already runs its products, norms and attention in C, but
-reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much as
-the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
+The composed step (models/llama.py's or gemma3.py's block) already runs its products, norms and attention in
+C, but reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much
+as the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
 the ones decode_layer.c computes, `applies` whether a step and a pool are (one token or up to 8 verified
 rows, host start, an f16 pool without rings, the C products, norms and attention in use), `run` runs it.
+One caller at a time per model, as the engine is: `run` points the C layers at the pool it is given.
 
 SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
 found in torch's library, and checks at load that it gives F.silu's bits (`_vexp_ok`); where that is not
-so (another torch build, a CPU without AVX-512) the composed path runs.
+so (another torch build, a CPU without AVX-512) the composed path runs. GeGLU reads torch's fp16 GELU of
+every fp16 value from a table made at load.
 
 Switch (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks.
 """
