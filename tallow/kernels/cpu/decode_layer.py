@@ -116,11 +116,16 @@ def unavailable_reason() -> str:
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The C SwiGLU on float32 vectors (tests: it must equal F.silu(g) * u bit for bit)."""
-    y = torch.empty_like(g)
-    if _lib().dl_swiglu(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()):
-        raise RuntimeError("no torch exp handed over")
-    return y
+    """The C step's SwiGLU on float32 rows (..., n), each row as one call of the step computes it (tests: it
+    must equal F.silu(g) * u bit for bit)."""
+    g2 = g.reshape(-1, g.shape[-1]).float().contiguous()
+    u2 = u.reshape(-1, u.shape[-1]).float().contiguous()
+    y = torch.empty_like(g2)
+    lib = _lib()
+    for gr, ur, yr in zip(g2, u2, y):
+        if lib is None or lib.dl_swiglu(gr.data_ptr(), ur.data_ptr(), yr.data_ptr(), gr.numel()):
+            raise RuntimeError(f"the C SwiGLU is not usable here: {unavailable_reason()}")
+    return y.reshape(g.shape)
 
 
 def silu_rows_match(m: int, ffn: int, threads: int, block: int = 32) -> bool:
