@@ -435,6 +435,11 @@ register(op="ggml_swiglu", impl="tallow.kernels.cpu.ggml_ops:swiglu", needs="ggm
          inputs=_ggml_glu_inputs, shapes=((1, 1536, 4.0), (3, 8960, 8.0), (2, 64, 60.0)),
          run=lambda a: _ggml_ops().swiglu(a["gate"], a["up"]),
          reference=lambda a: __import__("tallow.numerics", fromlist=["x"]).ggml_swiglu(a["gate"], a["up"]))
+# The C decode step's SwiGLU (decode_layer.c): torch's own SiLU, so the reference is F.silu itself, exactly.
+register(op="c_layer_swiglu", impl="tallow.kernels.cpu.decode_layer:swiglu", needs="c_layer", metric="exact",
+         inputs=_ggml_glu_inputs, shapes=((1, 1536, 4.0), (3, 8960, 8.0), (2, 100, 60.0)),
+         run=lambda a: __import__("tallow.kernels.cpu.decode_layer", fromlist=["x"]).swiglu(a["gate"], a["up"]),
+         reference=lambda a: torch.nn.functional.silu(a["gate"]) * a["up"])
 register(op="ggml_geglu", impl="tallow.kernels.cpu.ggml_ops:geglu", needs="ggml_dot", metric="exact",
          inputs=_ggml_glu_inputs, shapes=((1, 2048, 4.0), (3, 640, 12.0)),
          run=lambda a: _ggml_ops().geglu(a["gate"], a["up"]),
@@ -730,6 +735,8 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.ggml_dot:gemv_quantized": "tests/test_ggml_dot.py",
     "tallow.kernels.cpu.ggml_dot:linear": "tests/test_ggml_dot.py",
     "tallow.kernels.cpu.ggml_dot:GgmlDotGroup": "tests/test_ggml_dot.py",  # each part's own bits, mixed types
+    # the whole decode step in C: logits and K/V bit for bit the composed blocks' (tiny and real models)
+    "tallow.kernels.cpu.decode_layer:DecodeLayers": "tests/test_decode_layer.py",
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -776,6 +783,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:in_use_status",
+    "tallow.kernels.cpu.decode_layer:usable", "tallow.kernels.cpu.decode_layer:unavailable_reason",
+    "tallow.kernels.cpu.decode_layer:silu_rows_match",  # when torch's SiLU splits rows as the C step does (a rule)
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
     "tallow.kernels.cpu.ggml_dot:prefetch_bytes",  # the weight-row prefetch distance, a setting (test_ggml_dot checks it changes no bit)
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",

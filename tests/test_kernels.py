@@ -32,6 +32,10 @@ def _available(needs: str) -> bool:
         from tallow.kernels.cpu import ggml_dot
 
         return ggml_dot.available()
+    if needs == "c_layer":  # the library, and torch's AVX-512 SiLU matched (kernels/cpu/decode_layer.py)
+        from tallow.kernels.cpu import decode_layer
+
+        return decode_layer.usable()
     return True
 
 

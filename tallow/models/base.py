@@ -17,6 +17,7 @@ from ..families import family
 from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
 from ..numerics import ggml_enabled
+from ..kernels.cpu.decode_layer import DecodeLayers
 from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, rms_norm, softcap_logits
 from ..memory.kv_pool import KVPool
@@ -74,7 +75,10 @@ class DecoderModel:
                 table.ensure(spec.context_length)
                 table.to(self.device)
         self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
-        self.backends = backends_for(self)  # RoPE, K/V writes and attention per regime (models/step.py)
+        self.backends = backends_for(self)
+        # The whole decode step in one C call where the family's blocks are the ones it computes (the
+        # llama block: kernels/cpu/decode_layer.py); None elsewhere.
+        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)  # RoPE, K/V writes and attention per regime (models/step.py)
 
     # -- loading helpers -------------------------------------------------------------------
     def _tensor(self, name: str):
@@ -186,6 +190,8 @@ class DecoderModel:
         x = self.embedding(step.ids)  # (n, dim)
         if self.spec.embed_scale != 1.0:
             x = x * self.spec.embed_scale
+        if self.c_decode is not None and self.c_decode.applies(step, kv):
+            return self.c_decode.run(x, step, kv)
         delta = None
         for layer in self.layers:
             x, delta = self.block(layer, x, delta, step, kv)

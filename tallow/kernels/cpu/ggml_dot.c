@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ggml_dot.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -696,20 +697,7 @@ int tg_quantize(int atype, const float *x, uint8_t *out, int64_t m, int64_t k) {
 
 /* ---------------------------------------------------------------- several products over one input */
 
-/* Up to TG_MAX_PARTS weights sharing the input x (Q/K/V, gate/up): x is quantized once per activation
- * type the parts need, and one parallel region splits all their rows by bytes; y (m, sum n) holds the
- * parts' outputs side by side. Each output is the one tg_gemv_q computes (same row code). Built once per
- * layer by the caller (ggml_dot.py) and passed by address. */
-#define TG_MAX_PARTS 8
-typedef struct {
-    int32_t nparts;
-    int32_t row_invariant; /* 1: every row in vec_dot's order; 0: llama.cpp's choice (tiled from 8 rows) */
-    int64_t k;
-    int64_t types[TG_MAX_PARTS];
-    const uint8_t *w[TG_MAX_PARTS];
-    int64_t row_bytes[TG_MAX_PARTS];
-    int64_t n[TG_MAX_PARTS];
-} tg_plan_t;
+/* tg_plan_t: up to TG_MAX_PARTS weights over one input (ggml_dot.h) */
 
 static int act_slot(int atype) { return atype == T_Q8_0 ? 0 : atype == T_Q8_1 ? 1 : 2; }
 

@@ -1,0 +1,294 @@
+"""A CPU decode step of the llama block (llama, qwen2, qwen3) or gemma3's in one C call (decode_layer.c):
+every layer's norms, products, RoPE, K/V write, attention and GLU back to back, with the composed default
+path's bits; the rows of a speculative verification too, each as its decode step computes it.
+
+The composed step (models/llama.py's or gemma3.py's block) already runs its products, norms and attention in
+C, but reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much
+as the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
+the ones decode_layer.c computes, `applies` whether a step and a pool are (one token or up to 8 verified
+rows, host start, an f16 pool without rings, the C products, norms and attention in use), `run` runs it.
+One caller at a time per model, as the engine is: `run` points the C layers at the pool it is given.
+
+SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
+found in torch's library, and checks at load that it gives F.silu's bits (`_vexp_ok`); where that is not
+so (another torch build, a CPU without AVX-512) the composed path runs. GeGLU reads torch's fp16 GELU of
+every fp16 value from a table made at load.
+
+Switch (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from ... import switches
+from . import ggml_dot
+
+__all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
+
+_ABI = 2
+_state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
+
+
+class _Layer(ctypes.Structure):
+    """decode_layer.c's dl_layer_t."""
+
+    _fields_ = [("qkv", ctypes.c_void_p), ("out", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+                ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
+                ("qk_norm", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("post_ffw_norm", ctypes.c_void_p),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("skh", ctypes.c_int64), ("skt", ctypes.c_int64),
+                ("svh", ctypes.c_int64), ("svt", ctypes.c_int64), ("window", ctypes.c_int64)]
+
+
+class _Model(ctypes.Structure):
+    """decode_layer.c's dl_model_t."""
+
+    _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
+                ("ffn", ctypes.c_int64), ("neox", ctypes.c_int32), ("geglu", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("gelu", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer))]
+
+
+def _torch_vexp() -> int | None:
+    """The address of the 16-lane expf torch's AVX-512 kernels call (Sleef_expf16_u10 in libtorch_cpu),
+    or None where torch does not dispatch to its AVX-512 kernels."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        return ctypes.cast(ctypes.CDLL(path).Sleef_expf16_u10, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+def _vexp_ok(lib) -> bool:
+    """Whether the C SwiGLU gives F.silu(g) * u's bits: values over float32's whole range (both exp
+    edges, zeros, subnormals) in a length whose last n % 32 take torch's scalar loop."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.cat([torch.randn(4000, generator=gen) * s for s in (1.0, 8.0, 40.0)]
+                  + [torch.tensor([0.0, -0.0, 88.0, -88.0, 103.0, -103.0, 1e-40, -1e-40, 3e38, -3e38])])
+    g = torch.cat([g, g[:29]])  # 12039 values: the last 7 through the scalar loop
+    u = torch.randn(g.numel(), generator=gen)
+    y = torch.empty_like(g)
+    if lib.dl_swiglu(g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()):
+        return False
+    return torch.equal(y.view(torch.int32), (F.silu(g) * u).view(torch.int32))
+
+
+def _lib():
+    """The library with decode_layer.c, its SwiGLU checked against torch's, or None (reason in _state)."""
+    if "lib" in _state:
+        return _state["lib"]
+    lib, why = ggml_dot._load(), ""
+    if lib is None or not hasattr(lib, "dl_decode"):
+        lib, why = None, "the C library is not built (or is from an older tallow)"
+    elif lib.dl_abi_version() != _ABI:
+        lib, why = None, "the C library is from another version of tallow; reinstall"
+    else:
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.dl_decode.argtypes = [p, p, p, i64, i64, i32]
+        lib.dl_decode.restype = i32
+        lib.dl_set_vexp.argtypes = [p]
+        lib.dl_set_vexp.restype = i32
+        lib.dl_swiglu.argtypes = [p, p, p, i64]
+        lib.dl_swiglu.restype = i32
+        if not lib.dl_set_vexp(_torch_vexp()):
+            lib, why = None, "torch does not run its AVX-512 kernels here (its SiLU could not be matched)"
+        elif not _vexp_ok(lib):
+            lib.dl_set_vexp(None)
+            lib, why = None, "this torch build's SiLU gives other bits than the C SwiGLU"
+    _state.update(lib=lib, why=why)
+    return lib
+
+
+def usable() -> bool:
+    return _lib() is not None
+
+
+def unavailable_reason() -> str:
+    _lib()
+    return _state["why"]
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The C step's SwiGLU on float32 rows (..., n), each row as one call of the step computes it (tests: it
+    must equal F.silu(g) * u bit for bit)."""
+    g2 = g.reshape(-1, g.shape[-1]).float().contiguous()
+    u2 = u.reshape(-1, u.shape[-1]).float().contiguous()
+    y = torch.empty_like(g2)
+    lib = _lib()
+    for gr, ur, yr in zip(g2, u2, y):
+        if lib is None or lib.dl_swiglu(gr.data_ptr(), ur.data_ptr(), yr.data_ptr(), gr.numel()):
+            raise RuntimeError(f"the C SwiGLU is not usable here: {unavailable_reason()}")
+    return y.reshape(g.shape)
+
+
+def silu_rows_match(m: int, ffn: int, threads: int, block: int = 32) -> bool:
+    """Whether F.silu over m rows of ffn values gives each value the bits the C SwiGLU gives it row by row.
+    torch's CPU loop runs serially under 32768 values (at::internal::GRAIN_SIZE), else splits them into
+    equal pieces, one per thread, and each piece takes Sleef's exp on whole blocks of 32 values and libm's
+    on its last ones: the same as row by row when no block or tail moves, i.e. ffn and every piece a
+    multiple of 32 (tests/test_decode_layer.py checks it at the real models' widths). GeGLU's fp16 GELU
+    works in blocks of 64 (`block`) over the rows' values flattened."""
+    total = m * ffn
+    if block == 64 and ffn % 64:  # its tail would be the last row's only
+        return False
+    if total < 32768:
+        return True
+    pieces = min(max(1, threads), -(-total // 32768))
+    return ffn % block == 0 and total % (block * pieces) == 0
+
+
+def _c_product(linear):
+    """The GgmlDotGroup / GgmlDotLinear behind a block's linear (a FusedLinear of one run), or None."""
+    from .fused_linear import FusedLinear
+
+    if isinstance(linear, FusedLinear):
+        if len(linear.runs) != 1:
+            return None
+        linear = linear.runs[0]
+    return linear if type(linear) in (ggml_dot.GgmlDotGroup, ggml_dot.GgmlDotLinear) else None
+
+
+class DecodeLayers:
+    """A model's layers as decode_layer.c reads them: the products' plans, norms and biases (held here so
+    their addresses stay valid), and per KV pool the cache rows of every layer."""
+
+    def __init__(self, model, linears: list[tuple], geglu: bool):
+        spec, first = model.spec, model.spec.layers[0]
+        self.plans = []  # ggml_dot._Products: the C plans and the weights they point into
+        self.keep = []  # biases made contiguous, the GELU table
+        self.layers = (_Layer * len(linears))()
+        for c, (w, (qkv, out, gate_up, down)) in zip(self.layers, zip(model.layers, linears)):
+            runs = [ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True) for lin in (qkv, out, gate_up, down)]
+            self.plans.append(runs)
+            c.qkv, c.out, c.gate_up, c.down = (r.addr for r in runs)
+            c.attn_norm, c.ffn_norm = w.attn_norm.data_ptr(), w.ffn_norm.data_ptr()
+            for field, name in (("qk_norm", "attn_qk_norm"), ("post_attn_norm", "post_attention_norm"),
+                                ("post_ffw_norm", "post_ffw_norm")):
+                t = w.get(name)
+                if t is not None:
+                    t = t.contiguous()
+                    self.keep.append(t)
+                    setattr(c, field, t.data_ptr())
+            if qkv.bias is not None:
+                bias = qkv.bias.float().contiguous()
+                self.keep.append(bias)
+                c.qkv_bias = bias.data_ptr()
+            c.window = spec.layers[w.index].sliding_window or 0
+        # Each layer's RoPE table (gemma3: local and global bases), its pointers renewed when it grows.
+        self.tables = {}
+        for i, layer in enumerate(spec.layers):
+            self.tables.setdefault(layer.rope_key, (model.rope[layer.rope_key], []))[1].append(i)
+        self.table_at = {key: (0, 0) for key in self.tables}
+        m = self.cmodel = _Model()
+        m.n_layers, m.dim, m.n_heads, m.n_kv = len(linears), spec.dim, first.n_heads, first.n_kv_heads
+        m.head_dim, m.v_head_dim, m.rope_dim = first.head_dim, first.v_head_dim, first.rope_dim
+        m.ffn = linears[0][3].in_features
+        m.neox, m.eps, m.scale = int(spec.rope_style == "neox"), spec.norm_eps, spec.attn_scale
+        if geglu:  # layers.geglu's fp16 GELU of every fp16 value: its bits by construction
+            every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
+            table = F.gelu(every, approximate="tanh").float()
+            self.keep.append(table)
+            m.geglu, m.gelu = 1, table.data_ptr()
+        m.layers = self.layers
+        self.pool, self.k0 = None, 0  # the KV pool whose rows self.layers holds (a weakref), its first row's address
+        self.addr = ctypes.addressof(m)
+
+    @classmethod
+    def for_model(cls, model) -> "DecodeLayers | None":
+        """The C step for a model whose every layer decode_layer.c computes: the llama block (llama, qwen2,
+        qwen3) or gemma3's, unchanged; all four products in the C kernel; one head shape for every layer; the
+        default numerics; else None."""
+        from ...models.gemma3 import Gemma3Model
+        from ...models.llama import LlamaModel
+        from ...numerics import ggml_enabled
+
+        if model.place.on_gpu or ggml_enabled() or not ggml_dot.usable() or not usable():
+            return None
+        kind = type(model)
+        llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
+        gemma3 = kind.block is Gemma3Model.block
+        if not (llama or gemma3):
+            return None
+        spec, first = model.spec, model.spec.layers[0]
+        if any((l.n_heads, l.n_kv_heads, l.head_dim, l.v_head_dim, l.rope_dim) !=
+               (first.n_heads, first.n_kv_heads, first.head_dim, first.v_head_dim, first.rope_dim) for l in spec.layers):
+            return None
+        if spec.attn_logit_softcap is not None or first.n_heads % first.n_kv_heads:
+            return None
+        linears = []
+        for w in model.layers:
+            parts = tuple(_c_product(w.get(name)) for name in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"))
+            if any(p is None for p in parts) or any(p.bias is not None for p in parts[1:]):
+                return None
+            norms = [w.get(n) for n in ("attn_norm", "ffn_norm", "attn_qk_norm", "post_attention_norm", "post_ffw_norm")]
+            if any(t is not None and t.dtype != torch.float32 for t in norms):
+                return None
+            qk = norms[2]
+            if qk is not None and tuple(qk.shape) != (first.n_heads + first.n_kv_heads, first.head_dim):
+                return None
+            linears.append(parts)
+        if gemma3 and linears[0][3].in_features % 64:  # torch's fp16 GELU takes a scalar tail there
+            return None
+        return cls(model, linears, geglu=gemma3)
+
+    def _bind(self, kv) -> bool:
+        """Point every layer at kv's cache rows; False where the pool is not one decode_layer.c writes
+        (quantized, f32/bf16, rings, layers sharing another's cache)."""
+        if kv.scaled or kv.dtype != torch.float16 or kv.has_rings or len(kv.k) != len(self.layers):
+            return False
+        for c, k, v in zip(self.layers, kv.k, kv.v):
+            if k.stride(-1) != 1 or v.stride(-1) != 1:
+                return False
+            c.k, c.v = k.data_ptr(), v.data_ptr()
+            c.skh, c.skt, c.svh, c.svt = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
+        if len({c.k for c in self.layers}) != len(self.layers):  # a layer reading another's cache
+            return False
+        self.pool, self.k0 = weakref.ref(kv), kv.k[0].data_ptr()
+        return True
+
+    def applies(self, step, kv) -> bool:
+        """Whether this step runs here: one decode token, or a speculative verification's rows (up to the C
+        products' MAX_ROWS, where torch's SiLU computes each row's values as one row's), from a host start;
+        switches as the composed path needs them to give these bits (C norms and C attention on, fast
+        layers on); and kv bindable."""
+        from ...layers import c_attention_enabled, fast_paths_enabled
+        from ...models.step import DECODE, VERIFY
+
+        m = step.ids.shape[0]
+        if not step.on_host or not (step.phase == DECODE and m == 1 or step.phase == VERIFY and self._rows_ok(m)):
+            return False
+        if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
+                and fast_paths_enabled() and c_attention_enabled()):
+            return False
+        bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
+        return bound or self._bind(kv)
+
+    def _rows_ok(self, m: int) -> bool:
+        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and silu_rows_match(m, self.cmodel.ffn, torch.get_num_threads(),
+                                                                         64 if self.cmodel.geglu else 32)
+
+    def run(self, x: torch.Tensor, step, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (m, dim) the embedded tokens -> (the stream, the last layer's pending delta), as `_blocks`
+        returns them; the tokens' K/V written at step.start.. in every layer."""
+        start, m = step.start, x.shape[0]
+        for key, (table, layers) in self.tables.items():
+            # (n, 1, rope_dim) float32, contiguous; `ensure` may have regrown them
+            at = table.cos_full.data_ptr(), table.sin_signed.data_ptr()
+            if at != self.table_at[key]:
+                self.table_at[key] = at
+                for i in layers:
+                    self.layers[i].cos, self.layers[i].sin = at
+        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        delta = torch.empty_like(x)
+        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), m, start, max(1, torch.get_num_threads()))
+        if rc:
+            raise RuntimeError(f"the C decode step failed ({rc})")
+        kv.mark_written(start + m - 1)
+        return x, delta

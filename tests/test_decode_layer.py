@@ -1,0 +1,202 @@
+"""The whole llama/qwen2 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER): its
+logits are the composed default path's bit for bit (the reference: the same C products, norms and attention
+reached from Python, with torch's RoPE, f16 cast and SiLU between them), and it steps aside where it does not
+compute what the composed blocks compute."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
+
+from tallow import switches
+from tallow.kernels.cpu import decode_layer
+
+needs_c = pytest.mark.skipif(not decode_layer.usable(), reason=f"C decode step: {decode_layer.unavailable_reason()}")
+
+
+@needs_c
+@pytest.mark.parametrize("n", [1, 16, 31, 32, 33, 47, 1536, 8960, 8963])
+def test_swiglu_is_torchs(n):
+    """SiLU as torch's AVX-512 loop computes it (Sleef's expf on whole blocks of 32, libm's expf on the rest),
+    times up: the bits of F.silu(g) * u, over small, large and overflowing values."""
+    gen = torch.Generator().manual_seed(n)
+    for scale in (0.5, 4.0, 30.0, 120.0):
+        g = torch.randn(n, generator=gen) * scale
+        u = torch.randn(n, generator=gen)
+        assert torch.equal(decode_layer.swiglu(g, u).view(torch.int32), (F.silu(g) * u).view(torch.int32))
+
+
+@needs_c
+@pytest.mark.parametrize("ffn", [1536, 8960, 4864, 2048])
+def test_swiglu_rows_are_torchs(ffn):
+    """A verification's rows: F.silu over (m, ffn) views of gate/up side by side, at 2 threads, gives every
+    value the C SwiGLU's row-by-row bits wherever `silu_rows_match` says so (smollm2: 1536, qwen2.5: 8960)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(ffn)
+        for m in range(1, 9):
+            gu = torch.randn(m, 2 * ffn, generator=gen) * 6
+            ref = F.silu(gu[:, :ffn]) * gu[:, ffn:]
+            rows = torch.stack([decode_layer.swiglu(r[:ffn].contiguous(), r[ffn:].contiguous()) for r in gu])
+            if decode_layer.silu_rows_match(m, ffn, 2):
+                assert torch.equal(rows.view(torch.int32), ref.view(torch.int32)), m
+    finally:
+        torch.set_num_threads(threads)
+    assert decode_layer.silu_rows_match(8, 8960, 2) and decode_layer.silu_rows_match(8, 1536, 2)
+
+
+def _model(path, kv_dtype="f16"):
+    from tallow.gguf_file import GGUFFile
+    from tallow.memory.kv_pool import KVPool
+    from tallow.models import build_model
+    from tallow.spec import spec_from_gguf
+
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
+    return build_model(gf, spec), KVPool(spec, 64, kv_dtype)
+
+
+def _logits(model, kv, ids, monkeypatch, on: bool, counter: list):
+    """A 6-token prompt, then the rest one decode step at a time; every step's logits."""
+    monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+    switches.refresh()
+    counter.clear()
+    kv.truncate(0)
+    out = [model.forward(ids[:6], 0, kv, all_logits=True)]
+    out += [model.forward([t], 6 + i, kv) for i, t in enumerate(ids[6:])]
+    return out
+
+
+def _count_runs(monkeypatch) -> list:
+    calls: list = []
+    real = decode_layer.DecodeLayers.run
+    monkeypatch.setattr(decode_layer.DecodeLayers, "run", lambda self, x, step, kv: calls.append(1) or real(self, x, step, kv))
+    return calls
+
+
+IDS = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120, 64, 33, 2, 190]
+
+
+@needs_c
+@pytest.mark.parametrize("arch,qtype", [("llama", QT.Q8_0), ("llama", QT.Q4_1), ("qwen2", QT.Q8_0), ("qwen2", QT.Q5_0),
+                                        ("qwen3", QT.Q8_0), ("gemma3", QT.Q8_0)])
+def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
+    """Tiny random llama (norm RoPE), qwen2 (neox RoPE, Q/K/V biases), qwen3 (per-head Q/K norms) and gemma3
+    (sandwich norms, GeGLU, scaled embeddings, two RoPE bases, sliding windows of 8 keys: the steps run past
+    them) models: 10 decode steps in one C call each give the composed path's logits bit for bit, and the
+    K/V they write are the same bits."""
+    from tiny_models import write_tiny_model
+
+    model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype))
+    assert model.c_decode is not None
+    calls = _count_runs(monkeypatch)
+    fast = _logits(model, kv, IDS, monkeypatch, True, calls)
+    assert len(calls) == len(IDS) - 6
+    k_fast = [k.clone() for k in kv.k]
+    ref = _logits(model, kv, IDS, monkeypatch, False, calls)
+    assert not calls
+    for a, b in zip(fast, ref):
+        assert torch.equal(a, b)
+    for a, b in zip(k_fast, kv.k):
+        assert torch.equal(a, b)
+
+
+@needs_c
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
+    """A speculative verification (VERIFY, 2..8 rows) in one C call: the composed verification's logits and
+    K/V bit for bit, and so each row the decode step's."""
+    from tallow.models.step import VERIFY
+    from tiny_models import write_tiny_model
+
+    model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0))
+    calls = _count_runs(monkeypatch)
+    out = {}
+    for on in (True, False):
+        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+        switches.refresh()
+        calls.clear()
+        kv.truncate(0)
+        model.forward(IDS[:6], 0, kv)
+        rows = [model.forward(IDS[6 : 6 + m], 6, kv, all_logits=True, phase=VERIFY) for m in (2, 5, 8)]
+        out[on] = rows, [k[:, :14].clone() for k in kv.k], len(calls)
+    assert out[True][2] == 3 and out[False][2] == 0
+    for a, b in zip(out[True][0] + out[True][1], out[False][0] + out[False][1]):
+        assert torch.equal(a, b)
+
+
+@needs_c
+def test_steps_aside(tmp_path, monkeypatch):
+    """The composed blocks run where the C step does not compute what they compute: an int8 pool, a pool with
+    rings (gemma3's sliding layers wrap: torch's attention over the window), TALLOW_NUMERICS=ggml, the torch
+    RMSNorm (TALLOW_CPU_C_NORM=0)."""
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q8_0)
+    model, kv8 = _model(path, "int8")
+    calls = _count_runs(monkeypatch)
+    _logits(model, kv8, IDS[:8], monkeypatch, True, calls)
+    assert not calls
+    _, kv = _model(path)
+    monkeypatch.setenv("TALLOW_CPU_C_NORM", "0")
+    _logits(model, kv, IDS[:8], monkeypatch, True, calls)
+    assert not calls
+    monkeypatch.delenv("TALLOW_CPU_C_NORM")
+    _logits(model, kv, IDS[:8], monkeypatch, True, calls)
+    assert len(calls) == 2
+    g3, _ = _model(write_tiny_model("gemma3", tmp_path / "g3.gguf", qtype=QT.Q8_0))
+    from tallow.memory.kv_pool import KVPool
+
+    ring = KVPool(g3.spec, 64, max_chunk=4)  # the sliding layers hold 8 + 4 - 1 slots
+    assert ring.has_rings
+    _logits(g3, ring, IDS, monkeypatch, True, calls)
+    assert not calls
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    switches.refresh()
+    assert _model(path)[0].c_decode is None
+
+
+REAL = [pytest.param("smollm2-135m", 20, 128, id="smollm2"),
+        pytest.param("gemma3-270m", 600, 700, id="gemma3"),  # past its 512-key window, no ring at ctx 700
+        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow)]
+
+
+@needs_c
+@pytest.mark.parametrize("name,prompt,ctx", REAL)
+def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
+    """The real files (smollm2: Q8_0/Q4_1 products, ffn 1536; gemma3: Q/K norms, GeGLU, two RoPE bases, the
+    sliding window; qwen2.5: Q4_K/Q6_K, biases, ffn 8960): a prompt and 24 greedy decode steps, then a
+    verification of 6 rows through engine.decode_rows, every logit the composed path's, every step in C."""
+    path = Path(os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
+    if not path.exists():
+        pytest.skip(f"{name} is not downloaded")
+    import tallow
+
+    engine = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
+    assert engine.model.c_decode is not None
+    calls = _count_runs(monkeypatch)
+    ids = [100 + (7 * i) % 900 for i in range(prompt)]
+
+    def run(on: bool):
+        monkeypatch.setenv("TALLOW_CPU_C_LAYER", "1" if on else "0")
+        switches.refresh()
+        calls.clear()
+        engine.reset()
+        out = [engine.prefill_chunk_at(ids, 0)]
+        token = 5
+        for _ in range(24):
+            out.append(engine.decode_step(token).clone())
+            token = int(out[-1].argmax())
+        out.append(engine.decode_rows([5, 900, 17, 33, 2000, 7]))
+        return out, len(calls)
+
+    (fast, n_fast), (ref, n_ref) = run(True), run(False)
+    assert n_fast == 25 and n_ref == 0
+    for a, b in zip(fast, ref):
+        assert torch.equal(a, b)
