@@ -10,6 +10,10 @@
  * the chunks merge as flash-decoding's split-K does: out_h = sum_c acc_c e^(m_c - M) / sum_c l_c
  * e^(m_c - M). fp32 throughout; the order differs from torch's SDPA, so results agree to ~1e-6
  * relative, not bit for bit. Strides in elements; loaded by ctypes (c_attention.py).
+ *
+ * The AVX-512 chunk does the portable chunk's arithmetic in its order (bit for bit), blocked so that it is
+ * not waiting on memory: heads and keys in registers, and K/V rows prefetched ahead of use (one thread's
+ * loads alone do not keep enough cache misses in flight to stream the cache).
  */
 #include <math.h>
 #include <stdint.h>
@@ -105,6 +109,7 @@ static void ta_chunk_portable(const ta_args_t *a, int g, int64_t t0, int64_t t1,
  * accumulators stay in registers over the tile (the portable code loads and stores them per key). */
 #define TA_HB 8       /* heads per register block */
 #define TA_TILE 128   /* keys per value tile: its V rows stay in L2 across the dv slices */
+#define TA_AHEAD 8    /* keys a score pass prefetches ahead (the values prefetch one tile ahead) */
 #define TA_INLINE __attribute__((target("avx512f"), always_inline)) static inline
 
 TA_INLINE __m512 ta_ld16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -119,6 +124,8 @@ TA_INLINE void ta_scores(const ta_args_t *a, const uint16_t *kb, int64_t t0, int
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) c0[h] = c1[h] = _mm512_setzero_ps();
         for (int i = 0; i < a->dk; i += 16) {
+            _mm_prefetch((const char *)(k0 + TA_AHEAD * a->skt + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(k1 + TA_AHEAD * a->skt + i), _MM_HINT_T0);
             const __m512 x0 = ta_ld16(k0 + i), x1 = ta_ld16(k1 + i);
 #pragma GCC unroll 8
             for (int h = 0; h < NH; h++) {
@@ -159,6 +166,7 @@ TA_INLINE void ta_values(const ta_args_t *a, const uint16_t *vb, int64_t t0, int
         for (int w = 0; w < W; w++) c[h][w] = _mm512_loadu_ps(acc + (int64_t)(h0 + h) * a->dv + j + 16 * w);
     for (int64_t t = tt; t < te; t++) {
         const uint16_t *vr = vb + (t0 + t) * a->svt + j;
+        _mm_prefetch((const char *)(vr + TA_TILE * a->svt), _MM_HINT_T0);
         __m512 x[2];
 #pragma GCC unroll 2
         for (int w = 0; w < W; w++) x[w] = ta_ld16(vr + 16 * w);
