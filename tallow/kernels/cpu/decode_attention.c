@@ -5,6 +5,8 @@
  * at 32k positions that is hundreds of MB of traffic per layer and token. Here each K and V row is
  * read once, in f16, converted in registers, and used by every query head of its group.
  *
+ * A sliding-window layer's ring (memory/kv_pool.py) is read in position order, its rows found by position % ring.
+ *
  * Per KV head g and chunk of keys (chunks spread over the threads): scores s = q_h . k_t * scale
  * (softcap: cap * tanh(s / cap)), the chunk's max m, p = exp(s - m), l = sum p, acc_h = sum p v_t;
  * the chunks merge as flash-decoding's split-K does: out_h = sum_c acc_c e^(m_c - M) / sum_c l_c
@@ -33,9 +35,16 @@ typedef struct {
     const float *q;            /* (n_heads, dk) */
     const uint16_t *k, *v;     /* cache bases */
     int64_t skh, skt, svh, svt; /* strides (elements) */
+    int64_t ring, base, wrap;  /* a ring of `ring` rows holds position p in row p % ring (0: row p) */
     int group, dk, dv;
     float scale, softcap;
 } ta_args_t;
+
+/* the row holding position pos: pos % ring without a division (every position asked lies in [base, base + 2 ring)) */
+static inline int64_t ta_slot(const ta_args_t *a, int64_t pos) {
+    if (!a->ring) return pos;
+    return pos < a->wrap ? pos - a->base : pos - a->wrap;
+}
 
 /* one f16 row to fp32 (each K/V row converted once, then used by every head of its group) */
 static void ta_row_portable(float *dst, const uint16_t *src, int d) {
@@ -77,7 +86,7 @@ static void ta_chunk_portable(const ta_args_t *a, int g, int64_t t0, int64_t t1,
     const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
     for (int h = 0; h < a->group; h++) m[h] = -INFINITY;
     for (int64_t t = 0; t < n; t++) {
-        ta_row_portable(row, kb + (t0 + t) * a->skt, a->dk);
+        ta_row_portable(row, kb + ta_slot(a, t0 + t) * a->skt, a->dk);
         for (int h = 0; h < a->group; h++) {
             float x = ta_dot_portable(a->q + (int64_t)(g * a->group + h) * a->dk, row, a->dk) * a->scale;
             if (a->softcap > 0.0f) x = a->softcap * tanhf(x / a->softcap);
@@ -96,7 +105,7 @@ static void ta_chunk_portable(const ta_args_t *a, int g, int64_t t0, int64_t t1,
         l[h] = sum;
     }
     for (int64_t t = 0; t < n; t++) {
-        ta_row_portable(row, vb + (t0 + t) * a->svt, a->dv);
+        ta_row_portable(row, vb + ta_slot(a, t0 + t) * a->svt, a->dv);
         for (int h = 0; h < a->group; h++) ta_axpy_portable(acc + (int64_t)h * a->dv, s[h * n + t], row, a->dv);
     }
 }
@@ -119,13 +128,14 @@ TA_INLINE void ta_scores(const ta_args_t *a, const uint16_t *kb, int64_t t0, int
                          const float *q, float *s) {
     int64_t t = 0;
     for (; t + 2 <= n; t += 2) {
-        const uint16_t *k0 = kb + (t0 + t) * a->skt, *k1 = k0 + a->skt;
+        const uint16_t *k0 = kb + ta_slot(a, t0 + t) * a->skt, *k1 = kb + ta_slot(a, t0 + t + 1) * a->skt;
+        const uint16_t *p0 = kb + ta_slot(a, t0 + t + TA_AHEAD) * a->skt, *p1 = kb + ta_slot(a, t0 + t + TA_AHEAD + 1) * a->skt;
         __m512 c0[TA_HB], c1[TA_HB];
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) c0[h] = c1[h] = _mm512_setzero_ps();
         for (int i = 0; i < a->dk; i += 16) {
-            _mm_prefetch((const char *)(k0 + TA_AHEAD * a->skt + i), _MM_HINT_T0);
-            _mm_prefetch((const char *)(k1 + TA_AHEAD * a->skt + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p0 + i), _MM_HINT_T0); /* a hint: never faults, even past the cache */
+            _mm_prefetch((const char *)(p1 + i), _MM_HINT_T0);
             const __m512 x0 = ta_ld16(k0 + i), x1 = ta_ld16(k1 + i);
 #pragma GCC unroll 8
             for (int h = 0; h < NH; h++) {
@@ -141,7 +151,7 @@ TA_INLINE void ta_scores(const ta_args_t *a, const uint16_t *kb, int64_t t0, int
         }
     }
     for (; t < n; t++) {
-        const uint16_t *k0 = kb + (t0 + t) * a->skt;
+        const uint16_t *k0 = kb + ta_slot(a, t0 + t) * a->skt;
         __m512 c0[TA_HB];
 #pragma GCC unroll 8
         for (int h = 0; h < NH; h++) c0[h] = _mm512_setzero_ps();
@@ -165,8 +175,8 @@ TA_INLINE void ta_values(const ta_args_t *a, const uint16_t *vb, int64_t t0, int
 #pragma GCC unroll 2
         for (int w = 0; w < W; w++) c[h][w] = _mm512_loadu_ps(acc + (int64_t)(h0 + h) * a->dv + j + 16 * w);
     for (int64_t t = tt; t < te; t++) {
-        const uint16_t *vr = vb + (t0 + t) * a->svt + j;
-        _mm_prefetch((const char *)(vr + TA_TILE * a->svt), _MM_HINT_T0);
+        const uint16_t *vr = vb + ta_slot(a, t0 + t) * a->svt + j;
+        _mm_prefetch((const char *)(vb + ta_slot(a, t0 + t + TA_TILE) * a->svt + j), _MM_HINT_T0);
         __m512 x[2];
 #pragma GCC unroll 2
         for (int w = 0; w < W; w++) x[w] = ta_ld16(vr + 16 * w);
@@ -240,12 +250,14 @@ static void ta_chunk_avx512(const ta_args_t *a, int g, int64_t t0, int64_t t1, f
 }
 #endif
 
-/* out (n_heads, dv) fp32. Returns 0, or -1 when scratch could not be allocated. */
+/* out (n_heads, dv) fp32; keys of positions [begin, end), in rows p % ring of a ring (ring 0: rows p).
+ * Returns 0, -1 when scratch could not be allocated, -2 when the positions do not fit the ring. */
 int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k, const uint16_t *v,
-                  int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t begin, int64_t end, float scale,
-                  float softcap, float *out, int nthreads) {
+                  int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t begin, int64_t end, int64_t ring,
+                  float scale, float softcap, float *out, int nthreads) {
     const int group = n_heads / n_kv;
     const int64_t n = end - begin;
+    if (ring && n > ring) return -2;
     if (n <= 0) {
         memset(out, 0, sizeof(float) * (size_t)n_heads * dv);
         return 0;
@@ -256,7 +268,8 @@ int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const u
     if (chunks > (n + 255) / 256) chunks = (n + 255) / 256;
     if (chunks < 1) chunks = 1;
     const int64_t per = (n + chunks - 1) / chunks, items = (int64_t)n_kv * chunks;
-    ta_args_t a = {q, k, v, skh, skt, svh, svt, group, dk, dv, scale, softcap};
+    const int64_t base = ring ? begin - begin % ring : 0;
+    ta_args_t a = {q, k, v, skh, skt, svh, svt, ring, base, base + ring, group, dk, dv, scale, softcap};
     const int simd = ta_simd() && dk % 16 == 0 && dv % 16 == 0;
     float *ml = malloc(sizeof(float) * (size_t)items * group * 2);
     float *acc = malloc(sizeof(float) * (size_t)items * group * dv);
