@@ -260,6 +260,7 @@ def decode_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    ring: bool = False,
 ) -> torch.Tensor:
     """Attention of one query token over cached keys 0..end-1 (the decode step).
 
@@ -269,14 +270,17 @@ def decode_attention(
     every key it is given. Without a softcap this is `attention`'s SDPA call on the sliced keys;
     with one, grouped heads are batched per KV head (query head h uses KV head h // group, as
     repeat_interleave in `attention`), so K/V are never repeated.
-    An f16 cache on the CPU goes to the C kernel where it is built (c_attention_enabled).
+    An f16 cache on the CPU goes to the C kernel where it is built (c_attention_enabled); only the C
+    kernel reads a sliding-window layer's ring (`ring`: position p in row p % its length).
     Returns (1, n_heads * v_head_dim) float32.
     """
     begin = max(0, end - window) if window is not None else 0
     if k_cache.dtype == v_cache.dtype == torch.float16 and k_cache.device.type == "cpu" and c_attention_enabled():
         from .kernels.cpu import c_attention  # each K/V row read once in f16
 
-        return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap)
+        return c_attention.attend_f16(q, k_cache, v_cache, begin, end, scale, softcap, ring=ring)
+    if ring:
+        raise ValueError("decode_attention reads a ring only in the C kernel (an f16 cache on the CPU).")
     k = k_cache[:, begin:end].float()  # (n_kv_heads, n_keys, head_dim); a copy from fp16
     v = v_cache[:, begin:end].float()
     return attend_keys(q, k, v, scale, softcap)
@@ -307,6 +311,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def ggml_table_geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """ggml's CPU GeGLU (numerics.ggml_geglu: GELU read from its fp16 table, built as ggml builds it) in
+    one C call where kernels/cpu/ggml_ops is usable, else the torch emulation: the same bits."""
+    c = ggml_c_ops(gate)
+    return c.geglu(gate, up) if c is not None else ggml_geglu(gate, up)
+
+
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """GELU(gate) * up with ggml's CPU GELU: the tanh approximation read from an fp16 table.
 
@@ -315,8 +326,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     (Beyond |x| >= 10 ggml returns x or 0, which gelu_tanh already equals in fp16.)
     """
     if ggml_enabled():  # TALLOW_NUMERICS=ggml: ggml's own table, built with libm's tanhf
-        c = ggml_c_ops(gate)
-        return c.geglu(gate, up) if c is not None else ggml_geglu(gate, up)
+        return ggml_table_geglu(gate, up)
     if fast_paths_enabled():
         # torch's fp16 GELU computes in fp32 and rounds once: bit-identical to the line below
         # for every finite fp16 input (tests/test_cpu_fastpaths.py), in 3 kernels instead of 6.

@@ -64,3 +64,25 @@ def test_speculation_stays_exact_with_it(tmp_path):
     engine.kv.truncate(len(prompt))
     rows = engine.model.forward(seq, len(prompt), engine.kv, all_logits=True, phase=VERIFY)
     assert torch.equal(rows, steps)
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_ring_is_read_in_position_order_as_the_whole_cache_is(simd, threads):
+    """A sliding-window layer's ring (position p in row p % ring) gives the bits the full-context
+    layout gives for the same positions, so the layout never changes an answer."""
+    q, k, v = _cache(n_kv=2, n_ctx=1000, seed=3)
+    ring = 300
+    rk, rv = torch.empty_like(k[:, :ring]), torch.empty_like(v[:, :ring])
+    begin, end = 700 - 277, 700  # wraps: rows 123..299, then 0..99
+    for p in range(begin, end):
+        rk[:, p % ring], rv[:, p % ring] = k[:, p], v[:, p]
+    c_attention.set_simd(simd)
+    try:
+        want = c_attention.attend_f16(q, k, v, begin, end, 0.2, threads=threads)
+        got = c_attention.attend_f16(q, rk, rv, begin, end, 0.2, threads=threads, ring=True)
+    finally:
+        c_attention.set_simd(True)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="do not fit a ring"):
+        c_attention.attend_f16(q, rk, rv, 0, ring + 1, 0.2, ring=True)

@@ -24,7 +24,8 @@ from tallow.gguf_file import GGUFFile
 from tallow.memory.kv_pool import KVPool
 from tallow.memory.kv_store import KVStore, model_fingerprint
 from tallow.models import build_model
-from tallow.models.gemma4 import gelu_ggml
+from tallow.layers import ggml_table_geglu
+from tallow.numerics import ggml_geglu
 from tallow.sampling import Sampler, SamplingParams
 from tallow.spec import spec_from_gguf
 
@@ -112,19 +113,21 @@ def test_engine_prefix_reuse_matches_a_fresh_pool(gemma4):
     torch.testing.assert_close(got, fresh, rtol=0, atol=5e-3)  # other chunk boundaries: summation order
 
 
-def test_gelu_table_is_ggml_gelu_at_fp16():
-    """The per-layer gate's GELU: equal to torch's fp16 tanh-GELU on 99% of fp16 inputs, within 4
-    fp16 ulps everywhere (1 + tanh cancels in float32 for x < -3.5, where the two tanh
-    implementations round apart); x beyond +10 passes through and below -10 is 0 (ggml's rules)."""
+def test_the_per_layer_gate_is_ggml_geglu_at_fp16():
+    """The per-layer gate's GELU (layers.ggml_table_geglu, ggml's table): equal to torch's fp16 tanh-GELU on
+    99% of fp16 inputs, within 4 fp16 ulps everywhere (1 + tanh cancels in float32 for x < -3.5, where
+    the two tanh implementations round apart); x beyond +10 passes through and below -10 is 0 (ggml's
+    rules); the C call and the torch emulation give the same bits."""
     x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
     x = x[torch.isfinite(x) & (x.abs() < 10)]
-    ours = gelu_ggml(x)
+    ours = ggml_table_geglu(x, torch.ones_like(x))
+    assert torch.equal(ours, ggml_geglu(x, torch.ones_like(x)))
     theirs = torch.nn.functional.gelu(x.half(), approximate="tanh").float()
     ulp = (theirs.half().view(torch.int16).int() - ours.half().view(torch.int16).int()).abs()
     assert ulp.max().item() <= 4 and (ulp == 0).float().mean().item() > 0.99
     assert ulp[x > -3.5].max().item() <= 1
     big = torch.tensor([12.0, -12.0, 10.0, -10.0])
-    assert gelu_ggml(big).tolist() == [12.0, 0.0, 10.0, 0.0]
+    assert ggml_table_geglu(big, torch.full_like(big, 2.0)).tolist() == [24.0, 0.0, 20.0, 0.0]
 
 
 @pytest.mark.parametrize("key, value, needle", [

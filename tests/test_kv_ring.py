@@ -72,6 +72,15 @@ def test_ring_layers_give_the_logits_of_full_layers(gemma, chunk) -> None:
         assert torch.equal(ring, full)
 
 
+def test_f16_ring_decode_steps_are_the_full_layouts_bit_for_bit(gemma) -> None:
+    """With an f16 cache the CPU decode step reads a ring in C in position order (layers.decode_attention),
+    as it reads the full layout: one token at a time, the layout never changes a logit."""
+    spec, model, _ = gemma
+    ring_kv, full_kv = KVPool(spec, 64, "f16", max_chunk=4), KVPool(spec, 64, "f16", ring=False)
+    assert ring_kv.has_rings
+    assert torch.equal(_run(model, ring_kv, IDS, 1), _run(model, full_kv, IDS, 1))
+
+
 def test_a_long_forward_is_split_into_chunks_the_ring_holds(gemma) -> None:
     spec, model, _ = gemma
     ring = model.forward(IDS, 0, KVPool(spec, 64, torch.float32, max_chunk=4), all_logits=True)

@@ -122,13 +122,7 @@ class EagerAttention(Backend):
         if self.ggml:  # llama.cpp's f16 attention
             return self.ggml_attend(index, q, kv, start)
         if n == 1 and fast_paths_enabled():
-            if kv.dtype in _FLOAT_KV and kv.caps[index] == kv.n_ctx:  # not a ring (kv.is_ring, inlined)
-                return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale,
-                                        layer.sliding_window, spec.attn_logit_softcap)
-            # A ring or a quantized pool: the window's keys, in position order, as float32.
-            begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
-            keys, values = kv.view(index, begin, end)
-            return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
+            return one_query_attention(q, kv, index, end, spec)
         lo = kv.window_start(index, start)  # 0, or a ring's window edge for the first query
         fused = model.ops.pool_attention(q, kv, index, start, lo, layer.sliding_window, spec.attn_scale,
                                          spec.attn_logit_softcap)
@@ -172,10 +166,24 @@ class EagerAttention(Backend):
         return ggml_attention(q.transpose(0, 1), keys, values, mask, scale, spec.attn_logit_softcap)
 
 
+def one_query_attention(q: torch.Tensor, kv: KVPool, index: int, end: int, spec) -> torch.Tensor:
+    """The decode step's attention: one query at position end-1 over layer `index`'s window — in C
+    where `_c_decode` says so (a ring too), else the window's keys as float32 (layers.attend_keys)."""
+    layer = spec.layers[index]
+    ring = kv.is_ring(index)
+    if _c_decode(kv, index) or (kv.dtype in _FLOAT_KV and not ring):
+        return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale, layer.sliding_window,
+                                spec.attn_logit_softcap, ring=ring)
+    begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
+    keys, values = kv.view(index, begin, end)  # position order, dequantized for int8/fp8
+    return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
+
+
 def _c_decode(kv: KVPool, index: int) -> bool:
-    """Whether a one-query step of layer `index` runs in the C attention (layers.decode_attention):
-    verification then asks it query by query too."""
-    return kv.k[index].dtype == torch.float16 and kv.caps[index] == kv.n_ctx and c_attention_enabled()
+    """Whether a one-query step of layer `index` runs in the C attention (layers.decode_attention; a
+    ring too): verification then asks it query by query, so a verified row is that step."""
+    k = kv.k[index]
+    return k.dtype == torch.float16 and k.device.type == "cpu" and c_attention_enabled()
 
 
 class EagerRowsAttention(EagerAttention):
@@ -342,15 +350,8 @@ class GraphDecodeAttention(DeviceBackend):
         out = self.kernel(index, q, kv, step.seq_lens)
         if out is not None:
             return out
-        # CPU (tests) or soft-capped attention: the torch kernel, at a host-known length.
-        spec, layer = self.model.spec, self.model.spec.layers[index]
-        end = int(step.seq_lens.item())
-        if kv.dtype in _FLOAT_KV and kv.caps[index] == kv.n_ctx:
-            return decode_attention(q, kv.k[index], kv.v[index], end, spec.attn_scale, layer.sliding_window,
-                                    spec.attn_logit_softcap)
-        begin = max(0, end - layer.sliding_window) if layer.sliding_window else 0
-        keys, values = kv.view(index, begin, end)
-        return attend_keys(q, keys, values, spec.attn_scale, spec.attn_logit_softcap)
+        # CPU (tests) or soft-capped attention: the eager step's, at a host-known length.
+        return one_query_attention(q, kv, index, int(step.seq_lens.item()), self.model.spec)
 
 
 class RowsAttention(DeviceBackend):

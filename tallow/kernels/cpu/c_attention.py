@@ -25,7 +25,7 @@ def _lib() -> ctypes.CDLL | None:
         return None
     if _ready is None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
+        lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
         lib.ta_attend_f16.restype = i32
         lib.ta_set_simd.argtypes = [i32]
         _ready = True
@@ -43,10 +43,12 @@ def set_simd(on: bool) -> None:
 
 
 def attend_f16(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, begin: int, end: int, scale: float,
-               softcap: float | None = None, threads: int | None = None) -> torch.Tensor:
+               softcap: float | None = None, threads: int | None = None, ring: bool = False) -> torch.Tensor:
     """q (1, n_heads, dk) float32; k_cache (n_kv, n_ctx, dk), v_cache (n_kv, n_ctx, dv) float16, last dim
-    contiguous; keys [begin, end) -> (1, n_heads * dv) float32. `threads`: torch's count by default
-    (the keys of a KV head are split into chunks across them, merged as split-K decoding does)."""
+    contiguous; the keys of positions [begin, end) -> (1, n_heads * dv) float32. `ring`: the caches are a
+    sliding-window layer's ring, position p in row p % its length (memory/kv_pool.py), read in position
+    order. `threads`: torch's count by default (the keys of a KV head are split into chunks across them,
+    merged as split-K decoding does)."""
     lib = _lib()
     n_heads, dk = q.shape[1], q.shape[2]
     n_kv, dv = k_cache.shape[0], v_cache.shape[2]
@@ -56,8 +58,10 @@ def attend_f16(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, be
     out = torch.empty((1, n_heads * dv), dtype=torch.float32)
     rc = lib.ta_attend_f16(qc.data_ptr(), n_heads, n_kv, dk, dv, k_cache.data_ptr(), v_cache.data_ptr(),
                            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), begin, end,
-                           float(scale), float(softcap or 0.0), out.data_ptr(),
+                           k_cache.shape[1] if ring else 0, float(scale), float(softcap or 0.0), out.data_ptr(),
                            threads or torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"positions {begin}..{end - 1} do not fit a ring of {k_cache.shape[1]} rows.")
     if rc != 0:
         raise MemoryError("decode attention: the C kernel could not allocate its scratch.")
     return out

@@ -207,7 +207,7 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
         for (int64_t r = 0; r < m; r++) { /* every row's K/V is written: row r sees keys ..pos + r */
             const int64_t end = pos + r + 1, begin = L->window && end > L->window ? end - L->window : 0;
             if (ta_attend_f16(qk + r * nqk, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt, L->svh,
-                              L->svt, begin, end, M->scale, 0.0f, att + r * nh * vhd, nthreads))
+                              L->svt, begin, end, 0, M->scale, 0.0f, att + r * nh * vhd, nthreads))
                 return -2;
         }
         if (tg_linear_multi(L->out, att, m, xq, o, nthreads)) return -3;

@@ -24,6 +24,6 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
 float tg_f16_to_f32(uint16_t h);
 uint16_t tg_f32_to_f16(float f); /* round to nearest even, as vcvtps2ph */
 int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k, const uint16_t *v,
-                  int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t begin, int64_t end, float scale,
-                  float softcap, float *out, int nthreads);
+                  int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t begin, int64_t end, int64_t ring,
+                  float scale, float softcap, float *out, int nthreads);
 #endif
