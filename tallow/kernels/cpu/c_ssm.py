@@ -31,7 +31,8 @@ def _lib() -> ctypes.CDLL | None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ss_conv.argtypes = [p, i64, i64, i64, i32, p, p, p, p]
     lib.ss_scan.argtypes = [p, i64, i64, i64, i64, p, i64, p, i64, p, p, i32, p, i64, p, i64, p, p, i64, i64, p, i32]
-    lib.ss_conv.restype = lib.ss_scan.restype = None
+    lib.ss_conv.restype = None
+    lib.ss_scan.restype = i32
     _lib_ready = lib
     return lib
 
@@ -70,7 +71,9 @@ def scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     n_group = B.shape[1] // d_state
     y = torch.empty((n, n_head * head_dim), dtype=torch.float32)
     zs = 0 if z is None else z.stride(0)
-    (_lib_ready or _lib()).ss_scan(state.data_ptr(), n_head, head_dim, d_state, n_group, x.data_ptr(), x.stride(0), dt.data_ptr(),
-                                   dt.stride(0), _ptr(dt_bias), A.data_ptr(), int(A.dim() == 2), B.data_ptr(), B.stride(0),
-                                   C.data_ptr(), C.stride(0), _ptr(D), _ptr(z), zs, n, y.data_ptr(), torch.get_num_threads())
+    rc = (_lib_ready or _lib()).ss_scan(state.data_ptr(), n_head, head_dim, d_state, n_group, x.data_ptr(), x.stride(0), dt.data_ptr(),
+                                        dt.stride(0), _ptr(dt_bias), A.data_ptr(), int(A.dim() == 2), B.data_ptr(), B.stride(0),
+                                        C.data_ptr(), C.stride(0), _ptr(D), _ptr(z), zs, n, y.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("the C selective scan could not allocate its scratch.")
     return y
