@@ -120,10 +120,12 @@ def test_conv_is_the_reference_conv_with_ggml_silu(n, simd):
     x = rows[:, 3:40]
     state, weight, bias = torch.randn(3, 37, generator=g), torch.randn(37, 4, generator=g), torch.randn(37, generator=g)
     s_c, s_r = state.clone(), state.clone()
-    out = c_ssm.conv(x, s_c, weight, bias)
+    out = c_ssm.conv(x, s_c, weight.t().contiguous(), bias)
     assert torch.equal(s_c, torch.cat([state, x])[n:])  # the last d_conv - 1 rows
     assert torch.equal(out, ggml_silu(causal_conv(x, s_r, weight, bias)))
     assert torch.equal(s_c, s_r)
+    s_o = state.clone()
+    assert torch.equal(CMixerOps().conv(x, s_o, weight, bias), out) and torch.equal(s_o, s_c)  # the mixer op transposes the kernel
 
 
 @pytest.mark.parametrize("version,ds", ((1, 16), (2, 128), (2, 64)))

@@ -11,6 +11,8 @@ n_valid on never advance a state.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -45,9 +47,18 @@ class TorchMixerOps:
 class CMixerOps(TorchMixerOps):
     """The C ops where a call fits them (CPU float32, every row valid), else the torch reference."""
 
+    def __init__(self):
+        # each conv kernel's (d_conv, C) copy, made at its first call: id -> (a weak reference to the
+        # kernel, the copy); a dead reference means the id was reused, and the copy is made again
+        self.transposed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
     def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
-        if _all_rows(x, n_valid) and c_ssm.fits(x, state, weight, bias) and _dense(state, weight, bias):
-            return c_ssm.conv(x, state, weight, bias)
+        if _all_rows(x, n_valid) and c_ssm.fits(x, state, weight, bias) and _dense(state, bias):
+            ref, wt = self.transposed.get(id(weight), (None, None))
+            if ref is None or ref() is not weight:
+                wt = weight.t().contiguous()
+                self.transposed[id(weight)] = (weakref.ref(weight), wt)
+            return c_ssm.conv(x, state, wt, bias)
         return super().conv(x, state, weight, bias, n_valid)
 
     def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:

@@ -51,13 +51,13 @@ def _ptr(t: torch.Tensor | None):
     return None if t is None else t.data_ptr()
 
 
-def conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def conv(x: torch.Tensor, state: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """SiLU(causal conv1d of x (n, C) after state (d_conv - 1, C), plus bias); state updated in place.
-    weight (C, d_conv) and bias (C,) contiguous."""
+    weight_t (d_conv, C): the layer's (C, d_conv) kernel transposed, contiguous; bias (C,) contiguous."""
     n, channels = x.shape
     out = torch.empty((n, channels), dtype=torch.float32)
-    (_lib_ready or _lib()).ss_conv(x.data_ptr(), x.stride(0), n, channels, weight.shape[1], state.data_ptr(), weight.data_ptr(),
-                                   bias.data_ptr(), out.data_ptr())
+    (_lib_ready or _lib()).ss_conv(x.data_ptr(), x.stride(0), n, channels, weight_t.shape[0], state.data_ptr(),
+                                   weight_t.data_ptr(), bias.data_ptr(), out.data_ptr())
     return out
 
 

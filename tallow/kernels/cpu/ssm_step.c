@@ -102,21 +102,23 @@ GO_TGT static int64_t gate_avx512(const float *z, float *y, int64_t n) {
 #endif
 
 /* out (n, C) = silu(causal conv of the rows x (n, C; x_stride apart) after state (k - 1, C) + bias);
- * weight (C, k). state becomes the last k - 1 rows of [state; x]. */
-void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, float *state, const float *weight,
+ * weight_t (k, C): the (C, k) kernel transposed, so each tap is a contiguous row and the channel loop
+ * runs 16 lanes at a time. state becomes the last k - 1 rows of [state; x]. */
+void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, float *state, const float *weight_t,
              const float *bias, float *out) {
     const int simd = go_simd();
     for (int64_t t = 0; t < n; t++) {
         float *o = out + t * C;
-        for (int64_t c = 0; c < C; c++) {
-            float sum = 0.0f;
-            for (int j = 0; j < k; j++) {
-                const int64_t row = t + j; /* in [state; x] */
-                const float v = row < k - 1 ? state[row * C + c] : x[(row - (k - 1)) * x_stride + c];
-                sum = j == 0 ? v * weight[c * k] : sum + v * weight[c * k + j];
-            }
-            o[c] = sum + bias[c];
+        for (int j = 0; j < k; j++) { /* tap j reads row t + j of [state; x] */
+            const int64_t row = t + j;
+            const float *r = row < k - 1 ? state + row * C : x + (row - (k - 1)) * x_stride;
+            const float *w = weight_t + (int64_t)j * C;
+            if (j == 0)
+                for (int64_t c = 0; c < C; c++) o[c] = r[c] * w[c];
+            else
+                for (int64_t c = 0; c < C; c++) o[c] = o[c] + r[c] * w[c];
         }
+        for (int64_t c = 0; c < C; c++) o[c] = o[c] + bias[c];
         int64_t c = 0;
 #if GO_X86
         if (simd) c = silu_avx512(o, C);
@@ -127,14 +129,15 @@ void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, floa
      * is overwritten (sources lie n >= 1 rows further on) */
     for (int j = 0; j < k - 1; j++) {
         const int64_t row = n + j;
-        for (int64_t c = 0; c < C; c++) state[j * C + c] = row < k - 1 ? state[row * C + c] : x[(row - (k - 1)) * x_stride + c];
+        const float *src = row < k - 1 ? state + row * C : x + (row - (k - 1)) * x_stride;
+        for (int64_t c = 0; c < C; c++) state[j * C + c] = src[c];
     }
 }
 
 /* ------------------------------------------------------------------ scan */
 
 /* Mamba-2, one row of a head: s (ds) updated, returns sum of s C (ggml's AVX-512 order). */
-static float row2_portable(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
+static inline float row2_portable(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
     const int64_t np = ds & ~(int64_t)63;
     float acc[64] = {0};
     for (int64_t i = 0; i < np; i += 64)
@@ -155,7 +158,7 @@ static float row2_portable(float *s, const float *B, const float *Cm, int64_t ds
 }
 
 /* Mamba-1, one channel: decays per state; the products by the lane tree per 16, blocks added in order. */
-static float row1_portable(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
+static inline float row1_portable(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
     float sum = 0.0f, p[16];
     int64_t i = 0;
     for (; i + 16 <= ds; i += 16) {
@@ -175,7 +178,7 @@ static float row1_portable(float *s, const float *A, const float *B, const float
 }
 
 #if GO_X86
-GO_TGT static float row2_avx512(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
+GO_TGT static inline float row2_avx512(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
     const int64_t np = ds & ~(int64_t)63;
     const __m512 va = _mm512_set1_ps(dA), vx = _mm512_set1_ps(x_dt);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -195,7 +198,7 @@ GO_TGT static float row2_avx512(float *s, const float *B, const float *Cm, int64
     return sum;
 }
 
-GO_TGT static float row1_avx512(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
+GO_TGT static inline float row1_avx512(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
     const __m512 vsp = _mm512_set1_ps(sp), vx = _mm512_set1_ps(x_dt);
     float sum = 0.0f;
     int64_t i = 0;
@@ -214,15 +217,49 @@ GO_TGT static float row1_avx512(float *s, const float *A, const float *B, const 
 }
 #endif
 
+/* One scan call's inputs (ss_scan's arguments), handed to the per-thread loops. */
+typedef struct {
+    float *state, *y;
+    const float *x, *sps, *A, *B, *Cm, *D;
+    int64_t nh, hd, ds, per_group, xs, bs, cs, n;
+    int a_per_state;
+} ScanArgs;
+
+/* heads h0..h1-1, every row in order; ROW1 / ROW2 the Mamba-1 / Mamba-2 row of one instruction set
+ * (a macro, so each instruction set's loop is compiled with its rows inlined) */
+#define SCAN_HEADS(ROW1, ROW2)                                                                                  \
+    for (int64_t h = h0; h < h1; h++) {                                                                          \
+        const int64_t g = h / a->per_group, ds = a->ds, hd = a->hd;                                              \
+        for (int64_t t = 0; t < a->n; t++) {                                                                     \
+            const float sp = a->sps[t * a->nh + h];                                                              \
+            const float dA = a->a_per_state ? 0.0f : expf(sp * a->A[h]);                                         \
+            const float *Bt = a->B + t * a->bs + g * ds, *Ct = a->Cm + t * a->cs + g * ds;                       \
+            for (int64_t i = 0; i < hd; i++) {                                                                   \
+                const int64_t ch = h * hd + i;                                                                   \
+                const float xv = a->x[t * a->xs + ch];                                                           \
+                const float x_dt = xv * sp;                                                                      \
+                float *s = a->state + ch * ds;                                                                   \
+                const float out = a->a_per_state ? ROW1(s, a->A + h * ds, Bt, Ct, ds, sp, x_dt)                  \
+                                                 : ROW2(s, Bt, Ct, ds, dA, x_dt);                                \
+                a->y[t * a->nh * hd + ch] = a->D ? out + xv * a->D[h] : out;                                     \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+static void heads_portable(const ScanArgs *a, int64_t h0, int64_t h1) { SCAN_HEADS(row1_portable, row2_portable) }
+
+#if GO_X86
+GO_TGT static void heads_avx512(const ScanArgs *a, int64_t h0, int64_t h1) { SCAN_HEADS(row1_avx512, row2_avx512) }
+#endif
+
 /* y (n, nh * hd) = (scan + x D) * silu(z) over n rows, in order; state (nh, hd, ds) updated.
  * x (n, nh * hd), dt (n, nh), B and C (n, ng * ds), z (n, nh * hd): row strides in floats.
  * dt_bias (nh), D (nh), z: NULL for none. A: (nh, ds) when a_per_state (Mamba-1), else (nh).
  * Returns 0, or -1 when its n * nh floats of scratch could not be allocated (nothing changed). */
 int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const float *x, int64_t xs, const float *dt,
-             int64_t dts, const float *dt_bias, const float *A, int a_per_state, const float *B, int64_t bs,
-             const float *Cm, int64_t cs, const float *D, const float *z, int64_t zs, int64_t n, float *y, int threads) {
+            int64_t dts, const float *dt_bias, const float *A, int a_per_state, const float *B, int64_t bs,
+            const float *Cm, int64_t cs, const float *D, const float *z, int64_t zs, int64_t n, float *y, int threads) {
     const int simd = go_simd();
-    const int64_t per_group = nh / ng;
     float *sps = malloc(sizeof(float) * (size_t)(n * nh)); /* softplus(dt + dt_bias), (n, nh) */
     if (!sps) return -1;
     for (int64_t t = 0; t < n; t++) {
@@ -230,27 +267,23 @@ int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const 
         for (int64_t h = 0; h < nh; h++) r[h] = dt_bias ? dt[t * dts + h] + dt_bias[h] : dt[t * dts + h];
         softplus_row(r, nh, r, simd);
     }
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t h = 0; h < nh; h++) {
-        const int64_t g = h / per_group;
-        for (int64_t t = 0; t < n; t++) {
-            const float sp = sps[t * nh + h];
-            const float dA = a_per_state ? 0.0f : expf(sp * A[h]);
-            const float *Bt = B + t * bs + g * ds, *Ct = Cm + t * cs + g * ds;
-            for (int64_t i = 0; i < hd; i++) {
-                const int64_t ch = h * hd + i;
-                const float xv = x[t * xs + ch];
-                const float x_dt = xv * sp;
-                float *s = state + ch * ds;
-                float out;
-#if GO_X86
-                if (simd)
-                    out = a_per_state ? row1_avx512(s, A + h * ds, Bt, Ct, ds, sp, x_dt) : row2_avx512(s, Bt, Ct, ds, dA, x_dt);
-                else
+    const ScanArgs args = {state, y, x, sps, A, B, Cm, D, nh, hd, ds, nh / ng, xs, bs, cs, n, a_per_state};
+    /* heads split in contiguous ranges, one per thread, as ggml splits them */
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int nt = 1, it = 0;
+#ifdef _OPENMP
+        nt = omp_get_num_threads();
+        it = omp_get_thread_num();
 #endif
-                    out = a_per_state ? row1_portable(s, A + h * ds, Bt, Ct, ds, sp, x_dt) : row2_portable(s, Bt, Ct, ds, dA, x_dt);
-                y[t * nh * hd + ch] = D ? out + xv * D[h] : out;
-            }
+        const int64_t per = (nh + nt - 1) / nt, h0 = per * it, h1 = h0 + per < nh ? h0 + per : nh;
+        if (h0 < h1) {
+#if GO_X86
+            if (simd)
+                heads_avx512(&args, h0, h1);
+            else
+#endif
+                heads_portable(&args, h0, h1);
         }
     }
     free(sps);
