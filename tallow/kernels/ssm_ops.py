@@ -51,6 +51,9 @@ class CMixerOps(TorchMixerOps):
         # each conv kernel's (d_conv, C) copy, made at its first call: id -> (a weak reference to the
         # kernel, the copy); a dead reference means the id was reused, and the copy is made again
         self.transposed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        # whether a layer's fixed scan inputs (state, A, dt_bias, D) fit the C call, asked once:
+        # id(state) -> (weak references to the state and A, the answer)
+        self.fixed_ok: dict[int, tuple[weakref.ref, weakref.ref, bool]] = {}
 
     def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
         if _all_rows(x, n_valid) and c_ssm.fits(x, state, weight, bias) and _dense(state, bias):
@@ -62,10 +65,16 @@ class CMixerOps(TorchMixerOps):
         return super().conv(x, state, weight, bias, n_valid)
 
     def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
-        if (_all_rows(x, n_valid) and c_ssm.fits(x, dt, B, C, z) and _dense(state, A, dt_bias, D)
-                and c_ssm.fits(state, A, dt_bias, D)):
+        if _all_rows(x, n_valid) and c_ssm.fits(x, dt, B, C, z) and self._fixed_fit(state, A, dt_bias, D):
             return c_ssm.scan(state, x, dt, A, B, C, dt_bias, D, z)
         return super().scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z)
+
+    def _fixed_fit(self, state, A, dt_bias, D) -> bool:
+        ref_s, ref_a, ok = self.fixed_ok.get(id(state), (None, None, False))
+        if ref_s is None or ref_s() is not state or ref_a() is not A:
+            ok = _dense(state, A, dt_bias, D) and c_ssm.fits(state, A, dt_bias, D)
+            self.fixed_ok[id(state)] = (weakref.ref(state), weakref.ref(A), ok)
+        return ok
 
 
 def _all_rows(x: torch.Tensor, n_valid) -> bool:

@@ -43,8 +43,12 @@ def usable() -> bool:
 
 
 def fits(*tensors: torch.Tensor | None) -> bool:
-    """CPU float32 tensors with a contiguous last dimension (None: an absent optional input)."""
-    return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1) for t in tensors)
+    """CPU float32 tensors with a contiguous last dimension (None: an absent optional input). Asked
+    of every call's inputs: a plain loop, the cheapest form (a layer's decode step is ~100 us)."""
+    for t in tensors:
+        if t is not None and (t.dtype is not torch.float32 or not t.is_cpu or t.stride(-1) != 1):
+            return False
+    return True
 
 
 def _ptr(t: torch.Tensor | None):
