@@ -1,8 +1,9 @@
 """The Mamba mixer's two recurrent ops, chosen once per model by device: the conv1d with its
 SiLU, and the selective scan with the mixer's D skip and SiLU(z) gate after it.
 
-On the CPU (and on the GPU with TALLOW_SSM_TRITON=0) they are kernels/cpu/ssm.py's torch
-references, op for op what models/mamba.py computed before this module existed; on the GPU one
+On the CPU one C call each (kernels/cpu/c_ssm.py, ssm_step.c; TALLOW_CPU_C_SSM=0, a call it does
+not take, or no built library: kernels/cpu/ssm.py's torch references, op for op what models/mamba.py
+computed before this module existed, also the GPU's with TALLOW_SSM_TRITON=0); on the GPU one
 Triton launch each (kernels/triton/ssm.py). Both update the layer's states in place and take
 `n_valid` (None, a host int, or a (1,) device tensor inside a captured graph): rows from
 n_valid on never advance a state.
@@ -10,10 +11,13 @@ n_valid on never advance a state.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 from .. import switches
+from .cpu import c_ssm
 from .cpu.ssm import blocked_scan, causal_conv, selective_scan
 
 
@@ -40,6 +44,47 @@ class TorchMixerOps:
         return y if z is None else F.silu(z) * y
 
 
+class CMixerOps(TorchMixerOps):
+    """The C ops where a call fits them (CPU float32, every row valid), else the torch reference."""
+
+    def __init__(self):
+        # each conv kernel's (d_conv, C) copy, made at its first call: id -> (a weak reference to the
+        # kernel, the copy); a dead reference means the id was reused, and the copy is made again
+        self.transposed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        # whether a layer's fixed scan inputs (state, A, dt_bias, D) fit the C call, asked once:
+        # id(state) -> (weak references to the state and A, the answer)
+        self.fixed_ok: dict[int, tuple[weakref.ref, weakref.ref, bool]] = {}
+
+    def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
+        if _all_rows(x, n_valid) and c_ssm.fits(x, state, weight, bias) and _dense(state, bias):
+            ref, wt = self.transposed.get(id(weight), (None, None))
+            if ref is None or ref() is not weight:
+                wt = weight.t().contiguous()
+                self.transposed[id(weight)] = (weakref.ref(weight), wt)
+            return c_ssm.conv(x, state, wt, bias)
+        return super().conv(x, state, weight, bias, n_valid)
+
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+        if _all_rows(x, n_valid) and c_ssm.fits(x, dt, B, C, z) and self._fixed_fit(state, A, dt_bias, D):
+            return c_ssm.scan(state, x, dt, A, B, C, dt_bias, D, z)
+        return super().scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z)
+
+    def _fixed_fit(self, state, A, dt_bias, D) -> bool:
+        ref_s, ref_a, ok = self.fixed_ok.get(id(state), (None, None, False))
+        if ref_s is None or ref_s() is not state or ref_a() is not A:
+            ok = _dense(state, A, dt_bias, D) and c_ssm.fits(state, A, dt_bias, D)
+            self.fixed_ok[id(state)] = (weakref.ref(state), weakref.ref(A), ok)
+        return ok
+
+
+def _all_rows(x: torch.Tensor, n_valid) -> bool:
+    return n_valid is None or (isinstance(n_valid, int) and n_valid == x.shape[0])
+
+
+def _dense(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.is_contiguous() for t in tensors)
+
+
 class TritonMixerOps:
     def __init__(self, scan_rows: int | None = None):
         self.scan_rows = scan_rows  # rows of the state per scan program (None: ssm_scan's choice; tests: fewer programs)
@@ -56,4 +101,6 @@ class TritonMixerOps:
 
 
 def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:
-    return TritonMixerOps() if device.type == "cuda" and ssm_triton_enabled() else TorchMixerOps()
+    if device.type == "cuda":
+        return TritonMixerOps() if ssm_triton_enabled() else TorchMixerOps()
+    return CMixerOps() if c_ssm.usable() else TorchMixerOps()
