@@ -737,6 +737,10 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.ggml_dot:GgmlDotGroup": "tests/test_ggml_dot.py",  # each part's own bits, mixed types
     # the whole decode step in C: logits and K/V bit for bit the composed blocks' (tiny and real models)
     "tallow.kernels.cpu.decode_layer:DecodeLayers": "tests/test_decode_layer.py",
+    # the recurrent step in C: bit for bit an op-by-op emulation of its arithmetic, within 2e-6 of cpu/ssm.py
+    "tallow.kernels.cpu.c_ssm:conv": "tests/test_c_ssm.py",
+    "tallow.kernels.cpu.c_ssm:scan": "tests/test_c_ssm.py",
+    "tallow.kernels.ssm_ops:CMixerOps": "tests/test_c_ssm.py",
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -748,7 +752,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
     # the mixer's ops by device: the torch references (cpu/ssm.py) or the Triton kernels, both in the ssm cases
     "tallow.kernels.ssm_ops:TorchMixerOps", "tallow.kernels.ssm_ops:TritonMixerOps", "tallow.kernels.ssm_ops:mixer_ops",
-    "tallow.kernels.ssm_ops:ssm_triton_enabled",
+    "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     # routed experts on the GPU: the stacked weight's container, its references, a switch
@@ -782,7 +786,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_ops:built", "tallow.kernels.cpu.ggml_ops:norm_fits",
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
-    "tallow.kernels.cpu.ggml_dot:in_use_status",
+    "tallow.kernels.cpu.ggml_dot:in_use_status", "tallow.kernels.cpu.ggml_dot:bound",  # the library for one C file
     "tallow.kernels.cpu.decode_layer:usable", "tallow.kernels.cpu.decode_layer:unavailable_reason",
     "tallow.kernels.cpu.decode_layer:silu_rows_match",  # when torch's SiLU splits rows as the C step does (a rule)
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting

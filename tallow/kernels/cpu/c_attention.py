@@ -15,21 +15,16 @@ from . import ggml_dot
 
 __all__ = ["usable", "attend_f16", "set_simd"]
 
-_ready: bool | None = None
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
+    lib.ta_attend_f16.restype = i32
+    lib.ta_set_simd.argtypes = [i32]
 
 
 def _lib() -> ctypes.CDLL | None:
-    global _ready
-    lib = ggml_dot._load()
-    if lib is None or not hasattr(lib, "ta_attend_f16"):
-        return None
-    if _ready is None:
-        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
-        lib.ta_attend_f16.restype = i32
-        lib.ta_set_simd.argtypes = [i32]
-        _ready = True
-    return lib
+    return ggml_dot.bound("ta_attend_f16", _declare)
 
 
 def usable() -> bool:

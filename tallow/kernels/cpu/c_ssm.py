@@ -16,25 +16,17 @@ import torch
 from ... import switches
 from . import ggml_dot
 
-_lib_ready: ctypes.CDLL | None = None
-_missing = False
 
-
-def _lib() -> ctypes.CDLL | None:
-    global _lib_ready, _missing
-    if _lib_ready is not None or _missing:
-        return _lib_ready
-    lib = ggml_dot._load()
-    if lib is None or not hasattr(lib, "ss_scan"):
-        _missing = True
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ss_conv.argtypes = [p, i64, i64, i64, i32, p, p, p, p]
     lib.ss_scan.argtypes = [p, i64, i64, i64, i64, p, i64, p, i64, p, p, i32, p, i64, p, i64, p, p, i64, i64, p, i32]
     lib.ss_conv.restype = None
     lib.ss_scan.restype = i32
-    _lib_ready = lib
-    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    return ggml_dot.bound("ss_scan", _declare)
 
 
 def usable() -> bool:
@@ -60,7 +52,7 @@ def conv(x: torch.Tensor, state: torch.Tensor, weight_t: torch.Tensor, bias: tor
     weight_t (d_conv, C): the layer's (C, d_conv) kernel transposed, contiguous; bias (C,) contiguous."""
     n, channels = x.shape
     out = torch.empty((n, channels), dtype=torch.float32)
-    (_lib_ready or _lib()).ss_conv(x.data_ptr(), x.stride(0), n, channels, weight_t.shape[0], state.data_ptr(),
+    _lib().ss_conv(x.data_ptr(), x.stride(0), n, channels, weight_t.shape[0], state.data_ptr(),
                                    weight_t.data_ptr(), bias.data_ptr(), out.data_ptr())
     return out
 
@@ -75,7 +67,7 @@ def scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     n_group = B.shape[1] // d_state
     y = torch.empty((n, n_head * head_dim), dtype=torch.float32)
     zs = 0 if z is None else z.stride(0)
-    rc = (_lib_ready or _lib()).ss_scan(state.data_ptr(), n_head, head_dim, d_state, n_group, x.data_ptr(), x.stride(0), dt.data_ptr(),
+    rc = _lib().ss_scan(state.data_ptr(), n_head, head_dim, d_state, n_group, x.data_ptr(), x.stride(0), dt.data_ptr(),
                                         dt.stride(0), _ptr(dt_bias), A.data_ptr(), int(A.dim() == 2), B.data_ptr(), B.stride(0),
                                         C.data_ptr(), C.stride(0), _ptr(D), _ptr(z), zs, n, y.data_ptr(), torch.get_num_threads())
     if rc != 0:

@@ -96,6 +96,22 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
+_bound: dict[str, ctypes.CDLL | None] = {}
+
+
+def bound(probe: str, declare) -> ctypes.CDLL | None:
+    """The library for one C file's functions: None when it is not built or lacks `probe` (a build from
+    before that file), else the library after `declare(lib)` has set those functions' argtypes, once."""
+    if probe not in _bound:
+        lib = _load()
+        if lib is not None and hasattr(lib, probe):
+            declare(lib)
+        else:
+            lib = None
+        _bound[probe] = lib
+    return _bound[probe]
+
+
 def wanted() -> bool:
     """TALLOW_CPU_GGML_DOT: on unless =0 (where the library is built: `usable`)."""
     from ... import switches

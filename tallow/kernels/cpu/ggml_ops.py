@@ -18,18 +18,8 @@ from . import ggml_dot
 
 __all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend"]
 
-_lib_ready: ctypes.CDLL | None = None
-_missing = False
 
-
-def _lib() -> ctypes.CDLL | None:
-    global _lib_ready, _missing
-    if _lib_ready is not None or _missing:
-        return _lib_ready
-    lib = ggml_dot._load()
-    if lib is None or not hasattr(lib, "go_attend"):
-        _missing = True
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.go_rms_norm.argtypes = [p, i64, p, p, i64, i64, p, i64, f32, p]
     lib.go_rope.argtypes = [p, i64, i64, i64, i64, i32, i32, p, p, i32, p]
@@ -42,13 +32,15 @@ def _lib() -> ctypes.CDLL | None:
     lib.go_set_simd.restype = i32
     for f in (lib.go_rms_norm, lib.go_rope, lib.go_swiglu, lib.go_geglu):
         f.restype = None
-    _lib_ready = lib
-    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    return ggml_dot.bound("go_attend", _declare)
 
 
 def built() -> bool:
     """The library is built (with these functions)."""
-    return _lib_ready is not None or _lib() is not None
+    return _lib() is not None
 
 
 def usable() -> bool:
@@ -97,7 +89,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, delta: to
     if delta is not None:
         d = delta if delta.dtype == torch.float32 and delta.is_contiguous() else delta.float().contiguous()
         total = torch.empty(x.shape, dtype=torch.float32)
-    (_lib_ready or _lib()).go_rms_norm(x2.data_ptr(), x2.stride(0), None if d is None else d.data_ptr(),
+    _lib().go_rms_norm(x2.data_ptr(), x2.stride(0), None if d is None else d.data_ptr(),
                                        None if total is None else total.data_ptr(), x2.shape[0], n,
                                        None if weight is None else weight.data_ptr(), w_rows, eps, y.data_ptr())
     return y if delta is None else (total, y)
@@ -112,7 +104,7 @@ def rope(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, rope
         x = x.float().contiguous()
     c, s = cos_full.contiguous(), sin_signed.contiguous()
     out = torch.empty((n, heads, head_dim), dtype=torch.float32)
-    (_lib_ready or _lib()).go_rope(x.data_ptr(), x.stride(0), x.stride(1), n, heads, head_dim, rope_dim, c.data_ptr(), s.data_ptr(),
+    _lib().go_rope(x.data_ptr(), x.stride(0), x.stride(1), n, heads, head_dim, rope_dim, c.data_ptr(), s.data_ptr(),
                        int(neox), out.data_ptr())
     return out
 
@@ -127,7 +119,7 @@ def _glu_args(gate: torch.Tensor, up: torch.Tensor):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """numerics.ggml_swiglu: silu(gate) * up, silu by ggml_v_expf."""
     g2, u2, y = _glu_args(gate, up)
-    (_lib_ready or _lib()).go_swiglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1], y.data_ptr(),
+    _lib().go_swiglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1], y.data_ptr(),
                          g2.shape[1])
     return y
 
@@ -138,7 +130,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
     table = ggml_gelu_table()  # built once, 65536 float32
     g2, u2, y = _glu_args(gate, up)
-    (_lib_ready or _lib()).go_geglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1],
+    _lib().go_geglu(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), g2.shape[0], g2.shape[1],
                         table.data_ptr(), y.data_ptr(), g2.shape[1])
     return y
 
@@ -160,7 +152,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: in
     if q.dtype != torch.float32 or q.stride(-1) != 1:
         q = q.float().contiguous()
     out = torch.empty((n_q, n_heads * dv), dtype=torch.float32)
-    rc = (_lib_ready or _lib()).go_attend(q.data_ptr(), q.stride(0), q.stride(1), n_q, n_heads, n_kv, dk, dv,
+    rc = _lib().go_attend(q.data_ptr(), q.stride(0), q.stride(1), n_q, n_heads, n_kv, dk, dv,
                                           k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
                                           v_cache.stride(0), v_cache.stride(1), cap, lo, end - lo, start, window or 0,
                                           float(scale), out.data_ptr(), threads or torch.get_num_threads())
