@@ -48,16 +48,7 @@ while [ $# -gt 0 ]; do
       if [ ! -x $LLAMA ]; then mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA; fi
       $LLAMA --version 2>&1 | tail -2 | tee -a $OUT/steps.log
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/steps.log; state
-      python3 - <<'PY' 2>&1 | tee -a $OUT/steps.log
-import torch
-x = torch.empty(1 << 31, dtype=torch.float16, device="cuda"); y = torch.empty_like(x)
-for _ in range(3): y.copy_(x)
-torch.cuda.synchronize(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-s.record()
-for _ in range(10): y.copy_(x)
-e.record(); torch.cuda.synchronize()
-print(f"device copy bandwidth {2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3) / 1e9:.0f} GB/s (read+write, 4 GiB, 10 copies)")
-PY
+      python3 scripts/gpu_copy_bandwidth.py 2>&1 | tee -a $OUT/steps.log
       ;;
     bg-twin) name=$1; shift; say "twin $name (background)"
       ( t=$SECONDS; [ -s $TW/$name.gguf ] || { python3 scripts/make_moe_twin.py $name $TW/$name.gguf.tmp && mv $TW/$name.gguf.tmp $TW/$name.gguf; }

@@ -49,22 +49,8 @@ done
 say "gpu_moegpu: ${steps[*]} (WORK=$WORK LLAMA_BENCH=${LLAMA_BENCH:-none})"
 status=0
 
-bandwidth() {  # device copy bandwidth in GB/s (read + write of a 4 GiB buffer), and with $1 bytes a token, the floor
-  python3 - "${1:-0}" <<'PY'
-import sys, torch
-x = torch.empty(1 << 31, dtype=torch.float16, device="cuda"); y = torch.empty_like(x)
-for _ in range(3): y.copy_(x)
-torch.cuda.synchronize(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-s.record()
-for _ in range(10): y.copy_(x)
-e.record(); torch.cuda.synchronize()
-bw = 2 * x.numel() * 2 * 10 / (s.elapsed_time(e) / 1e3)
-print(f"device copy bandwidth {bw / 1e9:.0f} GB/s (read+write, 4 GiB, 10 copies)")
-active = int(sys.argv[1])
-if active:
-    print(f"bandwidth floor: {active / 1e9:.3f} GB read per token / {bw / 1e9:.0f} GB/s = {active / bw * 1e3:.3f} ms "
-          f"= {bw / active:.0f} tok/s at most")
-PY
+bandwidth() {  # device copy bandwidth in GB/s, and with $1 bytes a token, the floor
+  python3 scripts/gpu_copy_bandwidth.py "${1:-0}"
 }
 
 twin_bench() {  # twin_bench NAME: make the twin (deleting the other twins first: disk), plan, load, bench
