@@ -75,10 +75,10 @@ class DecoderModel:
                 table.ensure(spec.context_length)
                 table.to(self.device)
         self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
-        self.backends = backends_for(self)
+        self.backends = backends_for(self)  # RoPE, K/V writes and attention per regime (models/step.py)
         # The whole decode step in one C call where the family's blocks are the ones it computes (the
         # llama block: kernels/cpu/decode_layer.py); None elsewhere.
-        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)  # RoPE, K/V writes and attention per regime (models/step.py)
+        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     # -- loading helpers -------------------------------------------------------------------
     def _tensor(self, name: str):
