@@ -4,7 +4,9 @@
 #   bash scripts/gpu_same_run.sh STEP...
 # Steps: prepare (llama.cpp built in the background while the twins are written; waits for both),
 #        llama-bg / llama-wait (the build alone in the background, and waiting for it), mmvq (scripts/gpu_mmvq.sh),
-#        check (smollm2 twin: graph vs eager decode and top-1 against the CPU fp32 reference),
+#        check (CHECK_TWINS, smollm2 by default: graph vs eager decode and top-1 against the CPU fp32 reference),
+#        q8norm (scripts/gpu_q8_norm.py: the norm-folded Q8_1 in one pass vs the chunked kernel, checked and timed),
+#        copybw (the device copy bandwidth), q8-ab (Q8_TWINS tg128: the default, $AB, the default again),
 #        table T... (tallow `-p 33,512 -n 128 -r 3`, then llama-bench `-p 33,512 -n 128 -r 5`, per twin),
 #        depth T (tg128 at depth 32768, both), ssm (the study's SSM twins at depths 0 and 4096, both),
 #        moe (Qwen3-30B-A3B twin cut to 8 of its 48 layers, both), moe-ab (gpu_moe_check --quick, then tallow
@@ -89,8 +91,16 @@ for step in "$@"; do
     narrow) say "narrow: mmvq configs for the narrow shapes"
       timeout 260 python3 scripts/gpu_gemv_table.py --narrow ${SWEEP_S:-200} 2>&1 | grep -v Warning | tee $OUT/narrow_sweep.txt ;;
     mmvq) say "mmvq"; bash scripts/gpu_mmvq.sh > /dev/null 2>&1; tail -40 $OUT/gpu_mmvq.log ;;
-    check) say "check"
-      python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only smollm2-135m 2>&1 | tail -3 | tee $OUT/parity.txt ;;
+    check) say "check"  # CHECK_TWINS: the twins checked (graph vs eager decode, parity with the CPU fp32 reference)
+      for t in ${CHECK_TWINS:-smollm2-135m}; do
+        python3 scripts/gpu_check.py --twins .twins2 --work /root/twins --parity --only $t 2>&1 | tail -3 | tee -a $OUT/parity.txt; done ;;
+    q8norm) say "q8norm: the one-pass norm quantization against the chunked one (scripts/gpu_q8_norm.py)"
+      timeout 200 python3 scripts/gpu_q8_norm.py 2>&1 | grep -v Warning | tee $OUT/q8norm.txt ;;
+    copybw) say "copybw"; python3 scripts/gpu_copy_bandwidth.py 2>&1 | tee -a $OUT/steps.log ;;
+    q8-ab) say "q8-ab: the default, $AB, the default again, tg128 (Q8_TWINS)"; state
+      for t in ${Q8_TWINS:-gemma4-e2b qwen3-4b}; do twin $t || say "twin $t FAILED"; done
+      python3 scripts/gpu_ab.py --work /root/twins --twins $(echo ${Q8_TWINS:-gemma4-e2b qwen3-4b} | tr ' ' ,) \
+        --tests "${AB_TESTS:--p 0 -n 128 -r 3}" base $AB base 2>&1 | tee -a $OUT/q8_ab.txt; state ;;
     smollm2-135m|gemma3-270m|qwen25-1.5b|qwen3-4b|gemma4-e2b|gemma4-e4b) say "table $step"
       twin $step && pair $step -p 33,512 -n 128 ;;
     depth) say "depth qwen3-4b"

@@ -79,16 +79,21 @@ def test_q8_1_with_a_glu_prologue_is_the_glu_then_q8_1() -> None:
         assert torch.equal(one.qs[0], a.qs[1]) and torch.equal(one.d[0], a.d[1])
 
 
-def test_q8_1_with_a_norm_prologue() -> None:
+@pytest.mark.parametrize("one_pass", ["1", "0"])
+@pytest.mark.parametrize("k", [1536, 576])
+def test_q8_1_with_a_norm_prologue(monkeypatch, one_pass: str, k: int) -> None:
     """RMSNorm(x + residual) * w folded into the quantization: the residual sum written once,
     exactly; the codes those of the torch norm's values (the 1/RMS may round differently in
-    its last bit, moving a code by one at a tie: none at this seed); rows independent."""
+    its last bit, moving a code by one at a tie: none at this seed); rows independent. Both
+    kernels: one pass, a program per row (TALLOW_Q8_NORM_ONE_PASS), and the chunked one; K not
+    a power of two of blocks (48 and 18 blocks: the one-pass tile's padding masked)."""
     from tallow.kernels.triton.quant_gemv import Prologue
     from tallow.kernels.triton.rmsnorm import rmsnorm_reference
 
+    monkeypatch.setenv("TALLOW_Q8_NORM_ONE_PASS", one_pass)
     g = torch.Generator().manual_seed(3)
-    x, res = torch.randn(2, 1536, generator=g), torch.randn(2, 1536, generator=g)
-    w = torch.rand(1536, generator=g) + 0.5
+    x, res = torch.randn(2, k, generator=g), torch.randn(2, k, generator=g)
+    w = torch.rand(k, generator=g) + 0.5
     total = torch.full_like(x, float("nan"))
     a = quantize_q8_1(x, prologue=Prologue("norm", w, 1e-6, res, total))
     y, s = rmsnorm_reference(x, w, 1e-6, res)
@@ -100,6 +105,45 @@ def test_q8_1_with_a_norm_prologue() -> None:
     assert (plain.qs.int() - quantize_q8_1_reference(rmsnorm_reference(x, w, 1e-6)[0]).qs.int()).abs().max() <= 1
     one = quantize_q8_1(x[1:2], prologue=Prologue("norm", w, 1e-6, res[1:2], torch.empty_like(x[1:2])))
     assert torch.equal(one.qs[0], a.qs[1]) and torch.equal(one.d[0], a.d[1])
+
+
+def test_q8_1_norm_in_one_pass_is_the_chunked_kernel(monkeypatch) -> None:
+    """The one-pass norm quantization against the chunked one it replaces, on rows as wide as a
+    decode step's (2560: qwen3-4b) and 8 rows (a verification pass): the residual sum bit for
+    bit, every field of the Q8_1 blocks equal but where the two 1/RMS round apart (a code by one
+    at a tie), each row its one-row quantization bit for bit (speculation's rows = decode steps),
+    the NVFP4 order the natural codes permuted, and no element of any output left unwritten."""
+    from tallow.kernels.triton.mmvq import Q8Act, nv_order_reference
+    from tallow.kernels.triton.quant_gemv import Prologue
+
+    g = torch.Generator().manual_seed(4)
+    k = 2560
+    x, res = torch.randn(8, k, generator=g) * 3.0, torch.randn(8, k, generator=g)
+    w = torch.rand(k, generator=g) + 0.5
+
+    def run(rows: slice, **kw) -> tuple[Q8Act, torch.Tensor]:
+        n = rows.stop - rows.start
+        total = torch.full((n, k), float("nan"))
+        poisoned = Q8Act(torch.full((n, k), -128, dtype=torch.int8), torch.full((n, k // 32), float("nan")).half(),
+                         torch.full((n, k // 32), float("nan")).half(), torch.full((n, k // 16), -(2**31), dtype=torch.int32))
+        return quantize_q8_1(x[rows], out=poisoned, prologue=Prologue("norm", w, 1e-6, res[rows], total), **kw), total
+
+    monkeypatch.setenv("TALLOW_Q8_NORM_ONE_PASS", "1")
+    a, total = run(slice(0, 8))
+    assert not total.isnan().any() and not a.d.isnan().any() and not a.s.isnan().any()
+    assert (a.isum != -(2**31)).all() and torch.equal(a.isum, a.qs.int().reshape(8, -1, 16).sum(-1).int())
+    for r in range(8):
+        one, _ = run(slice(r, r + 1))
+        for field in ("qs", "d", "s", "isum"):
+            assert torch.equal(getattr(one, field)[0], getattr(a, field)[r]), (r, field)
+    nv, _ = run(slice(0, 8), nv_order=True)
+    assert torch.equal(nv.qs, nv_order_reference(a.qs)) and torch.equal(nv.d, a.d)
+    monkeypatch.setenv("TALLOW_Q8_NORM_ONE_PASS", "0")
+    b, total_b = run(slice(0, 8))
+    assert torch.equal(total, total_b)
+    assert (a.qs.int() - b.qs.int()).abs().max() <= 1
+    assert float((a.qs.int() != b.qs.int()).float().mean()) < 1e-3
+    assert torch.allclose(a.d.float(), b.d.float(), rtol=1e-3) and torch.allclose(a.s.float(), b.s.float(), rtol=1e-2, atol=1e-2)
 
 
 def test_q8_1_rounds_half_away_from_zero() -> None:
