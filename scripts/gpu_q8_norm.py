@@ -7,7 +7,8 @@ For each row width K (the twins' hidden sizes) and row count (a decode step, a v
          same random x + residual, outputs poisoned first: the residual sums bit for bit, codes within
          one, the fraction of codes that differ, every field written; each row its one-row result;
   time:  µs per launch, 50 launches in one CUDA graph (with the engine's PDL launches), median of 15
-         replays; the chunked kernel, then the one-pass kernel at 4, 8 and 16 warps.
+         replays; the chunked kernel, then the one-pass kernel at each (blocks per program, warps) of
+         CONFIGS (0 blocks: the whole row in one program).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench_kernels import graph_time_us  # noqa: E402
 
 from tallow import switches  # noqa: E402
-from tallow.kernels.triton.mmvq import Q8Act, _norm_q8_warps, quantize_q8_1  # noqa: E402
+from tallow.kernels.triton.mmvq import Q8Act, _norm_q8_config, quantize_q8_1  # noqa: E402
 from tallow.kernels.triton.quant_gemv import Prologue  # noqa: E402
+
+
+CONFIGS = [(0, 8), (0, 16), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8)]
 
 
 def setting(one_pass: bool) -> None:
@@ -48,8 +52,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
-    print(f"{'K':>5} {'M':>2} | {'chunked µs':>10} | one pass µs: {'4 w':>6} {'8 w':>6} {'16 w':>6} (default {'':>2}) | "
-          f"codes off by 1 | max |Δcode| | sums equal | rows = one-row")
+    print(f"{'K':>5} {'M':>2} | {'chunked':>7} | one pass, µs by (blocks, warps): "
+          + " ".join(f"{str(c):>7}" for c in CONFIGS) + " | default | codes off by 1 | max |Δcode| | sums equal | rows = one-row")
     for k in map(int, args.ks.split(",")):
         w = torch.rand(k, device="cuda", generator=g) + 0.5
         for m in map(int, args.rows.split(",")):
@@ -79,17 +83,17 @@ def main() -> None:
             sums = [torch.empty(m, k, device="cuda") for _ in range(4)]
             outq = [poisoned(m, k) for _ in range(4)]
 
-            def calls(warps=None):
-                return [lambda i=i: quantize_q8_1(xs[i % 4], out=outq[i % 4], warps=warps,
+            def calls(cfg=None):
+                return [lambda i=i: quantize_q8_1(xs[i % 4], out=outq[i % 4], norm_config=cfg,
                                                   prologue=Prologue("norm", w, 1e-6, rs[i % 4], sums[i % 4]))
                         for i in range(n_calls)]
             setting(False)
             times["chunked"] = graph_time_us(calls())
             setting(True)
-            for wp in (4, 8, 16):
-                times[wp] = graph_time_us(calls(wp))
-            print(f"{k:5d} {m:2d} | {times['chunked']:10.2f} | {'':12s} {times[4]:6.2f} {times[8]:6.2f} {times[16]:6.2f} "
-                  f"(default {_norm_q8_warps(k):2d}) | {float((diff != 0).float().mean()):14.2e} | {int(diff.max()):11d} | "
+            for cfg in CONFIGS:
+                times[cfg] = graph_time_us(calls(cfg))
+            print(f"{k:5d} {m:2d} | {times['chunked']:7.2f} | {'':32s} " + " ".join(f"{times[c]:7.2f}" for c in CONFIGS)
+                  + f" | {str(_norm_q8_config(k)):>7} | {float((diff != 0).float().mean()):14.2e} | {int(diff.max()):11d} | "
                   f"{str(torch.equal(ta, tb)):10s} | {rows_ok and written}", flush=True)
 
 

@@ -126,16 +126,17 @@ def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, str
 
 @triton.jit
 def _q8_1_norm_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, stride_xm, stride_am, stride_sm, eps,
-                      NB: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr,
-                      NV_ORDER: tl.constexpr = False):
-    # The norm-folded quantization in one pass (TALLOW_Q8_NORM_ONE_PASS): one program per row
-    # holds the whole row as NB blocks of 32 in registers, so x, the residual and the norm weight
-    # are each loaded once, all at the same time, and the 1/RMS comes from registers. The chunked
-    # kernel above walks the row in 1024-element steps for its 1/RMS in every program of the row,
-    # one dependent memory round trip per step (4.1-4.4 µs a launch for qwen3-4b's 2560 in
-    # session 11's profile, where the one-pass RMSNorm took ~2).
+                      BLK: tl.constexpr, ROW: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
+                      PDL: tl.constexpr, NV_ORDER: tl.constexpr = False):
+    # The norm-folded quantization in one pass over memory (TALLOW_Q8_NORM_ONE_PASS). The chunked
+    # kernel above walks the row in 1024-element steps for its 1/RMS, one dependent memory round
+    # trip per step, in every program of the row (4.1-4.4 µs a launch for qwen3-4b's 2560 in
+    # session 11's no-PDL profile, where the one-pass RMSNorm took ~2). Here every load is issued
+    # at once: program (m, p) quantizes blocks p*BLK.. of row m and takes the 1/RMS from the whole
+    # row (ROW >= K elements) loaded beside them. ROW == 0: one program holds the whole row as BLK
+    # blocks and takes the 1/RMS from those (no second load).
     m = tl.program_id(0)
-    blk = tl.arange(0, NB)
+    blk = tl.program_id(1) * BLK + tl.arange(0, BLK)
     j = tl.arange(0, 32)
     nblk = K // 32
     ok = blk < nblk
@@ -146,21 +147,28 @@ def _q8_1_norm_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K
     v = tl.load(x_ptr + m * stride_xm + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     if HAS_RES:
         v += tl.load(a_ptr + m * stride_am + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-        if WRITE_SUM:
+        if WRITE_SUM:  # each program its own blocks of the new residual stream
             tl.store(s_ptr + m * stride_sm + offs, v, mask=ok[:, None])
-    rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, axis=1), axis=0) / K + eps)
+    if ROW > 0:
+        e = tl.arange(0, ROW)
+        r = tl.load(x_ptr + m * stride_xm + e, mask=e < K, other=0.0).to(tl.float32)
+        if HAS_RES:
+            r += tl.load(a_ptr + m * stride_am + e, mask=e < K, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / K + eps)
+    else:
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, axis=1), axis=0) / K + eps)
     v = (v * rstd) * w  # rmsnorm.py's order: the normed value times the weight
     amax = tl.max(tl.abs(v), axis=1)
     # the warp's xor butterfly, as _q8_1_kernel
-    s = tl.sum(tl.reshape(v, (NB, 2, 16)), axis=1)
-    s = tl.sum(tl.reshape(s, (NB, 2, 8)), axis=1)
-    s = tl.sum(tl.reshape(s, (NB, 2, 4)), axis=1)
-    s = tl.sum(tl.reshape(s, (NB, 2, 2)), axis=1)
-    s = tl.sum(tl.reshape(s, (NB, 2, 1)), axis=1)
-    s = tl.reshape(s, (NB,))
-    d = tl.math.div_rn(amax, tl.full((NB,), 127.0, tl.float32))
+    s = tl.sum(tl.reshape(v, (BLK, 2, 16)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 8)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 4)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 2)), axis=1)
+    s = tl.sum(tl.reshape(s, (BLK, 2, 1)), axis=1)
+    s = tl.reshape(s, (BLK,))
+    d = tl.math.div_rn(amax, tl.full((BLK,), 127.0, tl.float32))
     safe = tl.where(amax == 0.0, 1.0, d)
-    q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (NB, 32)))))
+    q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (BLK, 32)))))
     if NV_ORDER:
         pos = (j % 8) * 2 + (j % 16) // 8 + (j // 16) * 16
     else:
@@ -168,28 +176,34 @@ def _q8_1_norm_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K
     tl.store(q_ptr + m * K + blk[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=ok[:, None])
     tl.store(d_ptr + m * nblk + blk, d.to(tl.float16), mask=ok)
     tl.store(sb_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
-    isum = tl.sum(tl.reshape(q, (NB, 2, 16)), axis=2)  # (NB, 2)
+    isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
     h = tl.arange(0, 2)
     tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
 
 
-NORM_ONE_PASS_MAX = 8192  # row elements held in registers by _q8_1_norm_kernel (rmsnorm.py's ONE_PASS_MAX)
+NORM_ONE_PASS_MAX = 8192  # row elements loaded at once by _q8_1_norm_kernel (rmsnorm.py's ONE_PASS_MAX)
 
 
-def _norm_q8_warps(k: int) -> int:
-    """Warps of the one-pass norm quantization for rows of k: rmsnorm.py's rule (16 elements a
-    thread up to 16 warps)."""
-    return max(4, min(16, triton.next_power_of_2(k) // 256))
+def _norm_q8_config(k: int) -> tuple[int, int]:
+    """(blocks per program, 0 for the whole row in one; warps) of the one-pass norm quantization.
+    From the H200 (scripts/gpu_q8_norm.py, session 13): rows up to 1024 in one 16-warp program
+    (1.8 µs against the chunked kernel's 2.2); wider rows as the chunked kernel spreads them, 8
+    blocks a program, each program loading the whole row for its 1/RMS (one program per row was
+    slower there: 3.3 µs at 2560 against 2.5)."""
+    if k <= 1024:
+        return 0, 16
+    return 8, 4
 
 
 def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue | None = None,
-                  nv_order: bool = False, warps: int | None = None) -> Q8Act:
+                  nv_order: bool = False, norm_config: tuple[int, int] | None = None) -> Q8Act:
     """x float32/16 (M, K), K a multiple of 32 -> Q8Act. `out` reuses buffers (CUDA graphs).
     With a `prologue` (quant_gemv.Prologue), the codes are those of prologue(x) (x (M, 2K) for a
     GLU), as quant_gemv computes it; a norm's `sum_out` receives x + residual. `nv_order`: the
     codes of each 16 stored as 0, 8, 1, 9, ..., 7, 15 (nv_order_reference), the NVFP4 GEMV's x.
-    A norm over rows up to NORM_ONE_PASS_MAX runs in one pass, a program per row (`warps` overrides
-    its warp count, for sweeps; TALLOW_Q8_NORM_ONE_PASS=0: the chunked kernel, several programs a row)."""
+    A norm over rows up to NORM_ONE_PASS_MAX runs in one pass over memory (`norm_config`, (blocks
+    per program or 0 for a whole row, warps), overrides _norm_q8_config, for sweeps;
+    TALLOW_Q8_NORM_ONE_PASS=0: the chunked kernel)."""
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     pro = prologue.code if prologue is not None else 0
     m, k = x2.shape
@@ -210,10 +224,14 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue 
     sum_out = prologue.sum_out if pro == 1 else None
     s_t = sum_out if sum_out is not None else x2
     if pro in (1, 2) and k <= NORM_ONE_PASS_MAX and switches.enabled("TALLOW_Q8_NORM_ONE_PASS"):
-        _q8_1_norm_kernel[(m,)](
+        per, nw = _norm_q8_config(k)
+        per, nw = norm_config if norm_config is not None else (per, nw)
+        nblk = k // 32
+        per, row = (triton.next_power_of_2(nblk), 0) if per == 0 or per >= nblk else (per, triton.next_power_of_2(k))
+        _q8_1_norm_kernel[(m, triton.cdiv(nblk, per))](
             x2, a, wt, s_t, out.qs, out.d, out.s, out.isum, k, x2.stride(0), a.stride(0), s_t.stride(0),
-            float(prologue.eps), NB=triton.next_power_of_2(k // 32), HAS_RES=pro == 1, WRITE_SUM=sum_out is not None,
-            NV_ORDER=nv_order, num_warps=warps or _norm_q8_warps(k), **pdl.launch(dev))
+            float(prologue.eps), BLK=per, ROW=row, HAS_RES=pro == 1, WRITE_SUM=sum_out is not None,
+            NV_ORDER=nv_order, num_warps=nw, **pdl.launch(dev))
         return out
     blk = 8
     _q8_1_kernel[(m, triton.cdiv(k // 32, blk))](
