@@ -85,8 +85,8 @@ def test_q8_1_with_a_norm_prologue(monkeypatch, one_pass: str, k: int) -> None:
     """RMSNorm(x + residual) * w folded into the quantization: the residual sum written once,
     exactly; the codes those of the torch norm's values (the 1/RMS may round differently in
     its last bit, moving a code by one at a tie: none at this seed); rows independent. Both
-    kernels: one pass, a program per row (TALLOW_Q8_NORM_ONE_PASS), and the chunked one; K not
-    a power of two of blocks (48 and 18 blocks: the one-pass tile's padding masked)."""
+    kernels: one pass (TALLOW_Q8_NORM_ONE_PASS; rows up to 1024 keep the chunked one), and the
+    chunked one; K not a power of two of blocks (48 and 18: the one-pass row tile's padding masked)."""
     from tallow.kernels.triton.quant_gemv import Prologue
     from tallow.kernels.triton.rmsnorm import rmsnorm_reference
 
@@ -138,6 +138,10 @@ def test_q8_1_norm_in_one_pass_is_the_chunked_kernel(monkeypatch) -> None:
             assert torch.equal(getattr(one, field)[0], getattr(a, field)[r]), (r, field)
     nv, _ = run(slice(0, 8), nv_order=True)
     assert torch.equal(nv.qs, nv_order_reference(a.qs)) and torch.equal(nv.d, a.d)
+    for cfg in ((0, 16), (16, 4)):  # the whole row in one program; 16 blocks a program (the sweep's)
+        c, total_c = run(slice(0, 8), norm_config=cfg)
+        assert torch.equal(total_c, total) and (c.qs.int() - a.qs.int()).abs().max() <= 1
+        assert torch.allclose(c.d.float(), a.d.float(), rtol=1e-3)
     monkeypatch.setenv("TALLOW_Q8_NORM_ONE_PASS", "0")
     b, total_b = run(slice(0, 8))
     assert torch.equal(total, total_b)

@@ -184,14 +184,16 @@ def _q8_1_norm_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K
 NORM_ONE_PASS_MAX = 8192  # row elements loaded at once by _q8_1_norm_kernel (rmsnorm.py's ONE_PASS_MAX)
 
 
+NORM_ONE_PASS_MIN = 1025  # narrower rows keep the chunked kernel (one chunk there already): see below
+
+
 def _norm_q8_config(k: int) -> tuple[int, int]:
     """(blocks per program, 0 for the whole row in one; warps) of the one-pass norm quantization.
-    From the H200 (scripts/gpu_q8_norm.py, session 13): rows up to 1024 in one 16-warp program
-    (1.8 µs against the chunked kernel's 2.2); wider rows as the chunked kernel spreads them, 8
-    blocks a program, each program loading the whole row for its 1/RMS (one program per row was
-    slower there: 3.3 µs at 2560 against 2.5)."""
-    if k <= 1024:
-        return 0, 16
+    From the H200 (scripts/gpu_q8_norm.py, session 13): 8 blocks a program, as the chunked kernel
+    spreads them, each program loading the whole row for its 1/RMS beside its own blocks (1.7 µs
+    at 2560 against the chunked kernel's 2.6; one program per row was slower, 3.4). Rows up to
+    1024 (smollm2, gemma3) stay on the chunked kernel: the one-pass one timed faster alone there
+    (1.6-1.9 µs against 2.2) but the smollm2 twin decoded 2-3% slower with it, twice."""
     return 8, 4
 
 
@@ -223,7 +225,8 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue 
     wt = prologue.weight if pro in (1, 2) else x2
     sum_out = prologue.sum_out if pro == 1 else None
     s_t = sum_out if sum_out is not None else x2
-    if pro in (1, 2) and k <= NORM_ONE_PASS_MAX and switches.enabled("TALLOW_Q8_NORM_ONE_PASS"):
+    if (pro in (1, 2) and (NORM_ONE_PASS_MIN <= k <= NORM_ONE_PASS_MAX or norm_config is not None)
+            and switches.enabled("TALLOW_Q8_NORM_ONE_PASS")):
         per, nw = _norm_q8_config(k)
         per, nw = norm_config if norm_config is not None else (per, nw)
         nblk = k // 32
