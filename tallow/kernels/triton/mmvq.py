@@ -192,8 +192,10 @@ def _norm_q8_config(k: int) -> tuple[int, int]:
     From the H200 (scripts/gpu_q8_norm.py, session 13): 8 blocks a program, as the chunked kernel
     spreads them, each program loading the whole row for its 1/RMS beside its own blocks (1.7 µs
     at 2560 against the chunked kernel's 2.6; one program per row was slower, 3.4). Rows up to
-    1024 (smollm2, gemma3) stay on the chunked kernel: the one-pass one timed faster alone there
-    (1.6-1.9 µs against 2.2) but the smollm2 twin decoded 2-3% slower with it, twice."""
+    1024 (smollm2, gemma3: a single chunk, so no serial walk to remove) stay on the chunked
+    kernel: the one-pass one timed faster alone there (1.6-1.9 µs against 2.2), but no decode gain
+    could be measured (the smollm2 twin's -2..3% with it stayed when both settings ran the same
+    kernel: the A/B's own noise, docs/performance.md session 13)."""
     return 8, 4
 
 
