@@ -172,16 +172,22 @@ def test_steps_aside(tmp_path, monkeypatch):
 
 REAL = [pytest.param("smollm2-135m", 20, 128, id="smollm2"),
         pytest.param("gemma3-270m", 600, 700, id="gemma3"),  # past its 512-key window, no ring at ctx 700
-        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow)]
+        pytest.param("gemma3-270m", 1100, 2048, id="gemma3-ring"),  # rings of 1023 slots, wrapped
+        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow),
+        # scripts/make_gemma4_twin.py e2b /tmp/twins/gemma4-e2b.gguf (or TALLOW_E2B_TWIN): rings past the window
+        pytest.param(os.environ.get("TALLOW_E2B_TWIN", "/tmp/twins/gemma4-e2b.gguf"), 600, 2048, id="gemma4-e2b-twin",
+                     marks=pytest.mark.slow)]
 
 
 @needs_c
 @pytest.mark.parametrize("name,prompt,ctx", REAL)
 def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
     """The real files (smollm2: Q8_0/Q4_1 products, ffn 1536; gemma3: Q/K norms, GeGLU, two RoPE bases, the
-    sliding window; qwen2.5: Q4_K/Q6_K, biases, ffn 8960): a prompt and 24 greedy decode steps, then a
-    verification of 6 rows through engine.decode_rows, every logit the composed path's, every step in C."""
-    path = Path(os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
+    sliding window, rings; qwen2.5: Q4_K/Q6_K, biases, ffn 8960; the Gemma 4 E2B twin: per-layer inputs,
+    shared-KV layers, head sizes 256/512, rings): a prompt and 24 greedy decode steps, then a verification of
+    6 rows through engine.decode_rows, every logit and the K/V left in the pool the composed path's, every step
+    in C."""
+    path = Path(name if "/" in name else os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
     if not path.exists():
         pytest.skip(f"{name} is not downloaded")
     import tallow
@@ -202,7 +208,8 @@ def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
             out.append(engine.decode_step(token).clone())
             token = int(out[-1].argmax())
         out.append(engine.decode_rows([5, 900, 17, 33, 2000, 7]))
-        return out, len(calls)
+        kv = engine.kv
+        return out + [kv.k[i].clone() for i in kv.owners] + [kv.v[i].clone() for i in kv.owners], len(calls)
 
     (fast, n_fast), (ref, n_ref) = run(True), run(False)
     assert n_fast == 25 and n_ref == 0
