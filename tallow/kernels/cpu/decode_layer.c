@@ -1,4 +1,5 @@
-/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5) or gemma3's in one C call: every layer's
+/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5), gemma3's or dense Gemma 4's (see
+ * dl_decode) in one C call: every layer's
  * add + RMSNorm, Q/K/V product (+ bias), RoPE, the K/V write into the f16 pool, attention, output
  * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token or the rows of a
  * speculative verification.
@@ -8,7 +9,7 @@
  * four kernels, the K/V casts, SiLU and its product, allocations): about as long as the products
  * themselves (docs/performance.md, session 12). Here the layers run back to back without Python.
  *
- * Same bits as the composed default path (models/llama.py's and gemma3.py's blocks with TALLOW_CPU_GGML_DOT,
+ * Same bits as the composed default path (models/llama.py's, gemma3.py's and gemma4.py's blocks with TALLOW_CPU_GGML_DOT,
  * TALLOW_CPU_C_NORM and TALLOW_CPU_C_ATTENTION on), because every step is either the same C function
  * it calls or the float operations torch performs there, in the same order:
  *   - norms: go_rms_norm (ggml_ops.c), the residual add in the same call, as ops.add_norm does;
@@ -18,7 +19,8 @@
  *     fused multiply-add: built with -ffp-contract=off), over the tables' own rows (cos_full,
  *     sin_signed); the part of a head past rope_dim copied;
  *   - K/V: float to f16 rounded to nearest even (tg_f32_to_f16, as torch's .to(float16));
- *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end);
+ *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end), a sliding-window ring's
+ *     rows (position p in row p % ring, where the K/V write puts it) in position order;
  *   - GeGLU (gemma3): layers.geglu's F.gelu(gate.half(), approximate="tanh") * up: gate rounded to f16, the
  *     GELU of that f16 value read from a table torch computed for all 65536 of them at load, times up;
  *   - gemma3's Q/K norm (one weight row per head) and post-attention / post-feed-forward norms: go_rms_norm
