@@ -1,4 +1,4 @@
-"""The whole llama/qwen2 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER): its
+"""The whole llama/qwen2/qwen3/gemma3/Gemma 4 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER): its
 logits are the composed default path's bit for bit (the reference: the same C products, norms and attention
 reached from Python, with torch's RoPE, f16 cast and SiLU between them), and it steps aside where it does not
 compute what the composed blocks compute."""
@@ -76,7 +76,7 @@ def _logits(model, kv, ids, monkeypatch, on: bool, counter: list):
 def _count_runs(monkeypatch) -> list:
     calls: list = []
     real = decode_layer.DecodeLayers.run
-    monkeypatch.setattr(decode_layer.DecodeLayers, "run", lambda self, x, step, kv: calls.append(1) or real(self, x, step, kv))
+    monkeypatch.setattr(decode_layer.DecodeLayers, "run", lambda self, *a: calls.append(1) or real(self, *a))
     return calls
 
 
@@ -84,16 +84,24 @@ IDS = [3, 70, 101, 256, 257, 9, 44, 200, 17, 5, 88, 120, 64, 33, 2, 190]
 
 
 @needs_c
-@pytest.mark.parametrize("arch,qtype", [("llama", QT.Q8_0), ("llama", QT.Q4_1), ("qwen2", QT.Q8_0), ("qwen2", QT.Q5_0),
-                                        ("qwen3", QT.Q8_0), ("gemma3", QT.Q8_0)])
-def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
-    """Tiny random llama (norm RoPE), qwen2 (neox RoPE, Q/K/V biases), qwen3 (per-head Q/K norms) and gemma3
+@pytest.mark.parametrize("arch,qtype,chunk", [("llama", QT.Q8_0, 0), ("llama", QT.Q4_1, 0), ("qwen2", QT.Q8_0, 0),
+                                              ("qwen2", QT.Q5_0, 0), ("qwen3", QT.Q8_0, 0), ("gemma3", QT.Q8_0, 0),
+                                              ("gemma3", QT.Q8_0, 4), ("gemma4", QT.Q8_0, 0), ("gemma4", QT.Q5_0, 4),
+                                              ("gemma4-31b", QT.Q8_0, 0), ("gemma4-31b", QT.Q8_0, 4)])
+def test_tiny_models_bit_identical(arch, qtype, chunk, tmp_path, monkeypatch):
+    """Tiny random llama (norm RoPE), qwen2 (neox RoPE, Q/K/V biases), qwen3 (per-head Q/K norms), gemma3
     (sandwich norms, GeGLU, scaled embeddings, two RoPE bases, sliding windows of 8 keys: the steps run past
-    them) models: 10 decode steps in one C call each give the composed path's logits bit for bit, and the
-    K/V they write are the same bits."""
+    them) and Gemma 4 models (E2B-style: per-layer inputs and their gate, shared-KV layers, two head sizes,
+    proportional RoPE, output scales; 31B-style: V is K on the global layers) models: 10 decode steps in one C
+    call each give the composed path's logits bit for bit, and the K/V they write are the same bits. chunk 4:
+    a pool with rings (the sliding layers hold 8 + 4 - 1 slots and wrap)."""
+    from tallow.memory.kv_pool import KVPool
     from tiny_models import write_tiny_model
 
     model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype))
+    if chunk:
+        kv = KVPool(model.spec, 64, max_chunk=chunk)
+        assert kv.has_rings
     assert model.c_decode is not None
     calls = _count_runs(monkeypatch)
     fast = _logits(model, kv, IDS, monkeypatch, True, calls)
@@ -108,14 +116,19 @@ def test_tiny_models_bit_identical(arch, qtype, tmp_path, monkeypatch):
 
 
 @needs_c
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch,chunk", [("llama", 0), ("qwen2", 0), ("gemma3", 0), ("gemma3", 4), ("gemma4", 0),
+                                        ("gemma4", 4), ("gemma4-31b", 4)])
+def test_verification_rows_bit_identical(arch, chunk, tmp_path, monkeypatch):
     """A speculative verification (VERIFY, 2..8 rows) in one C call: the composed verification's logits and
-    K/V bit for bit, and so each row the decode step's."""
+    K/V bit for bit, and so each row the decode step's (chunk 4: with rings of 11 slots, the rows past the
+    8-key window)."""
+    from tallow.memory.kv_pool import KVPool
     from tallow.models.step import VERIFY
     from tiny_models import write_tiny_model
 
     model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0))
+    if chunk:
+        kv = KVPool(model.spec, 64, max_chunk=chunk)
     calls = _count_runs(monkeypatch)
     out = {}
     for on in (True, False):
@@ -125,17 +138,18 @@ def test_verification_rows_bit_identical(arch, tmp_path, monkeypatch):
         kv.truncate(0)
         model.forward(IDS[:6], 0, kv)
         rows = [model.forward(IDS[6 : 6 + m], 6, kv, all_logits=True, phase=VERIFY) for m in (2, 5, 8)]
-        out[on] = rows, [k[:, :14].clone() for k in kv.k], len(calls)
-    assert out[True][2] == 3 and out[False][2] == 0
+        out[on] = rows, [k[:, :14].clone() for k in kv.k] + [v[:, :14].clone() for v in kv.v], len(calls)
+    passes = sum(-(-m // (chunk or m)) for m in (2, 5, 8))  # forward splits a ring pool's rows into chunks
+    assert out[True][2] == passes and out[False][2] == 0
     for a, b in zip(out[True][0] + out[True][1], out[False][0] + out[False][1]):
         assert torch.equal(a, b)
 
 
 @needs_c
 def test_steps_aside(tmp_path, monkeypatch):
-    """The composed blocks run where the C step does not compute what they compute: an int8 pool, a pool with
-    rings (gemma3's sliding layers wrap: torch's attention over the window), TALLOW_NUMERICS=ggml, the torch
-    RMSNorm (TALLOW_CPU_C_NORM=0)."""
+    """The composed blocks run where the C step does not compute what they compute: an int8 pool,
+    TALLOW_NUMERICS=ggml, the torch RMSNorm (TALLOW_CPU_C_NORM=0), Gemma 4 with routed experts. (A pool with
+    rings decodes in C since session 13: test_tiny_models_bit_identical.)"""
     from tiny_models import write_tiny_model
 
     path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q8_0)
@@ -150,13 +164,7 @@ def test_steps_aside(tmp_path, monkeypatch):
     monkeypatch.delenv("TALLOW_CPU_C_NORM")
     _logits(model, kv, IDS[:8], monkeypatch, True, calls)
     assert len(calls) == 2
-    g3, _ = _model(write_tiny_model("gemma3", tmp_path / "g3.gguf", qtype=QT.Q8_0))
-    from tallow.memory.kv_pool import KVPool
-
-    ring = KVPool(g3.spec, 64, max_chunk=4)  # the sliding layers hold 8 + 4 - 1 slots
-    assert ring.has_rings
-    _logits(g3, ring, IDS, monkeypatch, True, calls)
-    assert not calls
+    assert _model(write_tiny_model("gemma4-moe", tmp_path / "g4moe.gguf", qtype=QT.Q8_0))[0].c_decode is None
     monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
     switches.refresh()
     assert _model(path)[0].c_decode is None
@@ -164,16 +172,22 @@ def test_steps_aside(tmp_path, monkeypatch):
 
 REAL = [pytest.param("smollm2-135m", 20, 128, id="smollm2"),
         pytest.param("gemma3-270m", 600, 700, id="gemma3"),  # past its 512-key window, no ring at ctx 700
-        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow)]
+        pytest.param("gemma3-270m", 1100, 2048, id="gemma3-ring"),  # rings of 1023 slots, wrapped
+        pytest.param("qwen2.5-coder-1.5b-instruct", 20, 128, id="qwen2.5", marks=pytest.mark.slow),
+        # scripts/make_gemma4_twin.py e2b /tmp/twins/gemma4-e2b.gguf (or TALLOW_E2B_TWIN): rings past the window
+        pytest.param(os.environ.get("TALLOW_E2B_TWIN", "/tmp/twins/gemma4-e2b.gguf"), 600, 2048, id="gemma4-e2b-twin",
+                     marks=pytest.mark.slow)]
 
 
 @needs_c
 @pytest.mark.parametrize("name,prompt,ctx", REAL)
 def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
     """The real files (smollm2: Q8_0/Q4_1 products, ffn 1536; gemma3: Q/K norms, GeGLU, two RoPE bases, the
-    sliding window; qwen2.5: Q4_K/Q6_K, biases, ffn 8960): a prompt and 24 greedy decode steps, then a
-    verification of 6 rows through engine.decode_rows, every logit the composed path's, every step in C."""
-    path = Path(os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
+    sliding window, rings; qwen2.5: Q4_K/Q6_K, biases, ffn 8960; the Gemma 4 E2B twin: per-layer inputs,
+    shared-KV layers, head sizes 256/512, rings): a prompt and 24 greedy decode steps, then a verification of
+    6 rows through engine.decode_rows, every logit and the K/V left in the pool the composed path's, every step
+    in C."""
+    path = Path(name if "/" in name else os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
     if not path.exists():
         pytest.skip(f"{name} is not downloaded")
     import tallow
@@ -194,7 +208,8 @@ def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
             out.append(engine.decode_step(token).clone())
             token = int(out[-1].argmax())
         out.append(engine.decode_rows([5, 900, 17, 33, 2000, 7]))
-        return out, len(calls)
+        kv = engine.kv
+        return out + [kv.k[i].clone() for i in kv.owners] + [kv.v[i].clone() for i in kv.owners], len(calls)
 
     (fast, n_fast), (ref, n_ref) = run(True), run(False)
     assert n_fast == 25 and n_ref == 0

@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..families.tensors import PER_LAYER_TOKEN_EMBD
+from ..kernels.cpu.decode_layer import DecodeLayers
 from ..layers import ggml_table_geglu, rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
@@ -51,6 +52,9 @@ class Gemma4Model(DecoderModel):
         self.v_norm_ones = {}
         for layer in spec.layers:
             self.v_norm_ones.setdefault(layer.v_head_dim, torch.ones(layer.v_head_dim, device=self.device))
+        # The whole decode step in one C call (kernels/cpu/decode_layer.py), once V's norm exists (the base
+        # class's attempt, made before it, declines).
+        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     def _shape_error(self, t, expected):
         from ..errors import ModelFileError
@@ -108,6 +112,8 @@ class Gemma4Model(DecoderModel):
     def _blocks(self, step: Step, kv: KVPool):
         x = self.embedding(step.ids) * self.spec.embed_scale  # (n, dim)
         inputs = self.per_layer_inputs(step.ids, x) if self.per_layer is not None else None
+        if self.c_decode is not None and self.c_decode.applies(step, kv):  # every block in one C call
+            return self.c_decode.run(x, step, kv, inputs)
         delta = h = None
         last = len(self.layers) - 1
         for w in self.layers:

@@ -1,4 +1,5 @@
-/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5) or gemma3's in one C call: every layer's
+/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5), gemma3's or dense Gemma 4's (see
+ * dl_decode) in one C call: every layer's
  * add + RMSNorm, Q/K/V product (+ bias), RoPE, the K/V write into the f16 pool, attention, output
  * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token or the rows of a
  * speculative verification.
@@ -8,7 +9,7 @@
  * four kernels, the K/V casts, SiLU and its product, allocations): about as long as the products
  * themselves (docs/performance.md, session 12). Here the layers run back to back without Python.
  *
- * Same bits as the composed default path (models/llama.py's and gemma3.py's blocks with TALLOW_CPU_GGML_DOT,
+ * Same bits as the composed default path (models/llama.py's, gemma3.py's and gemma4.py's blocks with TALLOW_CPU_GGML_DOT,
  * TALLOW_CPU_C_NORM and TALLOW_CPU_C_ATTENTION on), because every step is either the same C function
  * it calls or the float operations torch performs there, in the same order:
  *   - norms: go_rms_norm (ggml_ops.c), the residual add in the same call, as ops.add_norm does;
@@ -18,7 +19,8 @@
  *     fused multiply-add: built with -ffp-contract=off), over the tables' own rows (cos_full,
  *     sin_signed); the part of a head past rope_dim copied;
  *   - K/V: float to f16 rounded to nearest even (tg_f32_to_f16, as torch's .to(float16));
- *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end);
+ *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end), a sliding-window ring's
+ *     rows (position p in row p % ring, where the K/V write puts it) in position order;
  *   - GeGLU (gemma3): layers.geglu's F.gelu(gate.half(), approximate="tanh") * up: gate rounded to f16, the
  *     GELU of that f16 value read from a table torch computed for all 65536 of them at load, times up;
  *   - gemma3's Q/K norm (one weight row per head) and post-attention / post-feed-forward norms: go_rms_norm
@@ -49,29 +51,39 @@
 
 void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_out, int64_t rows, int64_t n, const float *w,
                  int64_t w_rows, float eps, float *y); /* ggml_ops.c */
+void go_geglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, const float *table, float *y,
+              int64_t ys); /* ggml_ops.c: layers.ggml_table_geglu */
 
-/* One layer: its plans and norm weights (held by the Python side), its RoPE table, its cache rows. */
+/* One layer: its plans and norm weights (held by the Python side), its shape, its RoPE table, its cache rows. */
 typedef struct {
-    const tg_plan_t *qkv, *out, *gate_up, *down;
+    const tg_plan_t *qkv, *out, *gate_up, *down; /* qkv: Q alone for a layer that reads another's cache */
+    const tg_plan_t *ple_gate, *ple_proj;      /* Gemma 4's per-layer input gate (dim -> d) and projection (d -> dim); NULL: none */
     const float *attn_norm, *ffn_norm;
     const float *qkv_bias;                     /* NULL: none */
-    const float *qk_norm;                      /* (n_heads + n_kv, head_dim), one row per head; NULL: none */
-    const float *post_attn_norm, *post_ffw_norm; /* gemma3's sandwich norms; NULL: none */
+    const float *qk_norm;  /* one row per Q and K head, (n_heads + n_kv, head_dim); with writes_kv 0 one row for every Q head; NULL: none */
+    const float *v_norm;   /* Gemma 4's weightless V norm (a row of ones, x * 1 exact); NULL: none */
+    const float *post_attn_norm, *post_ffw_norm, *ple_post_norm; /* sandwich norms, the per-layer branch's norm; NULL: none */
+    const float *out_scale;                    /* Gemma 4's layer output scale (1 float); NULL: none */
     const float *cos, *sin;                    /* RotaryTables' cos_full, sin_signed: rope_dim floats per position */
-    uint16_t *k, *v;                           /* the pool's f16 tensors of this layer, (n_kv, n_ctx, dim) */
+    uint16_t *k, *v;                           /* the pool's f16 tensors of this layer (or of its KV source), (n_kv, slots, dim) */
     int64_t skh, skt, svh, svt;
     int64_t window; /* 0: none */
+    int64_t ring;   /* a sliding-window ring's rows, position p in row p % ring (memory/kv_pool.py); 0: row p */
+    int64_t n_heads, n_kv, head_dim, v_head_dim, rope_dim, ffn;
+    int32_t writes_kv; /* 0: Gemma 4's shared-KV layer: Q only, attends over its source layer's cache */
+    int32_t v_is_k;    /* V is the K projection before K's norm (Gemma 4 without attn_v) */
 } dl_layer_t;
 
 typedef struct {
-    int64_t n_layers, dim, n_heads, n_kv, head_dim, v_head_dim, rope_dim, ffn;
+    int64_t n_layers, dim, ple_dim; /* ple_dim: Gemma 4's per-layer input width (0: none) */
     int32_t neox, geglu; /* geglu: GELU(gate) * up through `gelu`, else SwiGLU */
     float eps, scale;
-    const float *gelu; /* torch's fp16 GELU (tanh) of every fp16 value, as float (65536) */
+    const float *gelu;      /* torch's fp16 GELU (tanh) of every fp16 value, as float (65536) */
+    const float *gelu_ggml; /* ggml's fp16 GELU table (numerics.ggml_gelu_table): the per-layer gate's */
     const dl_layer_t *layers;
 } dl_model_t;
 
-int dl_abi_version(void) { return 2; }
+int dl_abi_version(void) { return 3; }
 
 /* ------------------------------------------------------------------ SiLU as torch computes it */
 
@@ -126,8 +138,9 @@ int dl_swiglu(const float *g, const float *u, float *y, int64_t n) {
 /* ------------------------------------------------------------------ one step */
 
 /* out (heads, head_dim) from x (heads, head_dim): RotaryTables.rotate at one position */
-static void rope_heads(const dl_model_t *M, const float *x, float *out, int64_t heads, const float *cos, const float *sin) {
-    const int64_t hd = M->head_dim, rd = M->rope_dim, half = rd / 2;
+static void rope_heads(const dl_model_t *M, const dl_layer_t *L, const float *x, float *out, int64_t heads, const float *cos,
+                       const float *sin) {
+    const int64_t hd = L->head_dim, rd = L->rope_dim, half = rd / 2;
     for (int64_t h = 0; h < heads; h++) {
         const float *src = x + h * hd;
         float *dst = out + h * hd;
@@ -156,50 +169,80 @@ static float *scratch_floats(int64_t n) {
  * take every row in vec_dot's order whatever m is; row i attends keys ..pos + i, as the composed
  * verification's query-by-query attention does). x (m, dim): the residual stream (the embeddings in; the
  * stream before the last layer's delta out, in place); delta (m, dim): the last layer's down product,
- * left unadded as the composed blocks leave it (the output norm adds it). Returns 0; -1 without torch's exp, -2
- * when scratch cannot be allocated, -3 when a product refuses. */
-int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t pos, int nthreads) {
+ * left unadded as the composed blocks leave it (the output norm adds it); ple (m, n_layers, ple_dim): Gemma 4's
+ * per-layer inputs (models/gemma4.py per_layer_inputs), NULL without. Returns 0 with a delta pending, 1 when
+ * the last layer joined it to the stream (Gemma 4's per-layer branch or output scale: delta holds nothing);
+ * -1 without torch's exp, -2 when scratch cannot be allocated, -3 when a product refuses.
+ *
+ * Gemma 4's block (models/gemma4.py Gemma4Model.block, in its order): the attention norm; Q/K/V (Q only
+ * for a shared-KV layer); Q/K per-head norms, V's weightless norm (V being K's raw projection without
+ * attn_v), RoPE, the K/V write; attention over the layer's cache (a shared-KV layer's source); the output
+ * product, its post-attention norm joined to the stream, the MLP norm, GeGLU MLP, the post-MLP norm; then
+ * with per-layer inputs: joined to the stream (x + norm(mlp)), gate = ggml_geglu(ple_gate(x), input), its
+ * projection normed and joined, times the output scale; without: times the output scale where there is
+ * one, else left pending as gemma3's. ops.norm_add's `x + rms_norm(b)` then `* scale` are two rounded
+ * operations per value, as here. */
+int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int64_t m, int64_t pos, int nthreads) {
 #if DL_X86
     if (!g_vexp) return -1;
 #else
     return -1;
 #endif
-    const int64_t dim = M->dim, nh = M->n_heads, nkv = M->n_kv, hd = M->head_dim, vhd = M->v_head_dim, ffn = M->ffn;
-    const int64_t rd = M->rope_dim, nqk = (nh + nkv) * hd, nqkv = nqk + nkv * vhd;
-    int64_t act = 0; /* the products' quantized activations, in bytes, for the largest plan */
+    const int64_t dim = M->dim, pd = M->ple_dim;
+    int64_t act = 0, wq = 0, wqkv = 0, watt = 0, wffn = 0, wv = 0; /* the widest of each part over the layers */
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
-        const tg_plan_t *plans[4] = {L->qkv, L->out, L->gate_up, L->down};
-        for (int i = 0; i < 4; i++) {
-            const int64_t b = tg_plan_scratch(plans[i], m);
-            if (b > act) act = b;
+        const tg_plan_t *plans[6] = {L->qkv, L->out, L->gate_up, L->down, L->ple_gate, L->ple_proj};
+        for (int i = 0; i < 6; i++) {
+            const int64_t b = plans[i] ? tg_plan_scratch(plans[i], m) : 0;
+            if (b > act) act = b; /* the products' quantized activations, in bytes */
         }
+        const int64_t nqk = (L->n_heads + L->n_kv) * L->head_dim, nqkv = nqk + L->n_kv * L->v_head_dim;
+        if (nqk > wq) wq = nqk;
+        if (nqkv > wqkv) wqkv = nqkv;
+        if (L->n_heads * L->v_head_dim > watt) watt = L->n_heads * L->v_head_dim;
+        if (L->ffn > wffn) wffn = L->ffn;
+        if (L->n_kv * L->v_head_dim > wv) wv = L->n_kv * L->v_head_dim;
     }
-    const int64_t floats = m * (dim + 2 * nqkv + nqk + nh * vhd + dim + 3 * ffn) + (act + 3) / 4 + 64;
+    const int64_t floats = m * (dim + wqkv + wq + watt + dim + 3 * wffn + wqkv + wv + 2 * pd) + (act + 3) / 4 + 64;
     float *buf = scratch_floats(floats);
     if (!buf) return -2;
-    float *h = buf, *qkv = h + m * dim, *qk = qkv + m * nqkv, *att = qk + m * nqk, *o = att + m * nh * vhd;
-    float *gu = o + m * dim, *g = gu + m * 2 * ffn, *normed = g + m * ffn;
-    uint8_t *xq = (uint8_t *)(normed + m * nqkv);
+    float *h = buf, *qkv = h + m * dim, *qk = qkv + m * wqkv, *att = qk + m * wq, *o = att + m * watt;
+    float *gu = o + m * dim, *g = gu + m * 2 * wffn, *normed = g + m * wffn, *vn = normed + m * wqkv;
+    float *pg = vn + m * wv, *pgg = pg + m * pd;
+    uint8_t *xq = (uint8_t *)(pgg + m * pd);
+    int pending = 0; /* delta holds the previous layer's branch, not yet added */
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
-        /* x, h = add_norm(x, delta, attn_norm): nothing pending before the first layer */
-        go_rms_norm(x, dim, l ? delta : NULL, l ? x : NULL, m, dim, L->attn_norm, 1, M->eps, h);
+        const int64_t nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim, vhd = L->v_head_dim, ffn = L->ffn;
+        const int64_t nrot = L->writes_kv ? nh + nkv : nh;      /* heads normed and rotated */
+        const int64_t nqk = nrot * hd;                          /* Q (and K) in the projection */
+        const int64_t nqkv = nqk + (L->writes_kv && !L->v_is_k ? nkv * vhd : 0); /* the projection's width */
+        const int64_t rd = L->rope_dim;
+        /* x, h = add_norm(x, delta, attn_norm): nothing pending before the first layer or after a joined one */
+        go_rms_norm(x, dim, pending ? delta : NULL, pending ? x : NULL, m, dim, L->attn_norm, 1, M->eps, h);
         if (tg_linear_multi(L->qkv, h, m, xq, qkv, nthreads)) return -3;
         for (int64_t r = 0; r < m; r++) {
             float *row = qkv + r * nqkv, *rot = qk + r * nqk;
             if (L->qkv_bias)
                 for (int64_t i = 0; i < nqkv; i++) row[i] = row[i] + L->qkv_bias[i];
             const float *heads = row;
-            if (L->qk_norm) { /* rms_norm over each Q and K head, head h with weight row h */
-                go_rms_norm(row, hd, NULL, NULL, nh + nkv, hd, L->qk_norm, nh + nkv, M->eps, normed + r * nqkv);
+            if (L->qk_norm) { /* rms_norm over each Q and K head, head h with weight row h (or one row for all) */
+                go_rms_norm(row, hd, NULL, NULL, nrot, hd, L->qk_norm, L->writes_kv ? nrot : 1, M->eps, normed + r * nqkv);
                 heads = normed + r * nqkv;
             }
             const int64_t at = pos + r;
-            rope_heads(M, heads, rot, nh + nkv, L->cos + at * rd, L->sin + at * rd);
+            rope_heads(M, L, heads, rot, nrot, L->cos + at * rd, L->sin + at * rd);
+            if (!L->writes_kv) continue;
+            const float *vsrc = L->v_is_k ? row + nh * hd : row + nqk; /* V: K's raw projection, or its own */
+            if (L->v_norm) {
+                go_rms_norm(vsrc, vhd, NULL, NULL, nkv, vhd, L->v_norm, 1, M->eps, vn + r * nkv * vhd);
+                vsrc = vn + r * nkv * vhd;
+            }
+            const int64_t slot = L->ring ? at % L->ring : at;
             for (int64_t kh = 0; kh < nkv; kh++) {
-                uint16_t *kr = L->k + kh * L->skh + (pos + r) * L->skt, *vr = L->v + kh * L->svh + (pos + r) * L->svt;
-                const float *ks = rot + (nh + kh) * hd, *vs = row + nqk + kh * vhd;
+                uint16_t *kr = L->k + kh * L->skh + slot * L->skt, *vr = L->v + kh * L->svh + slot * L->svt;
+                const float *ks = rot + (nh + kh) * hd, *vs = vsrc + kh * vhd;
                 for (int64_t j = 0; j < hd; j++) kr[j] = tg_f32_to_f16(ks[j]);
                 for (int64_t j = 0; j < vhd; j++) vr[j] = tg_f32_to_f16(vs[j]);
             }
@@ -207,7 +250,7 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
         for (int64_t r = 0; r < m; r++) { /* every row's K/V is written: row r sees keys ..pos + r */
             const int64_t end = pos + r + 1, begin = L->window && end > L->window ? end - L->window : 0;
             if (ta_attend_f16(qk + r * nqk, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt, L->svh,
-                              L->svt, begin, end, 0, M->scale, 0.0f, att + r * nh * vhd, nthreads))
+                              L->svt, begin, end, L->ring, M->scale, 0.0f, att + r * nh * vhd, nthreads))
                 return -2;
         }
         if (tg_linear_multi(L->out, att, m, xq, o, nthreads)) return -3;
@@ -227,6 +270,23 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, int64_t m, int64_t po
         }
         if (tg_linear_multi(L->down, g, m, xq, delta, nthreads)) return -3;
         if (L->post_ffw_norm) go_rms_norm(delta, dim, NULL, NULL, m, dim, L->post_ffw_norm, 1, M->eps, delta);
+        pending = 1;
+        if (L->ple_gate) { /* x + norm(mlp), then the per-layer branch: ple_proj(ggml_geglu(ple_gate(x), input)) */
+            for (int64_t i = 0; i < m * dim; i++) x[i] = x[i] + delta[i];
+            if (tg_linear_multi(L->ple_gate, x, m, xq, pg, nthreads)) return -3;
+            go_geglu(pg, pd, ple + l * pd, M->n_layers * pd, m, pd, M->gelu_ggml, pgg, pd);
+            if (tg_linear_multi(L->ple_proj, pgg, m, xq, o, nthreads)) return -3;
+            go_rms_norm(o, dim, NULL, NULL, m, dim, L->ple_post_norm, 1, M->eps, o);
+            for (int64_t i = 0; i < m * dim; i++) x[i] = x[i] + o[i];
+            pending = 0;
+        } else if (L->out_scale) {
+            for (int64_t i = 0; i < m * dim; i++) x[i] = x[i] + delta[i];
+            pending = 0;
+        }
+        if (L->out_scale) {
+            const float s = *L->out_scale;
+            for (int64_t i = 0; i < m * dim; i++) x[i] = x[i] * s;
+        }
     }
-    return 0;
+    return pending ? 0 : 1;
 }

@@ -1,12 +1,13 @@
-"""A CPU decode step of the llama block (llama, qwen2, qwen3) or gemma3's in one C call (decode_layer.c):
+"""A CPU decode step of the llama block (llama, qwen2, qwen3), gemma3's or dense Gemma 4's in one C call (decode_layer.c):
 every layer's norms, products, RoPE, K/V write, attention and GLU back to back, with the composed default
 path's bits; the rows of a speculative verification too, each as its decode step computes it.
 
-The composed step (models/llama.py's or gemma3.py's block) already runs its products, norms and attention in
+The composed step (models/llama.py's, gemma3.py's or gemma4.py's block) already runs its products, norms and attention in
 C, but reaches them through ~13 Python calls and ~25 torch calls a layer; on a small model that costs as much
 as the products (docs/performance.md, session 12). `DecodeLayers.for_model` says whether a model's blocks are
 the ones decode_layer.c computes, `applies` whether a step and a pool are (one token or up to 8 verified
-rows, host start, an f16 pool without rings, the C products, norms and attention in use), `run` runs it.
+rows, host start, an f16 pool (rings too: each ring layer writes and reads slot position % ring), the C
+products, norms and attention in use), `run` runs it.
 One caller at a time per model, as the engine is: `run` points the C layers at the pool it is given.
 
 SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
@@ -31,7 +32,7 @@ from . import ggml_dot
 
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
-_ABI = 2
+_ABI = 3
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
 
 
@@ -39,19 +40,23 @@ class _Layer(ctypes.Structure):
     """decode_layer.c's dl_layer_t."""
 
     _fields_ = [("qkv", ctypes.c_void_p), ("out", ctypes.c_void_p), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+                ("ple_gate", ctypes.c_void_p), ("ple_proj", ctypes.c_void_p),
                 ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
-                ("qk_norm", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("post_ffw_norm", ctypes.c_void_p),
-                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("skh", ctypes.c_int64), ("skt", ctypes.c_int64),
-                ("svh", ctypes.c_int64), ("svt", ctypes.c_int64), ("window", ctypes.c_int64)]
+                ("qk_norm", ctypes.c_void_p), ("v_norm", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p),
+                ("post_ffw_norm", ctypes.c_void_p), ("ple_post_norm", ctypes.c_void_p), ("out_scale", ctypes.c_void_p),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                ("skh", ctypes.c_int64), ("skt", ctypes.c_int64), ("svh", ctypes.c_int64), ("svt", ctypes.c_int64),
+                ("window", ctypes.c_int64), ("ring", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
+                ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
+                ("ffn", ctypes.c_int64), ("writes_kv", ctypes.c_int32), ("v_is_k", ctypes.c_int32)]
 
 
 class _Model(ctypes.Structure):
     """decode_layer.c's dl_model_t."""
 
-    _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
-                ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
-                ("ffn", ctypes.c_int64), ("neox", ctypes.c_int32), ("geglu", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("gelu", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer))]
+    _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("ple_dim", ctypes.c_int64),
+                ("neox", ctypes.c_int32), ("geglu", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                ("gelu", ctypes.c_void_p), ("gelu_ggml", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer))]
 
 
 def _torch_vexp() -> int | None:
@@ -91,7 +96,7 @@ def _lib():
         lib, why = None, "the C library is from another version of tallow; reinstall"
     else:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.dl_decode.argtypes = [p, p, p, i64, i64, i32]
+        lib.dl_decode.argtypes = [p, p, p, p, i64, i64, i32]
         lib.dl_decode.restype = i32
         lib.dl_set_vexp.argtypes = [p]
         lib.dl_set_vexp.restype = i32
@@ -160,42 +165,65 @@ class DecodeLayers:
     their addresses stay valid), and per KV pool the cache rows of every layer."""
 
     def __init__(self, model, linears: list[tuple], geglu: bool):
-        spec, first = model.spec, model.spec.layers[0]
+        spec = model.spec
+        gemma4 = _is_gemma4(model)
         self.plans = []  # ggml_dot._Products: the C plans and the weights they point into
-        self.keep = []  # biases made contiguous, the GELU table
+        self.keep = []  # biases made contiguous, the GELU tables, V's norm of ones
         self.layers = (_Layer * len(linears))()
-        for c, (w, (qkv, out, gate_up, down)) in zip(self.layers, zip(model.layers, linears)):
-            runs = [ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True) for lin in (qkv, out, gate_up, down)]
+        for c, (w, parts) in zip(self.layers, zip(model.layers, linears)):
+            layer = spec.layers[w.index]
+            runs = [None if lin is None else ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True)
+                    for lin in parts]
             self.plans.append(runs)
-            c.qkv, c.out, c.gate_up, c.down = (r.addr for r in runs)
+            c.qkv, c.out, c.gate_up, c.down, c.ple_gate, c.ple_proj = (r and r.addr for r in runs)
             c.attn_norm, c.ffn_norm = w.attn_norm.data_ptr(), w.ffn_norm.data_ptr()
             for field, name in (("qk_norm", "attn_qk_norm"), ("post_attn_norm", "post_attention_norm"),
-                                ("post_ffw_norm", "post_ffw_norm")):
+                                ("post_ffw_norm", "post_ffw_norm"), ("ple_post_norm", "ple_post_norm"),
+                                ("out_scale", "out_scale")):
                 t = w.get(name)
+                if t is None and name == "attn_qk_norm" and not layer.owns_kv:
+                    t = w.get("attn_q_norm")  # a shared-KV layer: one (head_dim,) row for every Q head
                 if t is not None:
                     t = t.contiguous()
                     self.keep.append(t)
                     setattr(c, field, t.data_ptr())
-            if qkv.bias is not None:
-                bias = qkv.bias.float().contiguous()
+            if parts[0].bias is not None:
+                bias = parts[0].bias.float().contiguous()
                 self.keep.append(bias)
                 c.qkv_bias = bias.data_ptr()
-            c.window = spec.layers[w.index].sliding_window or 0
-        # Each layer's RoPE table (gemma3: local and global bases), its pointers renewed when it grows.
+            c.window = layer.sliding_window or 0
+            c.n_heads, c.n_kv, c.head_dim, c.v_head_dim = layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.v_head_dim
+            c.rope_dim, c.ffn = layer.rope_dim, parts[3].in_features
+            c.writes_kv = int(layer.owns_kv)
+            if gemma4:
+                c.v_is_k = int(w.index in model.v_is_k)
+                if layer.owns_kv:
+                    ones = model.v_norm_ones[layer.v_head_dim]
+                    self.keep.append(ones)
+                    c.v_norm = ones.data_ptr()
+        # Each layer's RoPE table (gemma3/gemma4: local and global bases), its pointers renewed when it grows.
         self.tables = {}
         for i, layer in enumerate(spec.layers):
             self.tables.setdefault(layer.rope_key, (model.rope[layer.rope_key], []))[1].append(i)
         self.table_at = {key: (0, 0) for key in self.tables}
         m = self.cmodel = _Model()
-        m.n_layers, m.dim, m.n_heads, m.n_kv = len(linears), spec.dim, first.n_heads, first.n_kv_heads
-        m.head_dim, m.v_head_dim, m.rope_dim = first.head_dim, first.v_head_dim, first.rope_dim
-        m.ffn = linears[0][3].in_features
+        m.n_layers, m.dim, m.ple_dim = len(linears), spec.dim, spec.per_layer_input_dim if gemma4 else 0
         m.neox, m.eps, m.scale = int(spec.rope_style == "neox"), spec.norm_eps, spec.attn_scale
+        self.ffns = sorted({c.ffn for c in self.layers})
         if geglu:  # layers.geglu's fp16 GELU of every fp16 value: its bits by construction
             every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
             table = F.gelu(every, approximate="tanh").float()
             self.keep.append(table)
             m.geglu, m.gelu = 1, table.data_ptr()
+        if m.ple_dim:  # layers.ggml_table_geglu's table (the per-layer gate), read by ggml_ops.c's go_geglu
+            from ...numerics import ggml_gelu_table
+
+            table = ggml_gelu_table().float().contiguous()
+            self.keep.append(table)
+            m.gelu_ggml = table.data_ptr()
+        # Whether the last layer leaves a delta pending (else it joins the stream: Gemma 4's branch or scale).
+        last = model.layers[-1]
+        self.pending = last.get("ple_gate") is None and last.get("out_scale") is None
         m.layers = self.layers
         self.pool, self.k0 = None, 0  # the KV pool whose rows self.layers holds (a weakref), its first row's address
         self.addr = ctypes.addressof(m)
@@ -203,8 +231,8 @@ class DecodeLayers:
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
         """The C step for a model whose every layer decode_layer.c computes: the llama block (llama, qwen2,
-        qwen3) or gemma3's, unchanged; all four products in the C kernel; one head shape for every layer; the
-        default numerics; else None."""
+        qwen3), gemma3's or dense Gemma 4's, unchanged; all products in the C kernel; the default numerics;
+        else None."""
         from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
         from ...numerics import ggml_enabled
@@ -214,41 +242,57 @@ class DecodeLayers:
         kind = type(model)
         llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
         gemma3 = kind.block is Gemma3Model.block
-        if not (llama or gemma3):
+        gemma4 = _is_gemma4(model)
+        if not (llama or gemma3 or gemma4):
             return None
-        spec, first = model.spec, model.spec.layers[0]
-        if any((l.n_heads, l.n_kv_heads, l.head_dim, l.v_head_dim, l.rope_dim) !=
-               (first.n_heads, first.n_kv_heads, first.head_dim, first.v_head_dim, first.rope_dim) for l in spec.layers):
+        spec = model.spec
+        if spec.attn_logit_softcap is not None or any(l.n_heads % l.n_kv_heads for l in spec.layers):
             return None
-        if spec.attn_logit_softcap is not None or first.n_heads % first.n_kv_heads:
-            return None
+        if gemma4 and (model.ops.fused_step or getattr(model, "v_norm_ones", None) is None):
+            return None  # (Gemma4Model asks again once its V norm exists)
         linears = []
         for w in model.layers:
-            parts = tuple(_c_product(w.get(name)) for name in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"))
-            if any(p is None for p in parts) or any(p.bias is not None for p in parts[1:]):
+            layer = spec.layers[w.index]
+            names = ["attn_qkv" if layer.owns_kv else "attn_q", "attn_output", "ffn_gate_up", "ffn_down"]
+            if gemma4 and w.get("ffn_experts") is not None:  # 26B-A4B's routed experts: not here
                 return None
-            norms = [w.get(n) for n in ("attn_norm", "ffn_norm", "attn_qk_norm", "post_attention_norm", "post_ffw_norm")]
+            if not gemma4 and not layer.owns_kv:
+                return None
+            parts = [_c_product(w.get(name)) for name in names]
+            ple = [w.get("ple_gate"), w.get("ple_proj")]
+            if gemma4 and ple[0] is not None:
+                ple = [_c_product(p) for p in ple]
+                if any(p is None or p.bias is not None for p in ple):
+                    return None
+            parts += ple if gemma4 else [None, None]
+            if any(p is None for p in parts[:4]) or any(p.bias is not None for p in parts[1:4]):
+                return None
+            norms = [w.get(n) for n in ("attn_norm", "ffn_norm", "attn_qk_norm", "attn_q_norm", "post_attention_norm",
+                                        "post_ffw_norm", "ple_post_norm", "out_scale")]
             if any(t is not None and t.dtype != torch.float32 for t in norms):
                 return None
-            qk = norms[2]
-            if qk is not None and tuple(qk.shape) != (first.n_heads + first.n_kv_heads, first.head_dim):
+            qk = norms[2] if layer.owns_kv else norms[3]
+            want = (layer.n_heads + layer.n_kv_heads, layer.head_dim) if layer.owns_kv else (layer.head_dim,)
+            if qk is not None and tuple(qk.shape) != want:
                 return None
-            linears.append(parts)
-        if gemma3 and linears[0][3].in_features % 64:  # torch's fp16 GELU takes a scalar tail there
+            linears.append(tuple(parts))
+        if (gemma3 or gemma4) and any(p[3].in_features % 64 for p in linears):  # torch's fp16 GELU takes a scalar tail there
             return None
-        return cls(model, linears, geglu=gemma3)
+        return cls(model, linears, geglu=gemma3 or gemma4)
 
     def _bind(self, kv) -> bool:
-        """Point every layer at kv's cache rows; False where the pool is not one decode_layer.c writes
-        (quantized, f32/bf16, rings, layers sharing another's cache)."""
-        if kv.scaled or kv.dtype != torch.float16 or kv.has_rings or len(kv.k) != len(self.layers):
+        """Point every layer at kv's cache rows (a shared-KV layer at its source's, a ring layer with its
+        ring's length); False where the pool is not one decode_layer.c writes (quantized, f32/bf16)."""
+        if kv.scaled or kv.dtype != torch.float16 or len(kv.k) != len(self.layers):
             return False
-        for c, k, v in zip(self.layers, kv.k, kv.v):
-            if k.stride(-1) != 1 or v.stride(-1) != 1:
+        for i, (c, k, v) in enumerate(zip(self.layers, kv.k, kv.v)):
+            if k.stride(-1) != 1 or v.stride(-1) != 1 or bool(c.writes_kv) != kv.owns(i):
                 return False
             c.k, c.v = k.data_ptr(), v.data_ptr()
             c.skh, c.skt, c.svh, c.svt = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
-        if len({c.k for c in self.layers}) != len(self.layers):  # a layer reading another's cache
+            c.ring = k.shape[1] if kv.is_ring(i) else 0
+        owners = [c.k for c in self.layers if c.writes_kv]
+        if len(set(owners)) != len(owners):  # two layers writing one cache
             return False
         self.pool, self.k0 = weakref.ref(kv), kv.k[0].data_ptr()
         return True
@@ -271,12 +315,13 @@ class DecodeLayers:
         return bound or self._bind(kv)
 
     def _rows_ok(self, m: int) -> bool:
-        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and silu_rows_match(m, self.cmodel.ffn, torch.get_num_threads(),
-                                                                         64 if self.cmodel.geglu else 32)
+        threads, block = torch.get_num_threads(), 64 if self.cmodel.geglu else 32
+        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and all(silu_rows_match(m, f, threads, block) for f in self.ffns)
 
-    def run(self, x: torch.Tensor, step, kv) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (m, dim) the embedded tokens -> (the stream, the last layer's pending delta), as `_blocks`
-        returns them; the tokens' K/V written at step.start.. in every layer."""
+    def run(self, x: torch.Tensor, step, kv, per_layer: torch.Tensor | None = None):
+        """x (m, dim) the embedded tokens (per_layer (m, n_layers, d): Gemma 4's per-layer inputs) -> (the
+        stream, the last layer's pending delta or None), as `_blocks` returns them; the tokens' K/V written at
+        step.start.. in every layer that owns a cache."""
         start, m = step.start, x.shape[0]
         for key, (table, layers) in self.tables.items():
             # (n, 1, rope_dim) float32, contiguous; `ensure` may have regrown them
@@ -286,9 +331,19 @@ class DecodeLayers:
                 for i in layers:
                     self.layers[i].cos, self.layers[i].sin = at
         x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        ple = None
+        if self.cmodel.ple_dim:
+            per_layer = per_layer if per_layer.dtype == torch.float32 and per_layer.is_contiguous() else per_layer.float().contiguous()
+            ple = per_layer.data_ptr()
         delta = torch.empty_like(x)
-        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), m, start, max(1, torch.get_num_threads()))
-        if rc:
+        rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), ple, m, start, max(1, torch.get_num_threads()))
+        if rc not in (0, 1) or rc != (0 if self.pending else 1):
             raise RuntimeError(f"the C decode step failed ({rc})")
         kv.mark_written(start + m - 1)
-        return x, delta
+        return x, delta if self.pending else None
+
+
+def _is_gemma4(model) -> bool:
+    from ...models.gemma4 import Gemma4Model
+
+    return type(model).block is Gemma4Model.block
