@@ -125,7 +125,7 @@ class MambaModel(DecoderModel):
 
     def c_mixer(self, w: LayerWeights, memory, in_plan=None) -> c_ssm.MixerStep | None:
         """The layer's one-call C mixer (decode on the CPU), or None: the composed mixer runs."""
-        if self.c_mixers is None:
+        if self.c_mixers is None or not c_ssm.mixer_on():
             return None
         i = w.index
         if i not in self.c_mixers:

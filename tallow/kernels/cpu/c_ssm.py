@@ -94,10 +94,14 @@ def _declare_mixer(lib: ctypes.CDLL) -> None:
 
 
 def mixer_usable() -> bool:
-    """TALLOW_CPU_C_MIXER (default on), the C scan and norm in use (TALLOW_CPU_C_SSM, TALLOW_CPU_C_NORM)
-    and the library built with ss_mixer_step."""
-    return (switches.enabled("TALLOW_CPU_C_MIXER") and usable() and switches.enabled("TALLOW_CPU_C_NORM")
+    """The C scan and norm in use (TALLOW_CPU_C_SSM, TALLOW_CPU_C_NORM) and the library built with
+    ss_mixer_step: asked at load. TALLOW_CPU_C_MIXER itself is asked per step (`mixer_on`)."""
+    return (usable() and switches.enabled("TALLOW_CPU_C_NORM")
             and ggml_dot.bound("ss_mixer_step", _declare_mixer) is not None)
+
+
+def mixer_on() -> bool:
+    return switches.enabled("TALLOW_CPU_C_MIXER")
 
 
 def _parts(layer) -> list:
