@@ -14,6 +14,9 @@ and dt (one per head); the conv1d runs over x, B and C together; dt gets a bias;
 one scalar decay per head and B/C shared by each group's heads; y + D·x per head, gated by
 SiLU(z), then an RMSNorm per group with its weight; out-projection.
 
+On the CPU a one-row decode step runs the whole mixer as one C call (kernels/cpu/c_ssm.MixerStep,
+TALLOW_CPU_C_MIXER=0 for the composed one below; the same bits).
+
 The mixer needs only (layer weights, x, the memory): `mixer(w, h, memory, n_valid)`. Its conv
 and scan run through kernels/ssm_ops.py: the torch references on the CPU, one Triton launch each
 on the GPU. On the GPU a decode step and a prefill chunk run inside CUDA graphs (engine/graphs.py):

@@ -5,6 +5,9 @@ torch reference's small ops and state copies (kernels/cpu/ssm.py). Bits: ssm_ste
 Switch (read at load, kernels/ssm_ops.mixer_ops): TALLOW_CPU_C_SSM=0 runs the torch reference; on by
 default where the library is built. The calls take CPU float32 tensors whose last dimension is
 contiguous (row strides are passed, so column slices of the in-projection go in without a copy).
+
+`MixerStep` (TALLOW_CPU_C_MIXER, asked per step; session 13): a layer's whole mixer for one decode row in one
+C call (ss_mixer_step) over the same C products, conv, scan and norm the composed mixer calls, so the same bits.
 """
 
 from __future__ import annotations
