@@ -741,6 +741,8 @@ ELSEWHERE: dict[str, str] = {
     "tallow.kernels.cpu.c_ssm:conv": "tests/test_c_ssm.py",
     "tallow.kernels.cpu.c_ssm:scan": "tests/test_c_ssm.py",
     "tallow.kernels.ssm_ops:CMixerOps": "tests/test_c_ssm.py",
+    # a layer's whole mixer in one C call at decode: logits and states bit for bit the composed mixer's
+    "tallow.kernels.cpu.c_ssm:MixerStep": "tests/test_c_ssm.py",
 }
 
 # Public names in kernel modules that compute nothing to compare: references, switches, configs,
@@ -753,6 +755,8 @@ NOT_KERNELS: frozenset[str] = frozenset({
     # the mixer's ops by device: the torch references (cpu/ssm.py) or the Triton kernels, both in the ssm cases
     "tallow.kernels.ssm_ops:TorchMixerOps", "tallow.kernels.ssm_ops:TritonMixerOps", "tallow.kernels.ssm_ops:mixer_ops",
     "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
+    "tallow.kernels.cpu.c_ssm:mixer_usable", "tallow.kernels.cpu.c_ssm:mixer_on",
+    "tallow.kernels.cpu.c_ssm:products",  # the C product plan of existing layers (ggml_dot's own), a container
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",
     "tallow.kernels.triton.glu:glu_reference", "tallow.kernels.triton.fp4_gemv:fp4_gemv_reference",
     # routed experts on the GPU: the stacked weight's container, its references, a switch

@@ -169,3 +169,57 @@ def test_a_padded_chunk_and_the_switch_take_the_torch_reference(monkeypatch):
     assert isinstance(ssm_ops.mixer_ops(torch.device("cpu")), CMixerOps)
     monkeypatch.setenv("TALLOW_CPU_C_SSM", "0")
     assert type(ssm_ops.mixer_ops(torch.device("cpu"))) is TorchMixerOps
+
+
+def _q8_engine(arch, path, monkeypatch, on: str):
+    """A Q8_0 tiny model of arch (its products in the C kernel) loaded with TALLOW_CPU_C_MIXER=on."""
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_ssm
+
+    from tallow import switches
+    from tallow.engine.engine import Engine
+    from tallow.gguf_file import GGUFFile
+    from tallow.models import build_model
+    from tallow.spec import spec_from_gguf
+
+    monkeypatch.setenv("TALLOW_CPU_C_MIXER", on)
+    switches.refresh()
+    if not path.exists():
+        # mamba's dt_rank 32, not 4: a Q8_0 row (the twins' ssm_dt is Q5_0; an F32 one keeps the composed mixer)
+        write_tiny_ssm(arch, path, qtype=QT.Q8_0, shape={"dt_rank": 32} if arch == "mamba" else None)
+    gf = GGUFFile(path)
+    return Engine(build_model(gf, spec_from_gguf(gf)), 128, prefill_chunk=8, kv_dtype="f16")
+
+
+@pytest.mark.parametrize("simd", (True, False))
+@pytest.mark.parametrize("arch", ("mamba", "mamba2", "falcon-h1"))
+def test_the_one_call_mixer_step_is_the_composed_mixer_bit_for_bit(arch, simd, tmp_path, monkeypatch):
+    """TALLOW_CPU_C_MIXER (ss_mixer_step: a layer's whole mixer in one C call at decode; falcon-h1's
+    in-projection in one product with Q/K/V) against the composed mixer (=0): after a prompt longer
+    than the conv kernel and the chunk, 12 decode steps' logits and every layer's conv and scan states
+    are the same bits, with AVX-512 and in portable C."""
+    from tiny_models import tiny_prompt
+
+    path, runs = tmp_path / "q8.gguf", {}
+    was = ggml_ops.set_simd(simd)
+    try:
+        for on in ("1", "0"):
+            engine = _q8_engine(arch, path, monkeypatch, on)
+            ids = tiny_prompt(20)
+            engine.reset()
+            engine.prefill_chunk_at(ids, 0)
+            token, logits = ids[-1], []
+            for _ in range(12):
+                out = engine.decode_step(token)
+                logits.append(out.clone())
+                token = int(out.argmax())
+            used = engine.model.c_mixers
+            state = engine.kv.state
+            runs[on] = (torch.stack(logits), [t.clone() for t in state.tensors()], used)
+    finally:
+        ggml_ops.set_simd(was)
+    (l1, s1, used), (l0, s0, unused) = runs["1"], runs["0"]
+    assert used and all(isinstance(step, c_ssm.MixerStep) for step in used.values())  # the C step ran in every layer
+    assert not unused  # never built: the switch is asked per step
+    assert torch.equal(l1.view(torch.int32), l0.view(torch.int32))
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(s1, s0))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.cpu import c_ssm
 from .base import LayerWeights
 from .mamba import MambaModel
 
@@ -39,7 +40,29 @@ class FalconH1Model(MambaModel):
     def block(self, w: LayerWeights, x: torch.Tensor, delta, step, kv):
         eps, ops = self.spec.norm_eps, self.ops
         x, h = ops.add_norm(x, delta, w.attn_norm, eps)
-        q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-        mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
+        c_step = self._c_decode_mixer(w, h, kv, step)
+        if c_step is not None:  # CPU decode: Q/K/V and the mixer's in-projection in one product, the mixer in one C call
+            plan, mixer = c_step
+            both = plan(h)
+            nqkv = w.attn_qkv.out_features
+            q = self.attention_inputs(w, both[:, :nqkv], kv, step)
+            m = mixer(None, kv.state.conv[w.index], kv.state.scan[w.index], proj=both[:, nqkv:])
+            mixed = w.attn_output(self.attend(w.index, q, kv, step)) + m
+        else:
+            q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
+            mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))
+
+    def _c_decode_mixer(self, w: LayerWeights, h: torch.Tensor, kv, step):
+        """(the Q/K/V + in-projection plan, the layer's C mixer) for a one-row host decode step on the CPU
+        (TALLOW_CPU_C_MIXER), or None: the composed block runs."""
+        if (self.c_mixers is None or h.shape[0] != 1 or not step.on_host or kv.keeping_rows
+                or step.scratch.get("n_valid") is not None or h.dtype != torch.float32 or not h.is_contiguous()):
+            return None
+        plans = self.__dict__.setdefault("_qkv_in_plans", {})
+        if w.index not in plans:
+            plans[w.index] = c_ssm.products([w.attn_qkv, w.ssm_in])  # None where a part is not C-kernel or has a bias
+        fused = plans[w.index]
+        mixer = self.c_mixer(w, kv, in_plan=fused) if fused is not None else None
+        return None if mixer is None else (fused, mixer)

@@ -14,6 +14,9 @@ and dt (one per head); the conv1d runs over x, B and C together; dt gets a bias;
 one scalar decay per head and B/C shared by each group's heads; y + D·x per head, gated by
 SiLU(z), then an RMSNorm per group with its weight; out-projection.
 
+On the CPU a one-row decode step runs the whole mixer as one C call (kernels/cpu/c_ssm.MixerStep,
+TALLOW_CPU_C_MIXER=0 for the composed one below; the same bits).
+
 The mixer needs only (layer weights, x, the memory): `mixer(w, h, memory, n_valid)`. Its conv
 and scan run through kernels/ssm_ops.py: the torch references on the CPU, one Triton launch each
 on the GPU. On the GPU a decode step and a prefill chunk run inside CUDA graphs (engine/graphs.py):
@@ -27,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ModelFileError
+from ..kernels.cpu import c_ssm
 from ..kernels.ssm_ops import mixer_ops
 from ..layers import rms_norm
 from ..quant.reference import dequantize
@@ -41,6 +45,10 @@ class MambaModel(DecoderModel):
     def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
         super().__init__(gf, spec, linear_mode, device, weight_cache)
         self.ssm_ops = mixer_ops(self.device)  # torch on the CPU (or TALLOW_SSM_TRITON=0), else Triton
+        # CPU decode: each layer's whole mixer in one C call (TALLOW_CPU_C_MIXER), built at its first
+        # step: layer index -> c_ssm.MixerStep, or None where the layer's weights do not fit it
+        self.c_mixers: dict[int, c_ssm.MixerStep | None] | None = (
+            {} if self.device.type == "cpu" and c_ssm.mixer_usable() else None)
 
     def small(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A small F32/F16 tensor (conv kernel, A, D, biases, norms) as float32 of `shape`."""
@@ -101,8 +109,12 @@ class MambaModel(DecoderModel):
         """The Mamba mixer of layer w over h (n, dim); advances the layer's states in `memory`
         (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1 (n_valid: None for all, a host
         int, or a (1,) device tensor). Returns (n, dim)."""
-        proj = w.ssm_in(h).float()
         n = h.shape[0]
+        if n == 1 and n_valid is None and not memory.keeping_rows:
+            step = self.c_mixer(w, memory)
+            if step is not None and h.dtype == torch.float32 and h.is_contiguous():
+                return step(h, memory.state.conv[w.index], memory.state.scan[w.index])
+        proj = w.ssm_in(h).float()
         if memory.keeping_rows and n > 1:
             # A speculative verification pass (memory.rows_kept): each row runs the recurrent part
             # as a one-token decode step does, and the memory keeps the state after it, so a
@@ -113,6 +125,19 @@ class MambaModel(DecoderModel):
                 memory.keep_row(w.index, r)
             return w.ssm_out(torch.cat(rows))
         return w.ssm_out(self._mix(w, proj, memory, n_valid))
+
+    def c_mixer(self, w: LayerWeights, memory, in_plan=None) -> c_ssm.MixerStep | None:
+        """The layer's one-call C mixer (decode on the CPU), or None: the composed mixer runs."""
+        if self.c_mixers is None or not c_ssm.mixer_on():
+            return None
+        i = w.index
+        if i not in self.c_mixers:
+            self.c_mixers[i] = c_ssm.MixerStep.build(w, self.spec.ssm, self.spec.norm_eps, memory.state.conv[i],
+                                                     memory.state.scan[i], in_plan)
+        step = self.c_mixers[i]
+        if step is not None and not (memory.state.conv[i].is_contiguous() and memory.state.scan[i].is_contiguous()):
+            return None
+        return step
 
     def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid) -> torch.Tensor:
         """The mixer between its in-projection's output proj (n, d_in_proj) and its out-projection:

@@ -28,6 +28,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "ggml_dot.h"  /* tg_plan_t, tg_linear_multi: the products of the whole-mixer step */
 #include "ggml_math.h" /* GO_X86, GO_TGT, expf_lane, expf16, hsum16(_lanes) */
 
 int go_simd(void); /* ggml_ops.c: AVX-512 in use (tests switch it off with go_set_simd) */
@@ -298,4 +299,68 @@ int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const 
         for (; i < nh * hd; i++) yt[i] = silu_lane(zt[i]) * yt[i];
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------ the whole mixer, one decode row */
+
+/* ggml_ops.c's RMSNorm, the one the composed mixer reaches through layers.rms_norm. */
+void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_out, int64_t rows, int64_t n, const float *w,
+                 int64_t w_rows, float eps, float *y);
+
+/* One layer's mixer (c_ssm.py's _Mixer mirrors it): its product plans (tg_plan_t addresses, built by
+ * ggml_dot.py), its fixed tensors and its sizes. The states are passed per call (the memory owns them). */
+typedef struct {
+    int32_t version, n_norm_rows; /* 1 or 2; Mamba-2's grouped norm: n_group rows, 0 for none */
+    int64_t dim, d_inner, channels, n_head, head_dim, d_state, n_group, dt_rank, d_conv, d_in_proj;
+    float eps;
+    const tg_plan_t *in_plan, *x_plan, *dt_plan, *out_plan; /* x_plan, dt_plan: Mamba-1 only */
+    const float *dt_lin_bias;                          /* Mamba-1: ssm_dt's bias (d_inner), or NULL */
+    const float *conv_wt, *conv_b, *A, *D, *dt_b, *norm_w;
+} ss_mixer_t;
+
+/* out (dim) = the Mamba mixer of one row h (dim), models/mamba.py's MambaModel.mixer step for step and
+ * with its bits (the same C products, conv, scan and norm, called in the same order with the same
+ * inputs); proj: the in-projection's output when the caller has it (falcon-h1 runs it in one product
+ * with Q/K/V), else NULL and h goes through in_plan. conv_state, ssm_state updated in place.
+ * Returns 0, or -1 (a product refused, or scratch not allocated: nothing to trust). */
+int ss_mixer_step(const ss_mixer_t *m, const float *h, const float *proj, float *conv_state, float *ssm_state,
+                  uint8_t *act_scratch, float *out, int threads) {
+    const int64_t d = m->d_inner, ch = m->channels, ds = m->d_state, r = m->dt_rank;
+    const int64_t nf = (proj ? 0 : m->d_in_proj) + ch + (r + 2 * ds) + d + 2 * d;
+    float *buf = malloc(sizeof(float) * (size_t)nf);
+    if (!buf) return -1;
+    float *p = buf, *own_proj = proj ? NULL : p;
+    p += proj ? 0 : m->d_in_proj;
+    float *xc = p, *xdb = p + ch, *dt = xdb + r + 2 * ds, *y = dt + d, *yn = y + d;
+    int rc = 0;
+    if (!proj) {
+        rc = tg_linear_multi(m->in_plan, h, 1, act_scratch, own_proj, threads);
+        proj = own_proj;
+    }
+    if (rc) goto done;
+    if (m->version == 1) {
+        ss_conv(proj, m->d_in_proj, 1, ch, (int)m->d_conv, conv_state, m->conv_wt, m->conv_b, xc);
+        if ((rc = tg_linear_multi(m->x_plan, xc, 1, act_scratch, xdb, threads))) goto done;
+        if ((rc = tg_linear_multi(m->dt_plan, xdb, 1, act_scratch, dt, threads))) goto done;
+        if (m->dt_lin_bias)
+            for (int64_t i = 0; i < d; i++) dt[i] = dt[i] + m->dt_lin_bias[i];
+        rc = ss_scan(ssm_state, m->n_head, m->head_dim, ds, m->n_group, xc, ch, dt, d, NULL, m->A, 1, xdb + r, r + 2 * ds,
+                     xdb + r + ds, r + 2 * ds, m->D, proj + d, m->d_in_proj, 1, y, threads);
+    } else {
+        const int64_t gds = m->n_group * ds;
+        ss_conv(proj + d, m->d_in_proj, 1, ch, (int)m->d_conv, conv_state, m->conv_wt, m->conv_b, xc);
+        rc = ss_scan(ssm_state, m->n_head, m->head_dim, ds, m->n_group, xc, ch, proj + d + ch, m->n_head, m->dt_b, m->A, 0,
+                     xc + d, ch, xc + d + gds, ch, m->D, proj, m->d_in_proj, 1, y, threads);
+    }
+    if (rc) goto done;
+    const float *mixed = y;
+    if (m->n_norm_rows) { /* rows of d / n_group, each with its group's weight row */
+        const int64_t rows = m->n_norm_rows, n = d / rows;
+        go_rms_norm(y, n, NULL, NULL, rows, n, m->norm_w, rows, m->eps, yn);
+        mixed = yn;
+    }
+    rc = tg_linear_multi(m->out_plan, mixed, 1, act_scratch, out, threads);
+done:
+    free(buf);
+    return rc ? -1 : 0;
 }
