@@ -183,6 +183,7 @@ def _q8_engine(arch, path, monkeypatch, on: str):
     from tallow.spec import spec_from_gguf
 
     monkeypatch.setenv("TALLOW_CPU_C_MIXER", on)
+    monkeypatch.setenv("TALLOW_CPU_C_LAYER", "0")  # falcon-h1: the composed block, whose mixer this tests (tests/test_decode_falcon.py: the whole step)
     switches.refresh()
     if not path.exists():
         # mamba's dt_rank 32, not 4: a Q8_0 row (the twins' ssm_dt is Q5_0; an F32 one keeps the composed mixer)

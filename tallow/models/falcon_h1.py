@@ -8,6 +8,9 @@ both to the residual, then a SwiGLU MLP:
 Falcon-H1's multipliers (attention in/out, key, SSM in/out and per-segment, MLP, embedding,
 LM head) are folded into the weights by llama.cpp's converter, so the graph has none. Every
 layer owns a K/V cache and a recurrent state (memory/recurrent.RecurrentMemory holds both).
+
+On the CPU a one-row decode step runs every block in one C call (kernels/cpu/decode_layer.py, TALLOW_CPU_C_LAYER):
+the same calls as `block` below with its C mixer, so the same bits; `block` runs where it steps aside.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.cpu import c_ssm
+from ..kernels.cpu.decode_layer import DecodeLayers
 from .base import LayerWeights
 from .mamba import MambaModel
 
@@ -23,6 +27,12 @@ class FalconH1Model(MambaModel):
     # Its attention inputs are llama's (Q/K/V split, NEOX RoPE, no Q/K norm): the GPU decode step
     # may run them as the one fused Triton launch (models/step.py); MambaModel has no attention.
     fused_attention_inputs = True
+
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+        super().__init__(gf, spec, linear_mode, device, weight_cache)
+        # The whole decode step in one C call (kernels/cpu/decode_layer.py, TALLOW_CPU_C_LAYER), asked again now
+        # that the C mixers are known (the base asked before MambaModel set them).
+        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     def load_layer(self, i: int) -> LayerWeights:
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors

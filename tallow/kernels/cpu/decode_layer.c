@@ -1,5 +1,5 @@
-/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5), gemma3's or dense Gemma 4's (see
- * dl_decode) in one C call: every layer's
+/* A whole decode step of the llama block (llama, qwen2, qwen3: smollm2, qwen2.5), gemma3's, dense Gemma 4's (see
+ * dl_decode) or Falcon-H1's (the llama block with a Mamba-2 mixer beside the attention) in one C call: every layer's
  * add + RMSNorm, Q/K/V product (+ bias), RoPE, the K/V write into the f16 pool, attention, output
  * product, add + RMSNorm, gate/up product, SwiGLU and down product, for one token or the rows of a
  * speculative verification.
@@ -21,6 +21,9 @@
  *   - K/V: float to f16 rounded to nearest even (tg_f32_to_f16, as torch's .to(float16));
  *   - attention: ta_attend_f16 (decode_attention.c) over keys [max(0, end - window), end), a sliding-window ring's
  *     rows (position p in row p % ring, where the K/V write puts it) in position order;
+ *   - Falcon-H1's mixer (one decode row): ss_mixer_step (ssm_step.c), the call models/falcon_h1.py's block makes, over
+ *     the in-projection's outputs that the Q/K/V product computed beside Q/K/V (the same fused plan), then
+ *     attn_output(...) + mixer(...) as one rounded add per value;
  *   - GeGLU (gemma3): layers.geglu's F.gelu(gate.half(), approximate="tanh") * up: gate rounded to f16, the
  *     GELU of that f16 value read from a table torch computed for all 65536 of them at load, times up;
  *   - gemma3's Q/K norm (one weight row per head) and post-attention / post-feed-forward norms: go_rms_norm
@@ -53,6 +56,8 @@ void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_ou
                  int64_t w_rows, float eps, float *y); /* ggml_ops.c */
 void go_geglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, const float *table, float *y,
               int64_t ys); /* ggml_ops.c: layers.ggml_table_geglu */
+int ss_mixer_step(const void *m, const float *h, const float *proj, float *conv_state, float *ssm_state,
+                  uint8_t *act_scratch, float *out, int threads); /* ssm_step.c (its ss_mixer_t *m) */
 
 /* One layer: its plans and norm weights (held by the Python side), its shape, its RoPE table, its cache rows. */
 typedef struct {
@@ -72,6 +77,11 @@ typedef struct {
     int64_t n_heads, n_kv, head_dim, v_head_dim, rope_dim, ffn;
     int32_t writes_kv; /* 0: Gemma 4's shared-KV layer: Q only, attends over its source layer's cache */
     int32_t v_is_k;    /* V is the K projection before K's norm (Gemma 4 without attn_v) */
+    /* Falcon-H1's Mamba-2 mixer beside the attention (NULL: none): its ss_mixer_t (ssm_step.c), its in-projection's
+     * mixer_in outputs after Q/K/V in the qkv product, its states, its out-projection's activation scratch (bytes) */
+    const void *mixer;
+    float *conv_state, *ssm_state;
+    int64_t mixer_in, mixer_act;
 } dl_layer_t;
 
 typedef struct {
@@ -83,7 +93,7 @@ typedef struct {
     const dl_layer_t *layers;
 } dl_model_t;
 
-int dl_abi_version(void) { return 3; }
+int dl_abi_version(void) { return 4; }
 
 /* ------------------------------------------------------------------ SiLU as torch computes it */
 
@@ -172,7 +182,8 @@ static float *scratch_floats(int64_t n) {
  * left unadded as the composed blocks leave it (the output norm adds it); ple (m, n_layers, ple_dim): Gemma 4's
  * per-layer inputs (models/gemma4.py per_layer_inputs), NULL without. Returns 0 with a delta pending, 1 when
  * the last layer joined it to the stream (Gemma 4's per-layer branch or output scale: delta holds nothing);
- * -1 without torch's exp, -2 when scratch cannot be allocated, -3 when a product refuses.
+ * -1 without torch's exp, -2 when scratch cannot be allocated, -3 when a product refuses, -4 when a layer with a
+ * mixer is given more than one row.
  *
  * Gemma 4's block (models/gemma4.py Gemma4Model.block, in its order): the attention norm; Q/K/V (Q only
  * for a shared-KV layer); Q/K per-head norms, V's weightless norm (V being K's raw projection without
@@ -197,33 +208,35 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
             const int64_t b = plans[i] ? tg_plan_scratch(plans[i], m) : 0;
             if (b > act) act = b; /* the products' quantized activations, in bytes */
         }
-        const int64_t nqk = (L->n_heads + L->n_kv) * L->head_dim, nqkv = nqk + L->n_kv * L->v_head_dim;
+        if (L->mixer && L->mixer_act * m > act) act = L->mixer_act * m;
+        const int64_t nqk = (L->n_heads + L->n_kv) * L->head_dim, nqkv = nqk + L->n_kv * L->v_head_dim + L->mixer_in;
         if (nqk > wq) wq = nqk;
         if (nqkv > wqkv) wqkv = nqkv;
         if (L->n_heads * L->v_head_dim > watt) watt = L->n_heads * L->v_head_dim;
         if (L->ffn > wffn) wffn = L->ffn;
         if (L->n_kv * L->v_head_dim > wv) wv = L->n_kv * L->v_head_dim;
     }
-    const int64_t floats = m * (dim + wqkv + wq + watt + dim + 3 * wffn + wqkv + wv + 2 * pd) + (act + 3) / 4 + 64;
+    const int64_t floats = m * (dim + wqkv + wq + watt + dim + 3 * wffn + wqkv + wv + 2 * pd + dim) + (act + 3) / 4 + 64;
     float *buf = scratch_floats(floats);
     if (!buf) return -2;
     float *h = buf, *qkv = h + m * dim, *qk = qkv + m * wqkv, *att = qk + m * wq, *o = att + m * watt;
     float *gu = o + m * dim, *g = gu + m * 2 * wffn, *normed = g + m * wffn, *vn = normed + m * wqkv;
-    float *pg = vn + m * wv, *pgg = pg + m * pd;
-    uint8_t *xq = (uint8_t *)(pgg + m * pd);
+    float *pg = vn + m * wv, *pgg = pg + m * pd, *mo = pgg + m * pd;
+    uint8_t *xq = (uint8_t *)(mo + m * dim);
     int pending = 0; /* delta holds the previous layer's branch, not yet added */
     for (int64_t l = 0; l < M->n_layers; l++) {
         const dl_layer_t *L = &M->layers[l];
         const int64_t nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim, vhd = L->v_head_dim, ffn = L->ffn;
         const int64_t nrot = L->writes_kv ? nh + nkv : nh;      /* heads normed and rotated */
         const int64_t nqk = nrot * hd;                          /* Q (and K) in the projection */
-        const int64_t nqkv = nqk + (L->writes_kv && !L->v_is_k ? nkv * vhd : 0); /* the projection's width */
+        const int64_t nqkv = nqk + (L->writes_kv && !L->v_is_k ? nkv * vhd : 0); /* Q/K/V's width */
+        const int64_t nrow = nqkv + (L->mixer ? L->mixer_in : 0); /* the product's: Falcon-H1's mixer input after Q/K/V */
         const int64_t rd = L->rope_dim;
         /* x, h = add_norm(x, delta, attn_norm): nothing pending before the first layer or after a joined one */
         go_rms_norm(x, dim, pending ? delta : NULL, pending ? x : NULL, m, dim, L->attn_norm, 1, M->eps, h);
         if (tg_linear_multi(L->qkv, h, m, xq, qkv, nthreads)) return -3;
         for (int64_t r = 0; r < m; r++) {
-            float *row = qkv + r * nqkv, *rot = qk + r * nqk;
+            float *row = qkv + r * nrow, *rot = qk + r * nqk;
             if (L->qkv_bias)
                 for (int64_t i = 0; i < nqkv; i++) row[i] = row[i] + L->qkv_bias[i];
             const float *heads = row;
@@ -254,6 +267,11 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
                 return -2;
         }
         if (tg_linear_multi(L->out, att, m, xq, o, nthreads)) return -3;
+        if (L->mixer) { /* Falcon-H1: attention + mixer on the same normed input (one row: applies() takes no more) */
+            if (m != 1) return -4;
+            if (ss_mixer_step(L->mixer, NULL, qkv + nqkv, L->conv_state, L->ssm_state, xq, mo, nthreads)) return -2;
+            for (int64_t i = 0; i < dim; i++) o[i] = o[i] + mo[i]; /* attn_output(...) + mixer(...) */
+        }
         if (L->post_attn_norm) go_rms_norm(o, dim, NULL, NULL, m, dim, L->post_attn_norm, 1, M->eps, o); /* in place */
         go_rms_norm(x, dim, o, x, m, dim, L->ffn_norm, 1, M->eps, h);
         if (tg_linear_multi(L->gate_up, h, m, xq, gu, nthreads)) return -3;

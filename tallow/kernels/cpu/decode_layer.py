@@ -1,4 +1,4 @@
-"""A CPU decode step of the llama block (llama, qwen2, qwen3), gemma3's or dense Gemma 4's in one C call (decode_layer.c):
+"""A CPU decode step of the llama block (llama, qwen2, qwen3), gemma3's, dense Gemma 4's or Falcon-H1's in one C call (decode_layer.c):
 every layer's norms, products, RoPE, K/V write, attention and GLU back to back, with the composed default
 path's bits; the rows of a speculative verification too, each as its decode step computes it.
 
@@ -15,6 +15,12 @@ found in torch's library, and checks at load that it gives F.silu's bits (`_vexp
 so (another torch build, a CPU without AVX-512) the composed path runs. GeGLU reads torch's fp16 GELU of
 every fp16 value from a table made at load.
 
+Falcon-H1 (session 13): the llama block with each layer's Mamba-2 mixer beside the attention, as models/falcon_h1.py's
+block runs it on one decode row: Q/K/V and the mixer's in-projection in one product, the mixer as one ss_mixer_step
+(c_ssm.MixerStep's, built here over the same plans), attn_output(...) + mixer(...). One decode row only (a verification
+keeps each row's state: the composed block does that), and only where the composed block would take its C mixer
+(TALLOW_CPU_C_MIXER and what it needs), so both paths are the same calls.
+
 Switch (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks.
 """
 
@@ -28,11 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from ... import switches
-from . import ggml_dot
+from . import c_ssm, ggml_dot
 
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
-_ABI = 3
+_ABI = 4
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
 
 
@@ -48,7 +54,9 @@ class _Layer(ctypes.Structure):
                 ("skh", ctypes.c_int64), ("skt", ctypes.c_int64), ("svh", ctypes.c_int64), ("svt", ctypes.c_int64),
                 ("window", ctypes.c_int64), ("ring", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
                 ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
-                ("ffn", ctypes.c_int64), ("writes_kv", ctypes.c_int32), ("v_is_k", ctypes.c_int32)]
+                ("ffn", ctypes.c_int64), ("writes_kv", ctypes.c_int32), ("v_is_k", ctypes.c_int32),
+                ("mixer", ctypes.c_void_p), ("conv_state", ctypes.c_void_p), ("ssm_state", ctypes.c_void_p),
+                ("mixer_in", ctypes.c_int64), ("mixer_act", ctypes.c_int64)]
 
 
 class _Model(ctypes.Structure):
@@ -164,17 +172,21 @@ class DecodeLayers:
     """A model's layers as decode_layer.c reads them: the products' plans, norms and biases (held here so
     their addresses stay valid), and per KV pool the cache rows of every layer."""
 
-    def __init__(self, model, linears: list[tuple], geglu: bool):
+    def __init__(self, model, linears: list[tuple], geglu: bool, mixers: dict | None = None):
         spec = model.spec
         gemma4 = _is_gemma4(model)
         self.plans = []  # ggml_dot._Products: the C plans and the weights they point into
         self.keep = []  # biases made contiguous, the GELU tables, V's norm of ones
         self.layers = (_Layer * len(linears))()
+        self.mixers = mixers or {}  # Falcon-H1: layer index -> c_ssm.MixerStep (its states bound per pool)
         for c, (w, parts) in zip(self.layers, zip(model.layers, linears)):
             layer = spec.layers[w.index]
-            runs = [None if lin is None else ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True)
-                    for lin in parts]
+            runs = [None if lin is None else lin if isinstance(lin, ggml_dot._Products)  # Falcon-H1's Q/K/V + in-projection
+                    else ggml_dot._Products(lin._weights(), lin.in_features, row_invariant=True) for lin in parts]
             self.plans.append(runs)
+            mixer = self.mixers.get(w.index)
+            if mixer is not None:
+                c.mixer, c.mixer_in, c.mixer_act = mixer.addr, mixer.s.d_in_proj, mixer.act_bytes
             c.qkv, c.out, c.gate_up, c.down, c.ple_gate, c.ple_proj = (r and r.addr for r in runs)
             c.attn_norm, c.ffn_norm = w.attn_norm.data_ptr(), w.ffn_norm.data_ptr()
             for field, name in (("qk_norm", "attn_qk_norm"), ("post_attn_norm", "post_attention_norm"),
@@ -187,7 +199,7 @@ class DecodeLayers:
                     t = t.contiguous()
                     self.keep.append(t)
                     setattr(c, field, t.data_ptr())
-            if parts[0].bias is not None:
+            if getattr(parts[0], "bias", None) is not None:
                 bias = parts[0].bias.float().contiguous()
                 self.keep.append(bias)
                 c.qkv_bias = bias.data_ptr()
@@ -233,6 +245,7 @@ class DecodeLayers:
         """The C step for a model whose every layer decode_layer.c computes: the llama block (llama, qwen2,
         qwen3), gemma3's or dense Gemma 4's, unchanged; all products in the C kernel; the default numerics;
         else None."""
+        from ...models.falcon_h1 import FalconH1Model
         from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
         from ...numerics import ggml_enabled
@@ -243,8 +256,11 @@ class DecodeLayers:
         llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
         gemma3 = kind.block is Gemma3Model.block
         gemma4 = _is_gemma4(model)
-        if not (llama or gemma3 or gemma4):
+        falcon = kind.block is FalconH1Model.block and kind.mixer is FalconH1Model.mixer
+        if not (llama or gemma3 or gemma4 or falcon):
             return None
+        if falcon:
+            return cls._for_falcon(model)
         spec = model.spec
         if spec.attn_logit_softcap is not None or any(l.n_heads % l.n_kv_heads for l in spec.layers):
             return None
@@ -280,6 +296,33 @@ class DecodeLayers:
             return None
         return cls(model, linears, geglu=gemma3 or gemma4)
 
+    @classmethod
+    def _for_falcon(cls, model) -> "DecodeLayers | None":
+        """Falcon-H1 where every layer is the hybrid block with its products in the C kernel (no biases), the
+        mixer one c_ssm.MixerStep takes (Mamba-2), and the composed block would run its C mixer; else None."""
+        from ...memory.recurrent import RecurrentState
+        from . import c_ssm
+
+        spec, ssm = model.spec, model.spec.ssm
+        if (getattr(model, "c_mixers", None) is None or ssm is None or ssm.version != 2 or set(ssm.layers) != set(range(len(model.layers)))
+                or spec.attn_logit_softcap is not None or any(l.n_heads % l.n_kv_heads or not l.owns_kv for l in spec.layers)):
+            return None
+        states = RecurrentState(spec)  # shapes for the build; each pool's own states are bound in _bind
+        linears, mixers = [], {}
+        for w in model.layers:
+            fused = c_ssm.products([w.attn_qkv, w.ssm_in])  # the composed block's plan (models/falcon_h1.py)
+            parts = [_c_product(w.get(n)) for n in ("attn_output", "ffn_gate_up", "ffn_down")]
+            if fused is None or any(p is None or p.bias is not None for p in parts):
+                return None
+            if any(t.dtype != torch.float32 for t in (w.attn_norm, w.ffn_norm)):
+                return None
+            mixer = c_ssm.MixerStep.build(w, ssm, spec.norm_eps, states.conv[w.index], states.scan[w.index], fused)
+            if mixer is None:
+                return None
+            mixers[w.index] = mixer
+            linears.append((fused, *parts, None, None))
+        return cls(model, linears, geglu=False, mixers=mixers)
+
     def _bind(self, kv) -> bool:
         """Point every layer at kv's cache rows (a shared-KV layer at its source's, a ring layer with its
         ring's length); False where the pool is not one decode_layer.c writes (quantized, f32/bf16)."""
@@ -291,6 +334,15 @@ class DecodeLayers:
             c.k, c.v = k.data_ptr(), v.data_ptr()
             c.skh, c.skt, c.svh, c.svt = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
             c.ring = k.shape[1] if kv.is_ring(i) else 0
+        if self.mixers:  # Falcon-H1: each layer's conv and SSM states, contiguous float32 (memory/recurrent.py)
+            state = getattr(kv, "state", None)
+            if state is None:
+                return False
+            for i, mixer in self.mixers.items():
+                conv, scan = state.conv.get(i), state.scan.get(i)
+                if conv is None or scan is None or not c_ssm.fits(conv, scan) or not (conv.is_contiguous() and scan.is_contiguous()):
+                    return False
+                self.layers[i].conv_state, self.layers[i].ssm_state = conv.data_ptr(), scan.data_ptr()
         owners = [c.k for c in self.layers if c.writes_kv]
         if len(set(owners)) != len(owners):  # two layers writing one cache
             return False
@@ -311,6 +363,9 @@ class DecodeLayers:
         if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
                 and fast_paths_enabled() and c_attention_enabled()):
             return False
+        if self.mixers and (m != 1 or kv.keeping_rows or step.scratch.get("n_valid") is not None
+                            or not (c_ssm.usable() and c_ssm.mixer_on())):
+            return False  # Falcon-H1: one decode row, where the composed block takes its C mixer
         bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
         return bound or self._bind(kv)
 
@@ -337,7 +392,7 @@ class DecodeLayers:
             ple = per_layer.data_ptr()
         delta = torch.empty_like(x)
         rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), ple, m, start, max(1, torch.get_num_threads()))
-        if rc not in (0, 1) or rc != (0 if self.pending else 1):
+        if rc not in (0, 1) or rc != (0 if self.pending else 1):  # (-4: a mixer given rows; applies() prevents it)
             raise RuntimeError(f"the C decode step failed ({rc})")
         kv.mark_written(start + m - 1)
         return x, delta if self.pending else None
