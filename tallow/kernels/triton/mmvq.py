@@ -83,23 +83,8 @@ def _roundf(v):
 
 
 @triton.jit
-def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, stride_xm, stride_am, stride_sm, eps,
-                 BLK: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr,
-                 NV_ORDER: tl.constexpr = False):
-    # PRO: quant_gemv's prologue codes (0 x as given, 1/2 RMSNorm with/without the residual add,
-    # 3/4 SwiGLU/GeGLU of x's two halves): the op before the product, applied as x is loaded.
-    # A norm needs the whole row's 1/RMS: every program of the row computes it (the row is a
-    # few KB, in L2), and the row's first program writes the residual sum.
-    m = tl.program_id(0)
-    blk = tl.program_id(1) * BLK + tl.arange(0, BLK)
-    j = tl.arange(0, 32)
-    nblk = K // 32
-    ok = blk < nblk
-    pdl.wait(PDL)
-    x_row = x_ptr + m * stride_xm
-    rstd = _prologue(x_row, a_ptr + m * stride_am, s_ptr + m * stride_sm, K, eps, tl.program_id(1) == 0,
-                     PRO, WRITE_SUM)
-    v = _x(x_row, a_ptr + m * stride_am, w_ptr, blk[:, None] * 32 + j[None, :], ok[:, None], rstd, K, PRO)
+def _store_q8_1(v, m, blk, j, ok, K, nblk, q_ptr, d_ptr, sb_ptr, i_ptr, BLK: tl.constexpr, NV_ORDER: tl.constexpr):
+    """Row m's blocks blk of v (BLK, 32) as Q8_1: codes, scales, block sums and the codes' half-block sums."""
     amax = tl.max(tl.abs(v), axis=1)
     # the warp's xor butterfly: lane i + lane i^16, then ^8, ^4, ^2, ^1 (each a two-term sum)
     s = tl.sum(tl.reshape(v, (BLK, 2, 16)), axis=1)
@@ -122,6 +107,27 @@ def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, str
     isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
     h = tl.arange(0, 2)
     tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
+
+
+@triton.jit
+def _q8_1_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K, stride_xm, stride_am, stride_sm, eps,
+                 BLK: tl.constexpr, PRO: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr,
+                 NV_ORDER: tl.constexpr = False):
+    # PRO: quant_gemv's prologue codes (0 x as given, 1/2 RMSNorm with/without the residual add,
+    # 3/4 SwiGLU/GeGLU of x's two halves): the op before the product, applied as x is loaded.
+    # A norm needs the whole row's 1/RMS: every program of the row computes it (the row is a
+    # few KB, in L2), and the row's first program writes the residual sum.
+    m = tl.program_id(0)
+    blk = tl.program_id(1) * BLK + tl.arange(0, BLK)
+    j = tl.arange(0, 32)
+    nblk = K // 32
+    ok = blk < nblk
+    pdl.wait(PDL)
+    x_row = x_ptr + m * stride_xm
+    rstd = _prologue(x_row, a_ptr + m * stride_am, s_ptr + m * stride_sm, K, eps, tl.program_id(1) == 0,
+                     PRO, WRITE_SUM)
+    v = _x(x_row, a_ptr + m * stride_am, w_ptr, blk[:, None] * 32 + j[None, :], ok[:, None], rstd, K, PRO)
+    _store_q8_1(v, m, blk, j, ok, K, nblk, q_ptr, d_ptr, sb_ptr, i_ptr, BLK, NV_ORDER)
 
 
 @triton.jit
@@ -158,27 +164,7 @@ def _q8_1_norm_kernel(x_ptr, a_ptr, w_ptr, s_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, K
     else:
         rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, axis=1), axis=0) / K + eps)
     v = (v * rstd) * w  # rmsnorm.py's order: the normed value times the weight
-    amax = tl.max(tl.abs(v), axis=1)
-    # the warp's xor butterfly, as _q8_1_kernel
-    s = tl.sum(tl.reshape(v, (BLK, 2, 16)), axis=1)
-    s = tl.sum(tl.reshape(s, (BLK, 2, 8)), axis=1)
-    s = tl.sum(tl.reshape(s, (BLK, 2, 4)), axis=1)
-    s = tl.sum(tl.reshape(s, (BLK, 2, 2)), axis=1)
-    s = tl.sum(tl.reshape(s, (BLK, 2, 1)), axis=1)
-    s = tl.reshape(s, (BLK,))
-    d = tl.math.div_rn(amax, tl.full((BLK,), 127.0, tl.float32))
-    safe = tl.where(amax == 0.0, 1.0, d)
-    q = tl.where(amax[:, None] == 0.0, 0, _roundf(tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (BLK, 32)))))
-    if NV_ORDER:
-        pos = (j % 8) * 2 + (j % 16) // 8 + (j // 16) * 16
-    else:
-        pos = j
-    tl.store(q_ptr + m * K + blk[:, None] * 32 + pos[None, :], q.to(tl.int8), mask=ok[:, None])
-    tl.store(d_ptr + m * nblk + blk, d.to(tl.float16), mask=ok)
-    tl.store(sb_ptr + m * nblk + blk, s.to(tl.float16), mask=ok)
-    isum = tl.sum(tl.reshape(q, (BLK, 2, 16)), axis=2)  # (BLK, 2)
-    h = tl.arange(0, 2)
-    tl.store(i_ptr + m * (K // 16) + blk[:, None] * 2 + h[None, :], isum, mask=ok[:, None])
+    _store_q8_1(v, m, blk, j, ok, K, nblk, q_ptr, d_ptr, sb_ptr, i_ptr, BLK, NV_ORDER)
 
 
 NORM_ONE_PASS_MAX = 8192  # row elements loaded at once by _q8_1_norm_kernel (rmsnorm.py's ONE_PASS_MAX)
