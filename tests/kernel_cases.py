@@ -791,6 +791,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_dot:wanted", "tallow.kernels.cpu.ggml_dot:available", "tallow.kernels.cpu.ggml_dot:usable", "tallow.kernels.cpu.ggml_dot:unavailable_reason",
     "tallow.kernels.cpu.ggml_dot:simd", "tallow.kernels.cpu.ggml_dot:set_simd", "tallow.kernels.cpu.ggml_dot:status",
     "tallow.kernels.cpu.ggml_dot:in_use_status", "tallow.kernels.cpu.ggml_dot:bound",  # the library for one C file
+    "tallow.kernels.cpu.ggml_dot:products_of",  # a layer's cached C plan (a container; the products are tested through the layers)
     "tallow.kernels.cpu.decode_layer:usable", "tallow.kernels.cpu.decode_layer:unavailable_reason",
     "tallow.kernels.cpu.decode_layer:silu_rows_match",  # when torch's SiLU splits rows as the C step does (a rule)
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting

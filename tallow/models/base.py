@@ -6,6 +6,8 @@ which tensors it needs (`load_layer`); how a matrix product runs is the kernels'
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +78,13 @@ class DecoderModel:
                 table.to(self.device)
         self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
         self.backends = backends_for(self)  # RoPE, K/V writes and attention per regime (models/step.py)
-        # The whole decode step in one C call where the family's blocks are the ones it computes (the
-        # llama block: kernels/cpu/decode_layer.py); None elsewhere.
-        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
+
+    @functools.cached_property
+    def c_decode(self) -> DecodeLayers | None:
+        """The whole decode step in one C call where the family's blocks are the ones it computes
+        (kernels/cpu/decode_layer.py); None elsewhere. Asked at the first step, once every family's
+        constructor has set what it looks at (Gemma 4's V norm row, Falcon-H1's C mixers)."""
+        return None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     # -- loading helpers -------------------------------------------------------------------
     def _tensor(self, name: str):

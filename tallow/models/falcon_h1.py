@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from ..kernels.cpu import c_ssm
-from ..kernels.cpu.decode_layer import DecodeLayers
 from .base import LayerWeights
 from .mamba import MambaModel
 
@@ -27,12 +26,6 @@ class FalconH1Model(MambaModel):
     # Its attention inputs are llama's (Q/K/V split, NEOX RoPE, no Q/K norm): the GPU decode step
     # may run them as the one fused Triton launch (models/step.py); MambaModel has no attention.
     fused_attention_inputs = True
-
-    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
-        super().__init__(gf, spec, linear_mode, device, weight_cache)
-        # The whole decode step in one C call (kernels/cpu/decode_layer.py, TALLOW_CPU_C_LAYER), asked again now
-        # that the C mixers are known (the base asked before MambaModel set them).
-        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     def load_layer(self, i: int) -> LayerWeights:
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors

@@ -21,7 +21,6 @@ import math
 import torch
 
 from ..families.tensors import PER_LAYER_TOKEN_EMBD
-from ..kernels.cpu.decode_layer import DecodeLayers
 from ..layers import ggml_table_geglu, rms_norm
 from ..memory.kv_pool import KVPool
 from .base import DecoderModel, LayerWeights
@@ -52,9 +51,6 @@ class Gemma4Model(DecoderModel):
         self.v_norm_ones = {}
         for layer in spec.layers:
             self.v_norm_ones.setdefault(layer.v_head_dim, torch.ones(layer.v_head_dim, device=self.device))
-        # The whole decode step in one C call (kernels/cpu/decode_layer.py), once V's norm exists (the base
-        # class's attempt, made before it, declines).
-        self.c_decode = None if self.place.on_gpu else DecodeLayers.for_model(self)
 
     def _shape_error(self, t, expected):
         from ..errors import ModelFileError

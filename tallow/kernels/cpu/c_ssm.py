@@ -123,16 +123,12 @@ def products(layer, bias_ok: bool = False):
         return None
     if not bias_ok and any(x.bias is not None for x in layers):
         return None
+    if len(layers) == 1:
+        return ggml_dot.products_of(layers[0])  # the plan the layer's own calls use
     from ...numerics import ggml_enabled
 
-    key = layers[0] if len(layers) == 1 else None
-    run = ggml_dot._products.get(key) if key is not None else None
-    if run is None:
-        run = ggml_dot._Products([wt for x in layers for wt in x._weights()], layers[0].in_features,
-                                 row_invariant=not ggml_enabled())
-        if key is not None:
-            ggml_dot._products[key] = run
-    return run
+    return ggml_dot._Products([wt for x in layers for wt in x._weights()], layers[0].in_features,
+                              row_invariant=not ggml_enabled())
 
 
 class MixerStep:

@@ -264,8 +264,8 @@ class DecodeLayers:
         spec = model.spec
         if spec.attn_logit_softcap is not None or any(l.n_heads % l.n_kv_heads for l in spec.layers):
             return None
-        if gemma4 and (model.ops.fused_step or getattr(model, "v_norm_ones", None) is None):
-            return None  # (Gemma4Model asks again once its V norm exists)
+        if gemma4 and model.ops.fused_step:
+            return None
         linears = []
         for w in model.layers:
             layer = spec.layers[w.index]
@@ -392,7 +392,7 @@ class DecodeLayers:
             ple = per_layer.data_ptr()
         delta = torch.empty_like(x)
         rc = _state["lib"].dl_decode(self.addr, x.data_ptr(), delta.data_ptr(), ple, m, start, max(1, torch.get_num_threads()))
-        if rc not in (0, 1) or rc != (0 if self.pending else 1):  # (-4: a mixer given rows; applies() prevents it)
+        if rc != (0 if self.pending else 1):  # (-4: a mixer given rows; applies() prevents it)
             raise RuntimeError(f"the C decode step failed ({rc})")
         kv.mark_written(start + m - 1)
         return x, delta if self.pending else None

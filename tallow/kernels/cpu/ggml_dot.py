@@ -254,14 +254,19 @@ class _Products:
 _products: "weakref.WeakKeyDictionary[Linear, _Products]" = weakref.WeakKeyDictionary()
 
 
-def _in_c(layer, x2: torch.Tensor) -> torch.Tensor:
-    """x2 (M, K) @ the layer's weights (`layer._weights()`, side by side) in one C call."""
+def products_of(layer) -> _Products:
+    """The C plan of a layer's weights (`layer._weights()`, side by side), built at its first use and kept."""
     run = _products.get(layer)
     if run is None:
         from ...numerics import ggml_enabled
 
         run = _products[layer] = _Products(layer._weights(), layer.in_features, row_invariant=not ggml_enabled())
-    return run(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
+    return run
+
+
+def _in_c(layer, x2: torch.Tensor) -> torch.Tensor:
+    """x2 (M, K) @ the layer's weights in one C call."""
+    return products_of(layer)(x2 if x2.dtype == torch.float32 and x2.is_contiguous() else x2.float().contiguous())
 
 
 def _falls_back(layer, rows: int) -> bool:
