@@ -1,4 +1,4 @@
-"""The optional C kernel (tallow/kernels/cpu/ggml_dot.c, decode_attention.c, ggml_ops.c, decode_layer.c, ssm_step.c): everything else is in pyproject.toml.
+"""The optional C kernel (tallow/kernels/cpu/ggml_dot.c, decode_attention.c, ggml_ops.c, decode_layer.c, ssm_step.c, ggml_gemm.c): everything else is in pyproject.toml.
 
 A failed build never fails the install: without OpenMP the library is built single-threaded,
 without a C compiler it is skipped, and tallow runs its torch paths (`tallow info` says which).
@@ -37,7 +37,8 @@ setup(
     ext_modules=[Extension(
         "tallow.kernels.cpu._ggml_dot",
         sources=["tallow/kernels/cpu/ggml_dot.c", "tallow/kernels/cpu/decode_attention.c",
-                 "tallow/kernels/cpu/ggml_ops.c", "tallow/kernels/cpu/decode_layer.c", "tallow/kernels/cpu/ssm_step.c"],
+                 "tallow/kernels/cpu/ggml_ops.c", "tallow/kernels/cpu/decode_layer.c", "tallow/kernels/cpu/ssm_step.c",
+                 "tallow/kernels/cpu/ggml_gemm.c"],
         depends=["tallow/kernels/cpu/ggml_dot.h", "tallow/kernels/cpu/ggml_math.h"],
         extra_compile_args=["-O2", "-ffp-contract=off", "-fno-math-errno", *OPENMP] if unix else [],
         extra_link_args=list(OPENMP) if unix else [],

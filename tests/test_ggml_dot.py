@@ -286,6 +286,7 @@ def test_group_equals_its_parts(types, monkeypatch):
     from tallow.kernels.cpu.linear import make_linear
 
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    monkeypatch.setenv("TALLOW_CPU_GEMM", "0")  # every part with its torch layer (test_ggml_gemm.py: without)
     switches.refresh()
     k = 512
     parts, raws = [], []

@@ -21,6 +21,19 @@ typedef struct {
 
 int64_t tg_plan_scratch(const tg_plan_t *p, int64_t m);
 int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scratch, float *y, int nthreads);
+
+/* ggml_gemm.c: the prefill product over a register tile of activation rows x weight rows, each output in the
+ * row kernel's (vec_dot's) order. One part: a weight (type, rows) and its quantized activations (m rows of
+ * xq_stride bytes); y[i * y_stride + col + r]. tg_gemm_takes: whether it runs a type (and is switched on). */
+typedef struct {
+    int64_t type;
+    const uint8_t *w;
+    int64_t row_bytes, n;
+    const uint8_t *xq;
+    int64_t xq_stride, col;
+} tg_gemm_part_t;
+int tg_gemm_takes(int type);
+int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, float *y, int64_t y_stride, int nthreads);
 float tg_f16_to_f32(uint16_t h);
 uint16_t tg_f32_to_f16(float f); /* round to nearest even, as vcvtps2ph */
 int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k, const uint16_t *v,

@@ -90,6 +90,8 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_set_prefetch.argtypes = [i64]
     lib.tg_set_prefetch.restype = i64
     lib.tg_act_row_bytes.argtypes = [i32, i64]
+    lib.tg_set_gemm.argtypes = [i32]
+    lib.tg_gemm_takes.argtypes = [i32]
     for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
     _lib, _reason = lib, ""
@@ -208,6 +210,18 @@ def linear(w: torch.Tensor, qtype: QT, x: torch.Tensor) -> torch.Tensor:
     (_lib or _load()).tg_linear(int(qtype), w.data_ptr(), w.stride(0), w.shape[0], k, x.data_ptr(), m,
                                 _scratch(m * _act_row_bytes(qtype, k)), y.data_ptr(), _threads())
     return y
+
+
+def gemm(on: bool | None = None) -> bool:
+    """Whether products of more than MAX_ROWS rows take ggml_gemm.c's register-tiled product (the same bits
+    as the row kernel); with `on`, set it (returns the previous value). For tests and measurements."""
+    return bool((_lib or _load()).tg_set_gemm(-1 if on is None else int(on)))
+
+
+def gemm_takes(qtype: QT) -> bool:
+    """Whether the tiled prefill product runs this weight type (Q4_K, Q6_K)."""
+    lib = _load()
+    return bool(lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
 
 
 def parallel_min_bytes(nbytes: int | None = None) -> int:

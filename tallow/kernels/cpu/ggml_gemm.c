@@ -1,0 +1,304 @@
+/* Prefill products of Q4_K and Q6_K weights (many activation rows x many weight rows) in llama.cpp's
+ * prompt arithmetic, with AVX-512 VNNI over a register tile.
+ *
+ * What it computes: each output exactly as ggml_dot.c's tiled row functions (dot_q4_k_tiled_*,
+ * dot_q6_k_tiled_*), i.e. as llama.cpp b11434's tiled K-quant product (ggml-cpu/tiled), which
+ * ggml_mul_mat takes for 8 or more activation rows: per super-block one exact integer s (Q4_K also the
+ * mins' integer m), res = s * d (Q4_K: fma(-dmin, m, s * d)), acc = fma(res, dx, acc) super-block by
+ * super-block. That order depends on nothing but the output itself, so a row gets the same bits in a
+ * chunk of any length above 8 rows (engine/prefill_plan.py's row invariance).
+ *
+ * Why this order and not the decode rows' (vec_dot's eight float lanes): vec_dot needs each 4-value
+ * partial sum scaled on its own, two instructions per 64 products (measured: ~41 products a cycle a
+ * core at best, no faster than the bf16 path it would replace; docs/performance.md, session 14). With one
+ * integer per super-block the 32-value block sums can be formed whole and scaled once: here the 16 int32
+ * lanes of a register are 16 weight rows, dpbusd adds 4 products of one row per lane, eight of them make
+ * each lane's 32-value block sum, and one multiply by the 16 rows' block scales applies them (64 products
+ * per dpbusd, one scaling per 512).
+ *
+ * Layout: a panel of 16 weight rows is unpacked once per product into bytes (per 4-value unit of the
+ * super-block, the 16 rows' 4 codes side by side: one 64-byte load), with the scales as int32 lanes; each
+ * activation unit is one 32-bit broadcast. Q4_K's codes are unsigned (0..15) against the signed Q8_K
+ * codes; Q6_K's are signed (code - 32), so its activations are offset to unsigned (x + 128) and the
+ * offset's share, -128 * sum(scale * block's code sum), is each row's starting value.
+ *
+ * Threads: OpenMP over the panels (16-row groups) of every part, static split.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ggml_dot.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { G_Q4_K = 12, G_Q6_K = 14 };
+#define QKK 256
+#define Q8K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
+#define PANEL 16      /* weight rows per panel: the int32 lanes of a register */
+#define TILE 6        /* activation rows per register tile: 4 registers each (two block sums, s, acc) */
+
+static int g_gemm = 1; /* 0: tg_linear_multi keeps the row functions at every row count (tests, A/B) */
+
+int tg_set_gemm(int on) {
+    int old = g_gemm;
+    if (on >= 0) g_gemm = on;
+    return old;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define UNROLL _Pragma("GCC unroll 8") /* registers, not arrays on the stack */
+
+int tg_gemm_takes(int type) { return g_gemm && (type == G_Q4_K || type == G_Q6_K); }
+
+/* One super-block of a 16-row panel. */
+typedef struct {
+    int32_t codes[64][PANEL]; /* 4-value unit u (values 4u..4u+3) of each row: 4 code bytes */
+    int32_t sc[16][PANEL];    /* Q4_K: the 8 block scales (rows 0..7 used); Q6_K: the 16 sub-block scales */
+    int32_t mn[4][PANEL];     /* Q4_K: the mins of blocks 2k, 2k+1 as two int16 */
+    int32_t start[PANEL];     /* Q6_K: -128 * sum over sub-blocks of scale * code sum; Q4_K: 0 */
+    float d[PANEL], ndmin[PANEL];
+} panel_t;
+
+TGT static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* one weight row's super-block b as 256 code bytes in value order, into the panel's lane c */
+TGT static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
+    uint8_t v[QKK];
+    if (type == G_Q4_K) { /* 144 bytes: d, dmin, scales[12], qs[128] (32 bytes: block 2j low nibbles, 2j+1 high) */
+        const __m256i m4 = _mm256_set1_epi8(15);
+        for (int j = 0; j < 4; j++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 16 + 32 * j));
+            _mm256_storeu_si256((__m256i *)(v + 64 * j), _mm256_and_si256(raw, m4));
+            _mm256_storeu_si256((__m256i *)(v + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+        }
+        for (int j = 0; j < 4; j++) {
+            const int sc0 = q[4 + j] & 63, mn0 = q[8 + j] & 63;
+            const int sc1 = (q[12 + j] & 15) | ((q[4 + j] >> 6) << 4), mn1 = (q[12 + j] >> 4) | ((q[8 + j] >> 6) << 4);
+            out->sc[j][c] = sc0;
+            out->sc[j + 4][c] = sc1;
+            ((int16_t *)&out->mn[j / 2][c])[j & 1] = (int16_t)mn0;
+            ((int16_t *)&out->mn[2 + j / 2][c])[j & 1] = (int16_t)mn1;
+        }
+        out->start[c] = 0;
+        out->d[c] = h2f(q);
+        out->ndmin[c] = -h2f(q + 2);
+    } else { /* 210 bytes: ql[128], qh[64], scales[16] (int8), d; codes stored signed (value - 32) */
+        const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+        for (int j = 0; j < 2; j++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(q + 64 * j));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32));
+            const __m256i hh = _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * j));
+            const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int s = 0; s < 4; s++) {
+                const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2 * s), m3), 4);
+                _mm256_storeu_si256((__m256i *)(v + 128 * j + 32 * s), _mm256_sub_epi8(_mm256_or_si256(lo[s], hi), off));
+            }
+        }
+        const int8_t *sc = (const int8_t *)(q + 192);
+        int32_t start = 0;
+        for (int k = 0; k < 16; k++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += (int8_t)v[16 * k + i];
+            out->sc[k][c] = sc[k];
+            start += sc[k] * sum;
+        }
+        out->start[c] = -128 * start;
+        out->d[c] = h2f(q + 208);
+        out->ndmin[c] = 0.0f;
+    }
+    for (int u = 0; u < 64; u++) memcpy(&out->codes[u][c], v + 4 * u, 4);
+}
+
+/* TILE activation rows x the panel's 16 rows over nsb super-blocks. Q4_K: x[i] the Q8_K rows, b8[i] their
+ * 32-value block sums as int16 pairs; Q6_K: x[i] the codes + 128 (256 bytes a super-block), dx[i] the
+ * Q8_K rows (for d). acc[i]: the 16 outputs of row i. */
+TGT static inline __attribute__((always_inline)) void tile(const int type, const panel_t *pan, int64_t nsb,
+                                                           const uint8_t *const x[TILE], const int32_t *const b8[TILE],
+                                                           const uint8_t *const dx[TILE], __m512 acc[TILE]) {
+    const int xstride = type == G_Q4_K ? Q8K_BYTES : QKK, xoff = type == G_Q4_K ? 4 : 0;
+    UNROLL for (int i = 0; i < TILE; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++, pan++) {
+        __m512i s[TILE];
+        const __m512i start = _mm512_loadu_si512(pan->start);
+        UNROLL for (int i = 0; i < TILE; i++) s[i] = start;
+        for (int j = 0; j < 8; j++) { /* 32-value blocks; Q6_K's sub-blocks 2j (units 0..3) and 2j+1 (4..7) */
+            __m512i a0[TILE], a1[TILE];
+            UNROLL for (int i = 0; i < TILE; i++) a0[i] = a1[i] = _mm512_setzero_si512();
+            UNROLL for (int u = 0; u < 4; u++) {
+                const __m512i w0 = _mm512_loadu_si512(pan->codes[8 * j + u]), w1 = _mm512_loadu_si512(pan->codes[8 * j + 4 + u]);
+                UNROLL for (int i = 0; i < TILE; i++) {
+                    const uint8_t *p = x[i] + b * xstride + xoff + 32 * j + 4 * u;
+                    int32_t x0, x1;
+                    memcpy(&x0, p, 4);
+                    memcpy(&x1, p + 16, 4);
+                    if (type == G_Q4_K) { /* unsigned weight codes x signed activations */
+                        a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(x0));
+                        a1[i] = _mm512_dpbusd_epi32(a1[i], w1, _mm512_set1_epi32(x1));
+                    } else { /* unsigned activations (x + 128) x signed weight codes */
+                        a0[i] = _mm512_dpbusd_epi32(a0[i], _mm512_set1_epi32(x0), w0);
+                        a1[i] = _mm512_dpbusd_epi32(a1[i], _mm512_set1_epi32(x1), w1);
+                    }
+                }
+            }
+            if (type == G_Q4_K) {
+                const __m512i sc = _mm512_loadu_si512(pan->sc[j]);
+                UNROLL for (int i = 0; i < TILE; i++) s[i] = _mm512_add_epi32(s[i], _mm512_mullo_epi32(_mm512_add_epi32(a0[i], a1[i]), sc));
+            } else {
+                const __m512i sc0 = _mm512_loadu_si512(pan->sc[2 * j]), sc1 = _mm512_loadu_si512(pan->sc[2 * j + 1]);
+                UNROLL for (int i = 0; i < TILE; i++)
+                    s[i] = _mm512_add_epi32(s[i], _mm512_add_epi32(_mm512_mullo_epi32(a0[i], sc0), _mm512_mullo_epi32(a1[i], sc1)));
+            }
+        }
+        const __m512 d = _mm512_loadu_ps(pan->d);
+        if (type == G_Q4_K) {
+            const __m512 nd = _mm512_loadu_ps(pan->ndmin);
+            const __m512i mn0 = _mm512_loadu_si512(pan->mn[0]), mn1 = _mm512_loadu_si512(pan->mn[1]);
+            const __m512i mn2 = _mm512_loadu_si512(pan->mn[2]), mn3 = _mm512_loadu_si512(pan->mn[3]);
+            UNROLL for (int i = 0; i < TILE; i++) {
+                const int32_t *bp = b8[i] + 4 * b;
+                __m512i m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn0, _mm512_set1_epi32(bp[0]));
+                m = _mm512_dpwssd_epi32(m, mn1, _mm512_set1_epi32(bp[1]));
+                m = _mm512_dpwssd_epi32(m, mn2, _mm512_set1_epi32(bp[2]));
+                m = _mm512_dpwssd_epi32(m, mn3, _mm512_set1_epi32(bp[3]));
+                float dxs;
+                memcpy(&dxs, x[i] + b * Q8K_BYTES, 4);
+                const __m512 res = _mm512_fmadd_ps(nd, _mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_cvtepi32_ps(s[i]), d));
+                acc[i] = _mm512_fmadd_ps(res, _mm512_set1_ps(dxs), acc[i]);
+            }
+        } else {
+            UNROLL for (int i = 0; i < TILE; i++) {
+                float dxs;
+                memcpy(&dxs, dx[i] + b * Q8K_BYTES, 4);
+                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[i]), d), _mm512_set1_ps(dxs), acc[i]);
+            }
+        }
+    }
+}
+
+TGT static void tile_q4_k(const panel_t *pan, int64_t nsb, const uint8_t *const x[TILE], const int32_t *const b8[TILE],
+                          const uint8_t *const dx[TILE], __m512 acc[TILE]) {
+    tile(G_Q4_K, pan, nsb, x, b8, dx, acc);
+}
+
+TGT static void tile_q6_k(const panel_t *pan, int64_t nsb, const uint8_t *const x[TILE], const int32_t *const b8[TILE],
+                          const uint8_t *const dx[TILE], __m512 acc[TILE]) {
+    tile(G_Q6_K, pan, nsb, x, b8, dx, acc);
+}
+
+/* the activations in the layouts the tiles read: Q4_K's 32-value block sums (from Q8_K's 16-value sums) as
+ * int16 pairs, Q6_K's codes + 128 */
+static void prep_q4_k_sums(const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nsb, int32_t *out) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < nsb; b++) {
+            int16_t bs[16], s8[8];
+            memcpy(bs, xq + i * xq_stride + b * Q8K_BYTES + 4 + QKK, sizeof bs);
+            for (int j = 0; j < 8; j++) s8[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+            memcpy(out + (i * nsb + b) * 4, s8, sizeof s8);
+        }
+}
+
+static void prep_q6_k_codes(const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nsb, uint8_t *out) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < nsb; b++) {
+            const uint8_t *q = xq + i * xq_stride + b * Q8K_BYTES + 4;
+            uint8_t *o = out + (i * nsb + b) * QKK;
+            for (int t = 0; t < QKK; t++) o[t] = q[t] ^ 0x80; /* int8 x -> x + 128 as uint8 */
+        }
+}
+
+/* all activation rows against weight rows [c0, c0 + 16) of one part (fewer at its end: the last repeated) */
+TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m, const int32_t *sums, const uint8_t *codes,
+                          panel_t *pan, float *y, int64_t y_stride) {
+    const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
+    for (int c = 0; c < PANEL; c++) {
+        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
+        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
+    }
+    const __mmask16 keep = (__mmask16)((1u << nc) - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += TILE) {
+        const uint8_t *x[TILE], *dx[TILE];
+        const int32_t *b8[TILE];
+        for (int i = 0; i < TILE; i++) {
+            const int64_t row = i0 + i < m ? i0 + i : m - 1;
+            dx[i] = pt->xq + row * pt->xq_stride;
+            x[i] = pt->type == G_Q4_K ? dx[i] : codes + row * nsb * QKK;
+            b8[i] = sums ? sums + row * nsb * 4 : 0;
+        }
+        __m512 acc[TILE];
+        if (pt->type == G_Q4_K) tile_q4_k(pan, nsb, x, b8, dx, acc);
+        else tile_q6_k(pan, nsb, x, b8, dx, acc);
+        for (int i = 0; i < TILE && i0 + i < m; i++) _mm512_mask_storeu_ps(y + (i0 + i) * y_stride + pt->col + c0, keep, acc[i]);
+    }
+}
+
+int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, float *y, int64_t y_stride, int nthreads) {
+    if (k % QKK || nparts < 1 || nparts > TG_MAX_PARTS) return -1;
+    const int64_t nsb = k / QKK;
+    int32_t *sums[TG_MAX_PARTS] = {0};
+    uint8_t *codes[TG_MAX_PARTS] = {0};
+    int64_t panels[TG_MAX_PARTS + 1];
+    panels[0] = 0;
+    int failed = 0;
+    for (int i = 0; i < nparts && !failed; i++) { /* parts that share activations share their layouts */
+        if (!tg_gemm_takes((int)parts[i].type)) return -1;
+        panels[i + 1] = panels[i] + (parts[i].n + PANEL - 1) / PANEL;
+        for (int e = 0; e < i; e++)
+            if (parts[e].xq == parts[i].xq && parts[e].type == parts[i].type) sums[i] = sums[e], codes[i] = codes[e];
+        if (sums[i] || codes[i]) continue;
+        if (parts[i].type == G_Q4_K) {
+            if (!(sums[i] = malloc((size_t)(m * nsb * 4) * sizeof(int32_t)))) failed = 1;
+            else prep_q4_k_sums(parts[i].xq, parts[i].xq_stride, m, nsb, sums[i]);
+        } else {
+            if (!(codes[i] = malloc((size_t)(m * nsb * QKK)))) failed = 1;
+            else prep_q6_k_codes(parts[i].xq, parts[i].xq_stride, m, nsb, codes[i]);
+        }
+    }
+    if (!failed) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
+#endif
+        {
+            panel_t *pan = aligned_alloc(64, sizeof(panel_t) * (size_t)nsb);
+            if (!pan) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                failed = 1;
+            }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t g = 0; g < panels[nparts]; g++) {
+                if (!pan) continue;
+                int i = 0;
+                while (g >= panels[i + 1]) i++;
+                run_panel(&parts[i], nsb, PANEL * (g - panels[i]), m, sums[i], codes[i], pan, y, y_stride);
+            }
+            free(pan);
+        }
+    }
+    for (int i = 0; i < nparts; i++) {
+        int shared = 0;
+        for (int e = 0; e < i; e++) shared |= (sums[i] && sums[e] == sums[i]) || (codes[i] && codes[e] == codes[i]);
+        if (!shared) {
+            free(sums[i]);
+            free(codes[i]);
+        }
+    }
+    return failed ? -2 : 0;
+}
+#else
+int tg_gemm_takes(int type) { (void)type; return 0; }
+int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, float *y, int64_t y_stride, int nthreads) {
+    (void)parts; (void)nparts; (void)k; (void)m; (void)y; (void)y_stride; (void)nthreads;
+    return -1;
+}
+#endif
