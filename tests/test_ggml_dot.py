@@ -171,6 +171,7 @@ def test_linear_layer_and_fallback(monkeypatch):
     switches.refresh()
     assert make_linear(t).kind != "ggml_dot" and make_linear(t, role=OUTPUT).kind != "ggml_dot"
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "1")
+    monkeypatch.setenv("TALLOW_CPU_GEMM", "0")  # prefill on the torch layer (the default: test_ggml_gemm.py)
     switches.refresh()
     layer = make_linear(t)
     assert layer.kind == "ggml_dot" and layer.fallback

@@ -17,6 +17,7 @@ from test_quant_reference import random_rows
 
 needs_simd = pytest.mark.skipif(not (ggml_dot.available() and ggml_dot.simd()), reason="needs the C kernel's AVX-512 VNNI code")
 GEMM_TYPES = (QT.Q4_K, QT.Q6_K)
+VEC_DOT_TYPES = (QT.Q4_1, QT.Q5_0, QT.Q8_0)  # vec_dot's order at every row count
 
 
 def _bits(a) -> np.ndarray:
@@ -104,3 +105,27 @@ def test_switch_builds_the_layer_with_or_without_its_torch_copy(flag, monkeypatc
         assert torch.equal(y, torch.from_numpy(_tiled(raw, QT.Q4_K, k, ggml_dot.quantize(x, QT.Q4_K))))
     else:
         assert torch.equal(y, layer.fallback[0](x))
+
+
+@needs_simd
+@pytest.mark.parametrize("qt", VEC_DOT_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("n, k", [(8, 32), (37, 576), (100, 640)])
+@pytest.mark.parametrize("m", [8, 9, 13, 64, 131])
+def test_gemm_of_32_value_blocks_is_vec_dots_order(qt, n, k, m):
+    """Q4_1/Q5_0/Q8_0 rows: the one-row kernel's bits at any number of rows (decode steps and prompts alike)."""
+    raw = random_rows(qt, n, k, seed=int(qt) * 1000 + n + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)) * 4
+    x[0, :40] = 0.0
+    xq = ggml_dot.quantize(x, qt)
+    assert ggml_dot.gemm_takes(qt)
+    ours = ggml_dot.gemv_quantized(raw, qt, k, xq)
+    rows = np.concatenate([ggml_dot.gemv_quantized(raw, qt, k, xq[i : i + 1]) for i in range(m)])
+    assert (_bits(ours) == _bits(rows)).all() and (_bits(ours) == _bits(_tiled(raw, qt, k, xq))).all()
+
+
+@needs_simd
+def test_the_declared_types_are_the_c_ones():
+    """ggml_dot.GEMM_TYPES (in the weight cache's key) names exactly the types the C product takes."""
+    assert {qt for qt in QT if ggml_dot.gemm_takes(qt)} == set(ggml_dot.GEMM_TYPES)
+    lib = ggml_dot._load()
+    assert {qt for qt in QT if lib.tg_gemm_takes(int(qt))} == set(ggml_dot.GEMM_TYPES)

@@ -218,10 +218,16 @@ def gemm(on: bool | None = None) -> bool:
     return bool((_lib or _load()).tg_set_gemm(-1 if on is None else int(on)))
 
 
+# The types ggml_gemm.c's prefill product takes: Q4_K/Q6_K in llama.cpp's tiled prompt order, the others in
+# vec_dot's. Declared here as well as in C so that the weight cache's key (a digest of this file) changes
+# with them: make_linear builds these layers without a torch copy.
+GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})
+
+
 def gemm_takes(qtype: QT) -> bool:
-    """Whether the tiled prefill product runs this weight type (Q4_K, Q6_K)."""
+    """Whether the prefill product runs this weight type (GEMM_TYPES, where the AVX-512 VNNI code runs)."""
     lib = _load()
-    return bool(lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
+    return bool(qtype in GEMM_TYPES and lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
 
 
 def parallel_min_bytes(nbytes: int | None = None) -> int:

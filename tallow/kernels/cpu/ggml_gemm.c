@@ -22,7 +22,14 @@
  * codes; Q6_K's are signed (code - 32), so its activations are offset to unsigned (x + 128) and the
  * offset's share, -128 * sum(scale * block's code sum), is each row's starting value.
  *
- * Threads: OpenMP over the panels (16-row groups) of every part, static split.
+ * Q4_1, Q5_0 and Q8_0 (32-value blocks with one scale) keep vec_dot's order at every row count in llama.cpp
+ * (llamafile's tinyBLAS for Q5_0/Q8_0 sums each output in that order too), so here as well: per block, eight
+ * float lanes acc[l] = fma(dw * dx, lane l, acc[l]), Q4_1's summs = fma(m, s, summs), ggml's horizontal sum
+ * -- the decode rows' bits. Two weight rows share a register (lanes 0-7 and 8-15), dpbusd gives each row's
+ * eight 4-value lanes of a block at once; Q5_0's and Q8_0's codes are stored unsigned (+16, +128) and each
+ * lane starts at minus that offset times the activation's 4-value sum.
+ *
+ * Threads: OpenMP over the panels (16- or 8-row groups) of every part, static split.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,7 +39,8 @@
 #include <omp.h>
 #endif
 
-enum { G_Q4_K = 12, G_Q6_K = 14 };
+enum { G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q6_K = 14 };
+#define QK 32
 #define QKK 256
 #define Q8K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
 #define PANEL 16      /* weight rows per panel: the int32 lanes of a register */
@@ -51,7 +59,9 @@ int tg_set_gemm(int on) {
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define UNROLL _Pragma("GCC unroll 8") /* registers, not arrays on the stack */
 
-int tg_gemm_takes(int type) { return g_gemm && (type == G_Q4_K || type == G_Q6_K); }
+static int k_quant(int type) { return type == G_Q4_K || type == G_Q6_K; }
+
+int tg_gemm_takes(int type) { return g_gemm && (k_quant(type) || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0); }
 
 /* One super-block of a 16-row panel. */
 typedef struct {
@@ -214,6 +224,148 @@ static void prep_q6_k_codes(const uint8_t *xq, int64_t xq_stride, int64_t m, int
         }
 }
 
+/* ---------------------------------------------------------------- Q4_1, Q5_0, Q8_0: vec_dot's order */
+
+/* ggml's hsum_float_8 */
+static inline float hsum8(const float *a) {
+    float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    float t0 = s0 + s2, t1 = s1 + s3;
+    return t0 + t1;
+}
+
+#define PAIRS 4 /* weight rows per 32-value panel: 4 registers of two rows */
+#define TILE0 4 /* activation rows per register tile */
+
+/* One 32-value block of an 8-row panel. */
+typedef struct {
+    uint8_t codes[PAIRS][64]; /* pair p: [row 2p's 32 codes | row 2p+1's], unsigned */
+    float dw[PAIRS][16];      /* each row's d, 8 times */
+    float mw[8];              /* Q4_1: each row's m */
+    float pad[8];
+} panel0_t;
+
+/* the activations of one block: each lane's starting value (minus the codes' offset times its 4-value sum,
+ * for both rows of a register), d, and Q4_1's s */
+typedef struct {
+    int32_t start[16];
+    float d, s;
+    float pad[14];
+} act0_t;
+
+static int block_bytes(int type) { return type == G_Q4_1 ? 20 : type == G_Q5_0 ? 22 : 34; }
+static int act_bytes0(int type) { return type == G_Q4_1 ? 36 : 34; }  /* Q8_1 or Q8_0 */
+static int act_codes0(int type) { return type == G_Q4_1 ? 4 : 2; }   /* where the 32 codes start */
+
+TGT static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c) {
+    uint8_t *v = &out->codes[c >> 1][32 * (c & 1)];
+    if (type == G_Q4_1) {
+        for (int i = 0; i < 16; i++) {
+            v[i] = q[4 + i] & 15;
+            v[16 + i] = q[4 + i] >> 4;
+        }
+        out->mw[c] = h2f(q + 2);
+    } else if (type == G_Q5_0) {
+        uint32_t qh;
+        memcpy(&qh, q + 2, 4);
+        for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? q[6 + i] & 15 : q[6 + i - 16] >> 4) | (((qh >> i) & 1) << 4));
+        out->mw[c] = 0.0f;
+    } else {
+        for (int i = 0; i < 32; i++) v[i] = q[2 + i] ^ 0x80; /* int8 w -> w + 128 */
+        out->mw[c] = 0.0f;
+    }
+    const float d = h2f(q);
+    for (int t = 0; t < 8; t++) out->dw[c >> 1][8 * (c & 1) + t] = d;
+}
+
+static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nb, act0_t *out) {
+    const int off = type == G_Q4_1 ? 0 : type == G_Q5_0 ? 16 : 128, ab = act_bytes0(type), co = act_codes0(type);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *x = xq + i * xq_stride + b * ab;
+            act0_t *o = out + i * nb + b;
+            const int8_t *q = (const int8_t *)(x + co);
+            for (int l = 0; l < 8; l++) {
+                const int sum = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
+                o->start[l] = o->start[8 + l] = -off * sum;
+            }
+            uint16_t h;
+            memcpy(&h, x, 2);
+            o->d = tg_f16_to_f32(h);
+            memcpy(&h, x + 2, 2);
+            o->s = type == G_Q4_1 ? tg_f16_to_f32(h) : 0.0f;
+        }
+}
+
+TGT static inline __attribute__((always_inline)) void tile0(const int type, const panel0_t *pan, int64_t nb,
+                                                            const uint8_t *const x[TILE0], const act0_t *const a[TILE0],
+                                                            int xstride, float y[TILE0][8]) {
+    __m512 acc[TILE0][PAIRS], sm[TILE0 / 2];
+    UNROLL for (int i = 0; i < TILE0; i++) UNROLL for (int p = 0; p < PAIRS; p++) acc[i][p] = _mm512_setzero_ps();
+    UNROLL for (int i = 0; i < TILE0 / 2; i++) sm[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pan++) {
+        UNROLL for (int i = 0; i < TILE0; i++) {
+            const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i] + b * xstride)));
+            const __m512i st = type == G_Q4_1 ? _mm512_setzero_si512() : _mm512_loadu_si512(a[i][b].start);
+            const __m512 dx = _mm512_set1_ps(a[i][b].d);
+            UNROLL for (int p = 0; p < PAIRS; p++) {
+                const __m512i lanes = _mm512_dpbusd_epi32(st, _mm512_loadu_si512(pan->codes[p]), xv);
+                acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(pan->dw[p]), dx), _mm512_cvtepi32_ps(lanes), acc[i][p]);
+            }
+        }
+        if (type == G_Q4_1) { /* lanes: row pair i (0-7 the first activation row's 8 outputs, 8-15 the second's) */
+            const __m512 mw = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(pan->mw))));
+            UNROLL for (int i = 0; i < TILE0 / 2; i++) {
+                const __m512 sx = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a[2 * i][b].s)),
+                                                                         _mm256_castps_pd(_mm256_set1_ps(a[2 * i + 1][b].s)), 1));
+                sm[i] = _mm512_fmadd_ps(mw, sx, sm[i]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < TILE0; i++) {
+        float l[PAIRS][16], s[16];
+        UNROLL for (int p = 0; p < PAIRS; p++) _mm512_storeu_ps(l[p], acc[i][p]);
+        _mm512_storeu_ps(s, sm[i / 2]);
+        for (int c = 0; c < 8; c++) {
+            const float v = hsum8(&l[c >> 1][8 * (c & 1)]);
+            y[i][c] = type == G_Q4_1 ? v + s[8 * (i & 1) + c] : v;
+        }
+    }
+}
+
+TGT static void tile0_q4_1(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
+    tile0(G_Q4_1, pan, nb, x, a, 36, y);
+}
+TGT static void tile0_q5_0(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
+    tile0(G_Q5_0, pan, nb, x, a, 34, y);
+}
+TGT static void tile0_q8_0(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
+    tile0(G_Q8_0, pan, nb, x, a, 34, y);
+}
+
+/* all activation rows against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part */
+TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m, const act0_t *act, panel0_t *pan,
+                           float *y, int64_t y_stride) {
+    const int type = (int)pt->type, nc = pt->n - c0 < 8 ? (int)(pt->n - c0) : 8;
+    for (int c = 0; c < 8; c++) {
+        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
+        for (int64_t b = 0; b < nb; b++) unpack_row0(type, w + b * block_bytes(type), pan + b, c);
+    }
+    for (int64_t i0 = 0; i0 < m; i0 += TILE0) {
+        const uint8_t *x[TILE0];
+        const act0_t *a[TILE0];
+        for (int i = 0; i < TILE0; i++) {
+            const int64_t row = i0 + i < m ? i0 + i : m - 1;
+            x[i] = pt->xq + row * pt->xq_stride + act_codes0(type);
+            a[i] = act + row * nb;
+        }
+        float out[TILE0][8];
+        if (type == G_Q4_1) tile0_q4_1(pan, nb, x, a, out);
+        else if (type == G_Q5_0) tile0_q5_0(pan, nb, x, a, out);
+        else tile0_q8_0(pan, nb, x, a, out);
+        for (int i = 0; i < TILE0 && i0 + i < m; i++) memcpy(y + (i0 + i) * y_stride + pt->col + c0, out[i], sizeof(float) * (size_t)nc);
+    }
+}
+
 /* all activation rows against weight rows [c0, c0 + 16) of one part (fewer at its end: the last repeated) */
 TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m, const int32_t *sums, const uint8_t *codes,
                           panel_t *pan, float *y, int64_t y_stride) {
@@ -240,25 +392,37 @@ TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int
 }
 
 int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, float *y, int64_t y_stride, int nthreads) {
-    if (k % QKK || nparts < 1 || nparts > TG_MAX_PARTS) return -1;
-    const int64_t nsb = k / QKK;
-    int32_t *sums[TG_MAX_PARTS] = {0};
-    uint8_t *codes[TG_MAX_PARTS] = {0};
+    if (nparts < 1 || nparts > TG_MAX_PARTS) return -1;
+    const int64_t nsb = k / QKK, nb = k / QK;
+    void *prep[TG_MAX_PARTS] = {0}; /* the activations in the layout each part's tiles read */
+    int owner[TG_MAX_PARTS];       /* parts that share activations and a layout share the buffer */
     int64_t panels[TG_MAX_PARTS + 1];
     panels[0] = 0;
+    size_t pan_bytes = 64;
     int failed = 0;
-    for (int i = 0; i < nparts && !failed; i++) { /* parts that share activations share their layouts */
-        if (!tg_gemm_takes((int)parts[i].type)) return -1;
-        panels[i + 1] = panels[i] + (parts[i].n + PANEL - 1) / PANEL;
+    for (int i = 0; i < nparts; i++) {
+        const int type = (int)parts[i].type;
+        if (!tg_gemm_takes(type) || k % (k_quant(type) ? QKK : QK)) return -1;
+        panels[i + 1] = panels[i] + (k_quant(type) ? (parts[i].n + PANEL - 1) / PANEL : (parts[i].n + 7) / 8);
+        const size_t pb = k_quant(type) ? sizeof(panel_t) * (size_t)nsb : sizeof(panel0_t) * (size_t)nb;
+        pan_bytes = pb > pan_bytes ? pb : pan_bytes;
+        owner[i] = i;
         for (int e = 0; e < i; e++)
-            if (parts[e].xq == parts[i].xq && parts[e].type == parts[i].type) sums[i] = sums[e], codes[i] = codes[e];
-        if (sums[i] || codes[i]) continue;
-        if (parts[i].type == G_Q4_K) {
-            if (!(sums[i] = malloc((size_t)(m * nsb * 4) * sizeof(int32_t)))) failed = 1;
-            else prep_q4_k_sums(parts[i].xq, parts[i].xq_stride, m, nsb, sums[i]);
+            if (owner[i] == i && parts[e].xq == parts[i].xq && parts[e].type == parts[i].type) owner[i] = e;
+    }
+    for (int i = 0; i < nparts && !failed; i++) {
+        if (owner[i] != i) continue;
+        const int type = (int)parts[i].type;
+        const tg_gemm_part_t *pt = &parts[i];
+        if (type == G_Q4_K) {
+            if (!(prep[i] = malloc((size_t)(m * nsb * 4) * sizeof(int32_t)))) failed = 1;
+            else prep_q4_k_sums(pt->xq, pt->xq_stride, m, nsb, prep[i]);
+        } else if (type == G_Q6_K) {
+            if (!(prep[i] = malloc((size_t)(m * nsb * QKK)))) failed = 1;
+            else prep_q6_k_codes(pt->xq, pt->xq_stride, m, nsb, prep[i]);
         } else {
-            if (!(codes[i] = malloc((size_t)(m * nsb * QKK)))) failed = 1;
-            else prep_q6_k_codes(parts[i].xq, parts[i].xq_stride, m, nsb, codes[i]);
+            if (!(prep[i] = aligned_alloc(64, sizeof(act0_t) * (size_t)(m * nb)))) failed = 1;
+            else prep_act0(type, pt->xq, pt->xq_stride, m, nb, prep[i]);
         }
     }
     if (!failed) {
@@ -266,7 +430,7 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
 #pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
 #endif
         {
-            panel_t *pan = aligned_alloc(64, sizeof(panel_t) * (size_t)nsb);
+            void *pan = aligned_alloc(64, (pan_bytes + 63) / 64 * 64);
             if (!pan) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -280,19 +444,19 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
                 if (!pan) continue;
                 int i = 0;
                 while (g >= panels[i + 1]) i++;
-                run_panel(&parts[i], nsb, PANEL * (g - panels[i]), m, sums[i], codes[i], pan, y, y_stride);
+                const tg_gemm_part_t *pt = &parts[i];
+                const void *pp = prep[owner[i]];
+                if (pt->type == G_Q4_K)
+                    run_panel(pt, nsb, PANEL * (g - panels[i]), m, pp, 0, pan, y, y_stride);
+                else if (pt->type == G_Q6_K)
+                    run_panel(pt, nsb, PANEL * (g - panels[i]), m, 0, pp, pan, y, y_stride);
+                else
+                    run_panel0(pt, nb, 8 * (g - panels[i]), m, pp, pan, y, y_stride);
             }
             free(pan);
         }
     }
-    for (int i = 0; i < nparts; i++) {
-        int shared = 0;
-        for (int e = 0; e < i; e++) shared |= (sums[i] && sums[e] == sums[i]) || (codes[i] && codes[e] == codes[i]);
-        if (!shared) {
-            free(sums[i]);
-            free(codes[i]);
-        }
-    }
+    for (int i = 0; i < nparts; i++) free(prep[i]);
     return failed ? -2 : 0;
 }
 #else
