@@ -683,14 +683,25 @@ int tg_supported(int type) { return pick(type, 0, 1) != 0; }
 int tg_act_type(int type) { return act_type(type); }
 int64_t tg_act_row_bytes(int type, int64_t k) { int a = act_type(type); return k / act_block(a) * act_bytes(a); }
 
+/* threads for quantizing many rows: OpenMP's default, i.e. torch's thread count (one runtime, see run_products) */
+static int nthreads_for_rows(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
 /* x (m, k) float32 rows -> out (m, tg_act_row_bytes) bytes of `atype` (8 Q8_0, 9 Q8_1, 15 Q8_K) */
 int tg_quantize(int atype, const float *x, uint8_t *out, int64_t m, int64_t k) {
     if (k % act_block(atype)) return -1;
+    if (atype != T_Q8_K && atype != T_Q8_0 && atype != T_Q8_1) return -1;
     const int64_t rb = k / act_block(atype) * act_bytes(atype);
+    /* prompts: the rows on the two threads (torch's thread count; each row's bytes are its own) */
+#pragma omp parallel for schedule(static) if (m * k >= (1 << 16)) num_threads(nthreads_for_rows())
     for (int64_t i = 0; i < m; i++) {
         if (atype == T_Q8_K) quantize_q8_k(x + i * k, out + i * rb, k);
-        else if (atype == T_Q8_0 || atype == T_Q8_1) quantize_q8_01(x + i * k, out + i * rb, k, atype == T_Q8_1);
-        else return -1;
+        else quantize_q8_01(x + i * k, out + i * rb, k, atype == T_Q8_1);
     }
     return 0;
 }

@@ -219,13 +219,18 @@ def gemm(on: bool | None = None) -> bool:
 
 
 # The types ggml_gemm.c's prefill product takes: Q4_K/Q6_K in llama.cpp's tiled prompt order, the others in
-# vec_dot's. Declared here as well as in C so that the weight cache's key (a digest of this file) changes
-# with them: make_linear builds these layers without a torch copy.
+# vec_dot's (used wherever the C kernel serves many rows: TALLOW_NUMERICS=ggml, the output projection).
 GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})
+# Those make_linear builds without a torch copy (TALLOW_CPU_GEMM), prefill in C: the K-quants, where one
+# integer per super-block lets the product run faster than torch's bf16 GEMM. Q4_1/Q5_0/Q8_0 keep the torch
+# layer for prefill: in vec_dot's order every 32 values cost a float convert, multiply and FMA per output, and
+# smollm2/gemma3 prefilled 0.7x as fast (docs/performance.md, session 14). Declared here, not only in C, so
+# that the weight cache's key (a digest of this file) changes with them.
+PREFILL_TYPES: frozenset[QT] = frozenset({QT.Q4_K, QT.Q6_K})
 
 
 def gemm_takes(qtype: QT) -> bool:
-    """Whether the prefill product runs this weight type (GEMM_TYPES, where the AVX-512 VNNI code runs)."""
+    """Whether the C prefill product runs this weight type (GEMM_TYPES, where the AVX-512 VNNI code runs)."""
     lib = _load()
     return bool(qtype in GEMM_TYPES and lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
 

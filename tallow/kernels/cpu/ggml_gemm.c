@@ -129,12 +129,11 @@ TGT static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
 
 /* TILE activation rows x the panel's 16 rows over nsb super-blocks. Q4_K: x[i] the Q8_K rows, b8[i] their
  * 32-value block sums as int16 pairs; Q6_K: x[i] the codes + 128 (256 bytes a super-block), dx[i] the
- * Q8_K rows (for d). acc[i]: the 16 outputs of row i. */
+ * Q8_K rows (for d). acc[i]: the 16 outputs of row i, carried in and out (super-blocks in order). */
 TGT static inline __attribute__((always_inline)) void tile(const int type, const panel_t *pan, int64_t nsb,
                                                            const uint8_t *const x[TILE], const int32_t *const b8[TILE],
                                                            const uint8_t *const dx[TILE], __m512 acc[TILE]) {
     const int xstride = type == G_Q4_K ? Q8K_BYTES : QKK, xoff = type == G_Q4_K ? 4 : 0;
-    UNROLL for (int i = 0; i < TILE; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++, pan++) {
         __m512i s[TILE];
         const __m512i start = _mm512_loadu_si512(pan->start);
@@ -342,15 +341,15 @@ TGT static void tile0_q8_0(const panel0_t *pan, int64_t nb, const uint8_t *const
     tile0(G_Q8_0, pan, nb, x, a, 34, y);
 }
 
-/* all activation rows against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part */
-TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m, const act0_t *act, panel0_t *pan,
-                           float *y, int64_t y_stride) {
+/* activation rows [m0, m) against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part */
+TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m0, int64_t m, const act0_t *act,
+                           panel0_t *pan, float *y, int64_t y_stride) {
     const int type = (int)pt->type, nc = pt->n - c0 < 8 ? (int)(pt->n - c0) : 8;
     for (int c = 0; c < 8; c++) {
         const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
         for (int64_t b = 0; b < nb; b++) unpack_row0(type, w + b * block_bytes(type), pan + b, c);
     }
-    for (int64_t i0 = 0; i0 < m; i0 += TILE0) {
+    for (int64_t i0 = m0; i0 < m; i0 += TILE0) {
         const uint8_t *x[TILE0];
         const act0_t *a[TILE0];
         for (int i = 0; i < TILE0; i++) {
@@ -366,28 +365,40 @@ TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int
     }
 }
 
-/* all activation rows against weight rows [c0, c0 + 16) of one part (fewer at its end: the last repeated) */
-TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m, const int32_t *sums, const uint8_t *codes,
-                          panel_t *pan, float *y, int64_t y_stride) {
+/* super-blocks per pass over the activation rows: the panel's share (KC * 5.5 KB) stays in L1 while every
+ * row runs past it; the 16 outputs of each row wait in `carry` between passes (the order is unchanged) */
+#define KC 4
+
+/* activation rows [m0, m) against weight rows [c0, c0 + 16) of one part (fewer at its end: the last repeated) */
+TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m0, int64_t m, const int32_t *sums,
+                          const uint8_t *codes, panel_t *pan, float *carry, float *y, int64_t y_stride) {
     const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
     for (int c = 0; c < PANEL; c++) {
         const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
         for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
     }
     const __mmask16 keep = (__mmask16)((1u << nc) - 1);
-    for (int64_t i0 = 0; i0 < m; i0 += TILE) {
-        const uint8_t *x[TILE], *dx[TILE];
-        const int32_t *b8[TILE];
-        for (int i = 0; i < TILE; i++) {
-            const int64_t row = i0 + i < m ? i0 + i : m - 1;
-            dx[i] = pt->xq + row * pt->xq_stride;
-            x[i] = pt->type == G_Q4_K ? dx[i] : codes + row * nsb * QKK;
-            b8[i] = sums ? sums + row * nsb * 4 : 0;
+    for (int64_t b0 = 0; b0 < nsb; b0 += KC) {
+        const int64_t nb = nsb - b0 < KC ? nsb - b0 : KC;
+        const int last = b0 + nb == nsb;
+        for (int64_t i0 = m0; i0 < m; i0 += TILE) {
+            const uint8_t *x[TILE], *dx[TILE];
+            const int32_t *b8[TILE];
+            __m512 acc[TILE];
+            for (int i = 0; i < TILE; i++) {
+                const int64_t row = i0 + i < m ? i0 + i : m - 1;
+                dx[i] = pt->xq + row * pt->xq_stride + b0 * Q8K_BYTES;
+                x[i] = pt->type == G_Q4_K ? dx[i] : codes + (row * nsb + b0) * QKK;
+                b8[i] = sums ? sums + (row * nsb + b0) * 4 : 0;
+                acc[i] = b0 ? _mm512_loadu_ps(carry + row * PANEL) : _mm512_setzero_ps();
+            }
+            if (pt->type == G_Q4_K) tile_q4_k(pan + b0, nb, x, b8, dx, acc);
+            else tile_q6_k(pan + b0, nb, x, b8, dx, acc);
+            for (int i = 0; i < TILE && i0 + i < m; i++) {
+                if (last) _mm512_mask_storeu_ps(y + (i0 + i) * y_stride + pt->col + c0, keep, acc[i]);
+                else _mm512_storeu_ps(carry + (i0 + i) * PANEL, acc[i]);
+            }
         }
-        __m512 acc[TILE];
-        if (pt->type == G_Q4_K) tile_q4_k(pan, nsb, x, b8, dx, acc);
-        else tile_q6_k(pan, nsb, x, b8, dx, acc);
-        for (int i = 0; i < TILE && i0 + i < m; i++) _mm512_mask_storeu_ps(y + (i0 + i) * y_stride + pt->col + c0, keep, acc[i]);
     }
 }
 
@@ -425,13 +436,17 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
             else prep_act0(type, pt->xq, pt->xq_stride, m, nb, prep[i]);
         }
     }
+    /* One pass of all rows per panel: passes of ~100 rows (their Q8_K bytes in L2, each panel unpacked again
+     * per pass) measured slower for qwen2.5's 8960-wide products (docs/performance.md, session 14). */
     if (!failed) {
+        const int64_t m0 = 0, m1 = m;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
 #endif
         {
             void *pan = aligned_alloc(64, (pan_bytes + 63) / 64 * 64);
-            if (!pan) {
+            float *carry = nsb > KC ? aligned_alloc(64, sizeof(float) * PANEL * (size_t)m) : 0;
+            if (!pan || (nsb > KC && !carry)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -441,19 +456,20 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
 #pragma omp for schedule(static)
 #endif
             for (int64_t g = 0; g < panels[nparts]; g++) {
-                if (!pan) continue;
+                if (!pan || (nsb > KC && !carry)) continue;
                 int i = 0;
                 while (g >= panels[i + 1]) i++;
                 const tg_gemm_part_t *pt = &parts[i];
                 const void *pp = prep[owner[i]];
                 if (pt->type == G_Q4_K)
-                    run_panel(pt, nsb, PANEL * (g - panels[i]), m, pp, 0, pan, y, y_stride);
+                    run_panel(pt, nsb, PANEL * (g - panels[i]), m0, m1, pp, 0, pan, carry, y, y_stride);
                 else if (pt->type == G_Q6_K)
-                    run_panel(pt, nsb, PANEL * (g - panels[i]), m, 0, pp, pan, y, y_stride);
+                    run_panel(pt, nsb, PANEL * (g - panels[i]), m0, m1, 0, pp, pan, carry, y, y_stride);
                 else
-                    run_panel0(pt, nb, 8 * (g - panels[i]), m, pp, pan, y, y_stride);
+                    run_panel0(pt, nb, 8 * (g - panels[i]), m0, m1, pp, pan, y, y_stride);
             }
             free(pan);
+            free(carry);
         }
     }
     for (int i = 0; i < nparts; i++) free(prep[i]);

@@ -324,9 +324,10 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     # the torch kernels give a row the same bits at every count below 64 (engine/prefill_plan.py).
     use_c = (mode in (None, "auto") and tensor.qtype in ggml_dot.TYPES and len(tensor.shape) == 2 and role != EXPERT
              and ggml_dot.wanted() and ggml_dot.usable())
-    # TALLOW_CPU_GEMM: prefill of the types ggml_gemm.c takes (Q4_K, Q6_K) in C too, in llama.cpp's prompt
-    # arithmetic; no torch copy of those weights is made.
-    gemm = switches.enabled("TALLOW_CPU_GEMM") and ggml_dot.gemm_takes(QT(tensor.qtype))
+    # TALLOW_CPU_GEMM: prefill of Q4_K/Q6_K (ggml_dot.PREFILL_TYPES) in C too, in llama.cpp's prompt
+    # arithmetic (ggml_gemm.c); no torch copy of those weights is made.
+    gemm = (switches.enabled("TALLOW_CPU_GEMM") and QT(tensor.qtype) in ggml_dot.PREFILL_TYPES
+            and ggml_dot.gemm_takes(QT(tensor.qtype)))
     if use_c and (ggml_enabled() or role == OUTPUT or gemm):
         return ggml_dot.GgmlDotLinear(tensor, _bias_tensor(bias, tensor.n_rows, tensor.name))
     layer = _make_linear(tensor, bias, mode, role)
