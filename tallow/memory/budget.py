@@ -141,8 +141,8 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
 
 def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | None:
     """The C kernel (kernels/cpu/ggml_dot.py) reads a wrapped weight from the file map: its file
-    bytes, instead of (TALLOW_NUMERICS=ggml, and the output projection) or on top of (the default
-    mode: prefill's) the torch layer."""
+    bytes, instead of (TALLOW_NUMERICS=ggml, the output projection, Q4_K/Q6_K under TALLOW_CPU_GEMM) or
+    on top of (the default mode's other types: prefill's) the torch layer."""
     if linear_mode not in (None, "auto") or len(t.shape) != 2 or t.n_rows <= 1 or t.qtype not in _C_KERNEL_TYPES:
         return None
     if not switches.enabled("TALLOW_CPU_GGML_DOT"):  # ggml_dot.wanted(), without importing torch
@@ -152,7 +152,9 @@ def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | N
 
     if not ggml_dot.usable():
         return None
-    return t.n_bytes if ggml or output else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+    # TALLOW_CPU_GEMM: Q4_K/Q6_K prefill in C as well (kernels/cpu/linear.make_linear), no torch layer
+    gemm = switches.enabled("TALLOW_CPU_GEMM") and t.qtype in ggml_dot.PREFILL_TYPES and ggml_dot.gemm_takes(QT(t.qtype))
+    return t.n_bytes if ggml or output or gemm else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
 
 
 _C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # ggml_dot.TYPES
