@@ -11,10 +11,10 @@ where it lies in the file map: the kernel itself costs the file's bytes and noth
 
 GgmlDotLinear (kind "ggml_dot") runs products of up to MAX_ROWS rows (decode) in C. Products of
 more rows go to `fallback`: the layer make_linear would have built (prefill keeps its bf16 GEMM;
-its weights are held beside the file's bytes), or where there is none (TALLOW_NUMERICS=ggml, and
-the output projection, which prefill runs for one row) the C kernel row by row: the file's bytes
-only, ggml's arithmetic per row. GgmlDotGroup runs several of them over one input (Q/K/V, gate/up)
-in one call.
+its weights are held beside the file's bytes), or where there is none (Q4_K/Q6_K under
+TALLOW_CPU_GEMM, TALLOW_NUMERICS=ggml, and the output projection) to C as well: ggml_gemm.c's
+register-tiled prefill product, llama.cpp's prompt arithmetic over the file's bytes only.
+GgmlDotGroup runs several of them over one input (Q/K/V, gate/up) in one call.
 
 Switch (read at load): TALLOW_CPU_GGML_DOT, on unless =0 where the library is built with its AVX-512
 VNNI code. Under TALLOW_NUMERICS=ggml it makes the logits of the three real models llama.cpp's bit for
@@ -307,7 +307,8 @@ class GgmlDotLinear(Linear):
     kind = "ggml_dot"
     # Decode and speculative verification (up to speculate.K_MAX + 1 rows), each row in vec_dot's
     # order whatever their number, so a verified row is the decode step's; prefill goes to the
-    # fallback (a chunk of 9-63 rows only ever holds a whole short prompt: engine/prefill_plan.py).
+    # fallback, or without one to ggml_gemm.c (a chunk of 9-63 rows only ever holds a whole short
+    # prompt: engine/prefill_plan.py).
     MAX_ROWS = 8
 
     def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None, fallback: Linear | None = None):
