@@ -665,7 +665,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 4; }
+int tg_abi_version(void) { return 5; }
 
 /* 1 when the AVX-512 VNNI kernels run, 0 for the portable code */
 int tg_simd(void) {

@@ -45,7 +45,7 @@ __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 4
+_ABI = 5  # 5: ggml_gemm.c (tg_set_gemm, tg_gemm_takes, tg_gemm_run)
 MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
 
 
