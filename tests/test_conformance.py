@@ -5,7 +5,9 @@ Real-model fixtures come from scripts/make_fixtures.py: llama.cpp b11434 built f
 through scripts/numerics_reference.py, in its configuration (flash attention off, f16 K/V, no
 weight repacking, 2 threads, ubatch 512; recorded in each fixture) — smollm2 and gemma3 so far;
 qwen2.5's is still the older llama-cpp-python 0.3.36 one (its own defaults: repacking on, made on
-another CPU), not regenerated for time. Tiny-model fixtures: F32
+another CPU), not regenerated for time. Each also holds `decode_steps` (`make_fixtures.py --only steps`):
+b11434 in that configuration with one token per ubatch over the teacher-forced text, i.e. llama.cpp's
+decode-step arithmetic at every position (qwen2.5's too). Tiny-model fixtures: F32
 weights and F32 KV, so no activation quantization, and they must agree to float32 rounding
 (gemma3 to 5e-3: ggml's GELU reads an fp16 table).
 
@@ -168,6 +170,40 @@ def test_teacher_forced_logits_match_llama_cpp(real):
     assert agree >= top1_min
     assert delta.max().item() <= max_delta
     assert delta.mean().item() <= mean_delta
+
+
+# llama.cpp's own decode steps (the fixtures' decode_steps: its configuration with one token per ubatch): the C decode
+# step in ggml's arithmetic (TALLOW_CPU_GGML_STEP) gives their logits bit for bit (measured, session 14: every logit of
+# every position on all three models, scripts/numerics_conformance.py --steps --live --ref-ubatch 1), so against the
+# fixture's 5 decimals only its rounding is left.
+DECODE_STEP_TOLERANCE = 1e-4
+
+
+def test_decode_steps_match_llama_cpp(real):
+    """The fixture text teacher-forced through the decode step, one token at a time from position 0 (the C step), against
+    llama.cpp's decode steps over the same text: top-1 agreement at every position and the top-10 logits equal up
+    to the fixture's rounding. (Against the teacher_forced fixture, llama.cpp's ubatch of 512, the same steps agree
+    only as well as llama.cpp's own decode steps do with its prompt rows, whose products and attention sum in other
+    orders: printed, not asserted; docs/performance.md, session 14.)"""
+    name, llm = real
+    step = llm.model.c_decode
+    if step is None or not step.ggml_on():
+        pytest.skip("the C decode step in ggml's arithmetic is not in use here (library, switches or family)")
+    data = json.loads((FIXTURES / f"conformance_{name}.json").read_text())
+    ids, fixture = data["teacher_forced"]["ids"], data["decode_steps"]
+    llm.engine.reset()
+    kv = llm.engine.kv
+    ours = torch.cat([llm.model.forward([tok], pos, kv) for pos, tok in enumerate(ids)]).cpu().float()[1:]
+    llm.engine.reset()
+    report = []
+    for label, ref in (("llama.cpp decode steps", fixture), ("llama.cpp ubatch 512", data["teacher_forced"])):
+        top_ids, ref_top = torch.tensor(ref["top_ids"])[1:], torch.tensor(ref["top_logits"])[1:]
+        agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
+        delta = (ours.gather(1, top_ids) - ref_top).abs()
+        report.append((agree, delta.max().item()))
+        print(f"\n{name}, {len(ids) - 1} decode steps against {label}: top-1 {agree:.4f}, top-10 |Δlogit| max"
+              f" {delta.max():.3g} mean {delta.mean():.3g}")
+    assert report[0][0] == 1.0 and report[0][1] <= DECODE_STEP_TOLERANCE
 
 
 GEMMA4_VARIANTS = ("gemma4", "gemma4-31b")
