@@ -1,5 +1,6 @@
 /* ggml's elementwise arithmetic for TALLOW_NUMERICS=ggml, in C: the decode step's RMSNorm, RoPE
- * rotation, SwiGLU/GeGLU and one-token attention over the f16 KV cache.
+ * rotation, SwiGLU/GeGLU and one-token attention over the f16 KV cache. The default C decode step
+ * (decode_layer.c, TALLOW_CPU_GGML_STEP) calls the same functions.
  *
  * Each function gives the bits of its torch emulation in tallow/numerics.py (the reference, itself
  * bit-identical to llama.cpp b11434's CPU backend: flash attention off, f16 K/V), only without the
@@ -105,6 +106,15 @@ void go_rope(const float *x, int64_t st_tok, int64_t st_head, int64_t n_tok, int
             }
             if (rope_dim < head_dim) memcpy(o + rope_dim, xh + rope_dim, sizeof(float) * (size_t)(head_dim - rope_dim));
         }
+    }
+}
+
+/* cosf and sinf of n angles, libm's, as ggml_rope_cache_init calls them: numerics.ggml_rope_cos_sin's tables in one
+ * call (one ctypes call per value took seconds for a long context's tables). */
+void go_cos_sin(const float *angles, int64_t n, float *c, float *s) {
+    for (int64_t i = 0; i < n; i++) {
+        c[i] = cosf(angles[i]);
+        s[i] = sinf(angles[i]);
     }
 }
 
