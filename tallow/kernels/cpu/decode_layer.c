@@ -111,9 +111,12 @@ typedef struct {
     /* ggml_ops (TALLOW_CPU_GGML_STEP): RoPE, SwiGLU/GeGLU and attention in ggml-cpu's arithmetic (ggml_ops.c, the
      * functions TALLOW_NUMERICS=ggml calls), not torch's: llama.cpp's decode step bit for bit, with the products'
      * vec_dot order. prescaled_q: llama.cpp scales Q before the score product (gemma3: ggml_scale(Qcur)), not the
-     * scores in the softmax. */
+     * scores in the softmax. A bit mask, so that scripts can measure each op's share: DL_GGML_ROPE | DL_GGML_ATTENTION
+     * | DL_GGML_GLU in use; 0: torch's arithmetic throughout. */
     int32_t ggml_ops, prescaled_q;
 } dl_model_t;
+
+enum { DL_GGML_ROPE = 1, DL_GGML_ATTENTION = 2, DL_GGML_GLU = 4 };
 
 int dl_abi_version(void) { return 5; }
 
@@ -216,11 +219,12 @@ static float *scratch_floats(int64_t n) {
  * one, else left pending as gemma3's. ops.norm_add's `x + rms_norm(b)` then `* scale` are two rounded
  * operations per value, as here. */
 int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int64_t m, int64_t pos, int nthreads) {
-    const int ggml = M->ggml_ops;
+    const int ggml_rope = M->ggml_ops & DL_GGML_ROPE, ggml_att = M->ggml_ops & DL_GGML_ATTENTION,
+              ggml_glu = M->ggml_ops & DL_GGML_GLU;
 #if DL_X86
-    if (!g_vexp && !ggml) return -1;
+    if (!g_vexp && !ggml_glu) return -1;
 #else
-    if (!ggml) return -1;
+    if (!ggml_glu) return -1;
 #endif
     const int64_t dim = M->dim, pd = M->ple_dim;
     int64_t act = 0, wq = 0, wqkv = 0, watt = 0, wffn = 0, wv = 0; /* the widest of each part over the layers */
@@ -268,13 +272,12 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
                 heads = normed + r * nqkv;
             }
             const int64_t at = pos + r;
-            if (ggml) { /* ggml's angles (float recurrence, libm's cosf/sinf) and rotate_pairs' two fmas */
+            if (ggml_rope) /* ggml's angles (float recurrence, libm's cosf/sinf) and rotate_pairs' two fmas */
                 go_rope(heads, 0, hd, 1, nrot, (int)hd, (int)rd, L->gcos + at * rd, L->gsin + at * rd, M->neox, rot);
-                if (M->prescaled_q)
-                    for (int64_t i = 0; i < nh * hd; i++) rot[i] = rot[i] * M->scale; /* ggml_scale(Qcur) */
-            } else {
+            else
                 rope_heads(M, L, heads, rot, nrot, L->cos + at * rd, L->sin + at * rd);
-            }
+            if (ggml_att && M->prescaled_q)
+                for (int64_t i = 0; i < nh * hd; i++) rot[i] = rot[i] * M->scale; /* ggml_scale(Qcur) */
             if (!L->writes_kv) continue;
             const float *vsrc = L->v_is_k ? row + nh * hd : row + nqk; /* V: K's raw projection, or its own */
             if (L->v_norm) {
@@ -291,7 +294,7 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
         }
         for (int64_t r = 0; r < m; r++) { /* every row's K/V is written: row r sees keys ..pos + r */
             const int64_t end = pos + r + 1, begin = L->window && end > L->window ? end - L->window : 0;
-            if (ggml) { /* one query row as EagerAttention.ggml_attend: keys from kv.window_start (a ring's window edge, else 0) */
+            if (ggml_att) { /* one query row as EagerAttention.ggml_attend: keys from kv.window_start (a ring's window edge, else 0) */
                 const int64_t lo = L->ring && L->window && end > L->window ? end - L->window : 0;
                 const float sc = M->prescaled_q ? 1.0f : M->scale;
                 if (go_attend(qk + r * nqk, nqk, hd, 1, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt,
@@ -316,9 +319,9 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
         for (int64_t r = 0; r < m; r++) {
             const float *gr = gu + r * 2 * ffn, *ur = gr + ffn;
             float *yr = g + r * ffn;
-            if (ggml && M->geglu) {
+            if (ggml_glu && M->geglu) {
                 go_geglu(gr, ffn, ur, ffn, 1, ffn, M->gelu_ggml, yr, ffn);
-            } else if (ggml) {
+            } else if (ggml_glu) {
                 go_swiglu(gr, ffn, ur, ffn, 1, ffn, yr, ffn);
             } else if (M->geglu) {
                 for (int64_t i = 0; i < ffn; i++) yr[i] = M->gelu[tg_f32_to_f16(gr[i])] * ur[i];

@@ -46,6 +46,8 @@ from . import c_ssm, ggml_dot
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
 _ABI = 5
+GGML_ROPE, GGML_ATTENTION, GGML_GLU = 1, 2, 4  # decode_layer.c's DL_GGML_* bits
+GGML_ALL = GGML_ROPE | GGML_ATTENTION | GGML_GLU
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
 
 
@@ -239,6 +241,7 @@ class DecodeLayers:
         # TALLOW_NUMERICS=ggml ops were checked against llama.cpp; not Gemma 4 or Falcon-H1 (their verification
         # rows and other blocks would keep torch's arithmetic).
         self.ggml_capable = not gemma4 and not self.mixers
+        self.ggml_mask = GGML_ALL  # which ops take ggml's arithmetic when it is on (scripts measure them one by one)
         m.prescaled_q = int(model.ggml_prescaled_q)
         self.ggml_tables: dict = {}  # rope key -> RotaryTables with ggml's angles, made at the first ggml step
         if m.ple_dim or (geglu and self.ggml_capable):  # numerics.ggml_gelu_table, read by ggml_ops.c's go_geglu
@@ -388,7 +391,7 @@ class DecodeLayers:
         return self.ggml_capable and switches.enabled("TALLOW_CPU_GGML_STEP")
 
     def _rows_ok(self, m: int) -> bool:
-        if self.ggml_on():  # ggml's GLU goes row by row: no thread split to match
+        if self.ggml_on() and self.ggml_mask & GGML_GLU:  # ggml's GLU goes row by row: no thread split to match
             return m <= ggml_dot.GgmlDotLinear.MAX_ROWS
         threads, block = torch.get_num_threads(), 64 if self.cmodel.geglu else 32
         return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and all(silu_rows_match(m, f, threads, block) for f in self.ffns)
@@ -413,7 +416,7 @@ class DecodeLayers:
         step.start.. in every layer that owns a cache."""
         start, m = step.start, x.shape[0]
         ggml = self.ggml_on()
-        self.cmodel.ggml_ops = int(ggml)
+        self.cmodel.ggml_ops = self.ggml_mask if ggml else 0
         if ggml:
             self._ggml_rope(start + m)
         for key, (table, layers) in self.tables.items():
