@@ -308,8 +308,26 @@ GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float
  * K rows (then V rows), read from memory once, serve every head of the range from the L1 cache. Head by head the
  * group's cache was read once per query head (6 times on qwen2.5): at a depth of 4096 that cost more than the step's
  * products. p: (h1 - h0) * n16 floats, acc: (h1 - h0) * 64 * dv, q16: (h1 - h0) * dk. */
-#define GO_KEY_BLOCK 32
-GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16) {
+#define GO_KEY_BLOCK 32 /* a multiple of 16 */
+
+/* hsum16 of 16 vectors at once, result k = hsum16(t[k]): the same adds in the same tree (halves, quarters, pairs:
+ * (l + l+8), then (+4), then (0+2) + (1+3)), 16 keys per add by shuffling the vectors' halves against each other
+ * instead of one key's halves within one register. */
+GO_TGT static inline __m512 hsum16x16(const __m512 *t) {
+    __m512 x[8], y[4], z[2];
+    for (int m = 0; m < 8; m++) /* 256-bit halves: [a(2m) | a(2m+1)], a_l = t_l + t_{l+8} */
+        x[m] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0x44), _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0xEE));
+    for (int n = 0; n < 4; n++) /* 128-bit lanes: b(4n + j) in lane j, b_l = a_l + a_{l+4} */
+        y[n] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * n], x[2 * n + 1], 0x88), _mm512_shuffle_f32x4(x[2 * n], x[2 * n + 1], 0xDD));
+    for (int q = 0; q < 2; q++) /* lane j: [b0+b2, b1+b3] of keys 8q + j and 8q + 4 + j */
+        z[q] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * q], y[2 * q + 1], 0x44), _mm512_shuffle_ps(y[2 * q], y[2 * q + 1], 0xEE));
+    /* (b0+b2) + (b1+b3): element 4j + e holds key 4e + j */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, r);
+}
+
+GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16, float *kf) {
     int64_t i0, i1;
     visible(a, 0, &i0, &i1);
     const int64_t n16 = (i1 + 15) / 16 * 16, dv = a->dv;
@@ -322,19 +340,32 @@ GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, floa
             _mm512_storeu_ps(qj + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
         for (int64_t i = 0; i < n16; i++) pj[i] = -INFINITY;
     }
+    const __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t b0 = i0; b0 < i1; b0 += GO_KEY_BLOCK) { /* scores: ggml_vec_dot_f16's 4 x 16 lanes */
         const int64_t b1 = b0 + GO_KEY_BLOCK < i1 ? b0 + GO_KEY_BLOCK : i1;
+        for (int64_t i = b0; i < b1; i++) { /* the block's K rows to float once (exact), for every head */
+            const uint16_t *kr = key_row(a, kb, a->skt, i);
+            for (int d = 0; d < dk; d += 16)
+                _mm512_storeu_ps(kf + (i - b0) * dk + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d))));
+        }
         for (int j = 0; j < nh; j++) {
             const float *qj = q16 + (int64_t)j * dk;
             float *pj = p + j * n16;
-            for (int64_t i = b0; i < b1; i++) {
-                const uint16_t *kr = key_row(a, kb, a->skt, i);
-                __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                for (int d = 0; d < dk; d += 16) {
-                    const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
-                    s[(d / 16) % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + d), kv, s[(d / 16) % 4]);
+            for (int64_t c0 = b0; c0 < b1; c0 += 16) { /* 16 keys' dot products, reduced together */
+                const int nk = b1 - c0 < 16 ? (int)(b1 - c0) : 16;
+                __m512 t[16];
+                for (int k = 0; k < 16; k++) {
+                    if (k >= nk) {
+                        t[k] = _mm512_setzero_ps();
+                        continue;
+                    }
+                    const float *kk = kf + (c0 - b0 + k) * dk;
+                    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    for (int d = 0; d < dk; d += 16)
+                        s[(d / 16) % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + d), _mm512_loadu_ps(kk + d), s[(d / 16) % 4]);
+                    t[k] = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
                 }
-                pj[i] = hsum16(_mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]))) * a->scale;
+                _mm512_mask_storeu_ps(pj + c0, (__mmask16)((1u << nk) - 1), _mm512_mul_ps(hsum16x16(t), scale));
             }
         }
     }
@@ -394,7 +425,7 @@ static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
     if (split > group) split = group;
     const int per_range = (group + split - 1) / split, items = n_kv * split;
     if (nthreads > items) nthreads = items;
-    const int64_t per = (int64_t)per_range * (n16 + 64 * (int64_t)a->dv + a->dk);
+    const int64_t per = (int64_t)per_range * (n16 + 64 * (int64_t)a->dv + a->dk) + (int64_t)GO_KEY_BLOCK * a->dk;
     float *scratch = malloc(sizeof(float) * (size_t)(per * (nthreads > 1 ? nthreads : 1)));
     if (!scratch) return -1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
@@ -408,7 +439,8 @@ static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
         const int h0 = g * group + part * group / split, h1 = g * group + (part + 1) * group / split;
         if (h1 > h0) {
             const int nh = h1 - h0;
-            group_one_row_avx512(a, h0, h1, s, s + (int64_t)nh * n16, s + (int64_t)nh * (n16 + 64 * (int64_t)a->dv));
+            float *acc = s + (int64_t)nh * n16, *q16 = acc + (int64_t)nh * 64 * a->dv;
+            group_one_row_avx512(a, h0, h1, s, acc, q16, q16 + (int64_t)nh * a->dk);
         }
     }
     free(scratch);
