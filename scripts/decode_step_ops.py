@@ -33,7 +33,7 @@ def main() -> None:
     names = {0: "none (torch's)", GGML_ROPE: "RoPE", GGML_ATTENTION: "attention", GGML_GLU: "GLU",
              GGML_ROPE | GGML_ATTENTION: "RoPE+attention", GGML_ROPE | GGML_GLU: "RoPE+GLU",
              GGML_ATTENTION | GGML_GLU: "attention+GLU", GGML_ROPE | GGML_ATTENTION | GGML_GLU: "all (default)"}
-    print("| model | ggml's ops | top-1 vs llama.cpp decode steps | bit-equal top-10 rows | |Δ top-1| median / p99 / max"
+    print("| model | ggml's ops | top-1 vs llama.cpp decode steps | bit-equal top-10 rows | \\|Δ top-1\\| median / p99 / max"
           " | top-10 max | top-1 vs ubatch 512 |\n|---|---|---:|---:|---:|---:|---:|")
     for name in sys.argv[1:] or MODELS:
         data = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{name}.json").read_text())
