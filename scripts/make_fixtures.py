@@ -372,11 +372,12 @@ def main() -> None:
     ap.add_argument("--only", choices=("tiny", "real", "long", "steps"), default=None,
                     help="steps: add llama.cpp's decode steps (ubatch 1) over the teacher-forced text to the real models' fixtures")
     ap.add_argument("--arch", default=None, help="with --only tiny: just this tiny architecture (and its quantized variant)")
+    ap.add_argument("--model", default=None, choices=MODELS, help="with --only real or steps: just this real model")
     args = ap.parse_args()
     out = ROOT / "tests" / "fixtures"
     out.mkdir(parents=True, exist_ok=True)
     if args.only == "steps":
-        for name in MODELS:
+        for name in [m for m in MODELS if args.model in (None, m)]:
             fixture = out / f"conformance_{name}.json"
             data = json.loads(fixture.read_text())
             data["decode_steps"] = decode_steps_fixture(Path(args.models) / f"{name}.gguf", data["teacher_forced"]["ids"])
@@ -413,7 +414,7 @@ def main() -> None:
                 (out / name).write_text(json.dumps(tiny_quantized_fixture(arch, Path(tmp), qtype)))
                 print("wrote", name)
     if args.only not in ("tiny", "steps"):
-        for name in MODELS:
+        for name in [m for m in MODELS if args.model in (None, m)]:
             print(name, flush=True)
             data = real_model_fixture(Path(args.models) / f"{name}.gguf")
             data["decode_steps"] = decode_steps_fixture(Path(args.models) / f"{name}.gguf", data["teacher_forced"]["ids"])

@@ -3,11 +3,10 @@ logits), and the three real models (greedy continuations and teacher-forced logi
 
 Real-model fixtures come from scripts/make_fixtures.py: llama.cpp b11434 built for this machine,
 through scripts/numerics_reference.py, in its configuration (flash attention off, f16 K/V, no
-weight repacking, 2 threads, ubatch 512; recorded in each fixture) — smollm2 and gemma3 so far;
-qwen2.5's is still the older llama-cpp-python 0.3.36 one (its own defaults: repacking on, made on
-another CPU), not regenerated for time. Each also holds `decode_steps` (`make_fixtures.py --only steps`):
-b11434 in that configuration with one token per ubatch over the teacher-forced text, i.e. llama.cpp's
-decode-step arithmetic at every position (qwen2.5's too). Tiny-model fixtures: F32
+weight repacking, 2 threads, ubatch 512; recorded in each fixture) — all three since session 14 (qwen2.5's
+was llama-cpp-python 0.3.36's own build until then: repacking on, made on another CPU). Each also holds
+`decode_steps`: b11434 in that configuration with one token per ubatch over the teacher-forced text, i.e.
+llama.cpp's decode-step arithmetic at every position. Tiny-model fixtures: F32
 weights and F32 KV, so no activation quantization, and they must agree to float32 rounding
 (gemma3 to 5e-3: ggml's GELU reads an fp16 table).
 
@@ -78,8 +77,12 @@ GREEDY_PASS_MIN = {"smollm2-135m": 18, "gemma3-270m": 8, "qwen2.5-coder-1.5b-ins
 # Session 11, with the output projection in the C kernel (llama.cpp's Q8 block arithmetic) and the C
 # RMSNorm (ggml's), on the AMD machine: smollm2 0.9575 / 1.026 / 0.158 — closer at the top-1, the median
 # (0.141 -> 0.119) and the mean, one of its 4,470 top-10 logits further: that ceiling 1.0 -> 1.1.
+# Session 14: qwen2.5's fixture regenerated in b11434's configuration (as the other two; the old one was llama-cpp-python
+# 0.3.36 with repacking on, from another CPU, whose own top-1 agrees with the new one's at 0.9735). The default path
+# against it, unchanged code: 0.9761 / 1.237 / 0.094 (against the old one 0.9814 / 0.967 / 0.096): a new reference, not
+# a regression, so its max ceiling 1.1 -> 1.3.
 TEACHER_FLOOR = {"smollm2-135m": (0.945, 1.1, 0.18), "gemma3-270m": (0.92, 2.5, 0.31),
-                 "qwen2.5-coder-1.5b-instruct": (0.97, 1.1, 0.10)}
+                 "qwen2.5-coder-1.5b-instruct": (0.97, 1.3, 0.10)}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
