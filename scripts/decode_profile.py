@@ -29,16 +29,19 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--ab", metavar="SWITCH", help="alternate SWITCH=1 and =0, round by round")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--depth", type=int, default=20, help="prompt tokens prefilled before the steps (the KV depth)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     import tallow
 
     path = args.model if "/" in args.model else os.path.expanduser(f"~/.cache/tallow/models/{args.model}.gguf")
-    need = 24 + args.steps * (2 * args.rounds if args.ab else 1) + 8
+    need = args.depth + 4 + args.steps * (2 * args.rounds if args.ab else 1) + 8
     engine = tallow.load(path, ctx=max(need, 128)).engine  # small: no sliding-window ring
     engine.reset()
-    engine.prefill_chunk_at(list(range(100, 120)), 0)
+    prompt = [100 + i % 900 for i in range(args.depth)]
+    for s in range(0, len(prompt), 512):
+        engine.prefill_chunk_at(prompt[s : s + 512], s)
     token = 5
     for _ in range(4):
         token = int(engine.decode_step(token).argmax())

@@ -9,7 +9,9 @@ Writes tests/fixtures/conformance_<model>.json for the three real models:
   - greedy: 64-token greedy continuations of 12 prompts, raw and chat-templated, with the
     prompt ids and, per generated step, llama.cpp's top-2 logit gap (to judge near-ties);
   - teacher_forced: over a ~500-token text, per position llama.cpp's top-10 token ids and
-    logits (full logit rows would be hundreds of MB).
+    logits (full logit rows would be hundreds of MB);
+  - decode_steps (--only steps adds it): the same over the same text with one token per ubatch,
+    i.e. llama.cpp's decode-step arithmetic at every position.
 and tests/fixtures/tiny_<arch>.json: llama.cpp's full logits on the random-weight tiny
 models of tests/tiny_models.py (F32 weights and F32 KV, so no activation quantization), and for
 the state-space tiny models (mamba, mamba2, falcon-h1) also their greedy continuation.
@@ -139,6 +141,27 @@ def real_model_fixture(path: Path) -> dict:
     provenance = {"llama_cpp": "b11434 built for this machine (../shared/llama.cpp), through llama-cpp-python "
                                f"{llama_cpp.__version__}'s bindings (scripts/numerics_reference.py)", "config": CONFIG}
     return {"model": path.stem, **provenance, "greedy": cases, "teacher_forced": teacher}
+
+
+def decode_steps_fixture(path: Path, ids: list[int]) -> dict:
+    """llama.cpp's own decode steps over the teacher-forced text: the same CONFIG but one token per ubatch, so
+    every position is computed as a decode step computes it (products of one row in vec_dot's order, the
+    one-query attention), where the fixture's ubatch of 512 sums its prompt rows in other orders (tiled K-quant
+    products, tinyBLAS's lanes). Per position the top-10 token ids and logits, as teacher_forced."""
+    from numerics_reference import CONFIG, Reference
+
+    saved = CONFIG["n_ubatch"]
+    CONFIG["n_ubatch"] = 1
+    try:
+        ref = Reference(path)
+        scores = ref.logits(ids)
+        ref.close()
+        config = dict(CONFIG)
+    finally:
+        CONFIG["n_ubatch"] = saved
+    top_ids = np.argsort(-scores, axis=1)[:, :TOP]
+    return {"config": config, "top_ids": top_ids.tolist(),
+            "top_logits": np.take_along_axis(scores, top_ids, 1).round(5).tolist()}
 
 
 LONG_N_PROMPT = 1300  # past gemma3's 512-token window and its 1023-slot ring (window + chunk - 1)
@@ -346,11 +369,21 @@ def tiny_moe_fixture(arch: str, folder: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="/root/models", help="folder with <name>.gguf files")
-    ap.add_argument("--only", choices=("tiny", "real", "long"), default=None)
+    ap.add_argument("--only", choices=("tiny", "real", "long", "steps"), default=None,
+                    help="steps: add llama.cpp's decode steps (ubatch 1) over the teacher-forced text to the real models' fixtures")
     ap.add_argument("--arch", default=None, help="with --only tiny: just this tiny architecture (and its quantized variant)")
+    ap.add_argument("--model", default=None, choices=MODELS, help="with --only real or steps: just this real model")
     args = ap.parse_args()
     out = ROOT / "tests" / "fixtures"
     out.mkdir(parents=True, exist_ok=True)
+    if args.only == "steps":
+        for name in [m for m in MODELS if args.model in (None, m)]:
+            fixture = out / f"conformance_{name}.json"
+            data = json.loads(fixture.read_text())
+            data["decode_steps"] = decode_steps_fixture(Path(args.models) / f"{name}.gguf", data["teacher_forced"]["ids"])
+            fixture.write_text(json.dumps(data))
+            print("wrote", fixture.name, "decode_steps", flush=True)
+        return
     if args.only in (None, "long"):
         name = "gemma3-270m"  # the model with sliding-window layers
         data = long_context_fixture(Path(args.models) / f"{name}.gguf")
@@ -380,10 +413,11 @@ def main() -> None:
                 name = f"tiny_{arch}-{qtype.name.lower()}.json"
                 (out / name).write_text(json.dumps(tiny_quantized_fixture(arch, Path(tmp), qtype)))
                 print("wrote", name)
-    if args.only != "tiny":
-        for name in MODELS:
+    if args.only not in ("tiny", "steps"):
+        for name in [m for m in MODELS if args.model in (None, m)]:
             print(name, flush=True)
             data = real_model_fixture(Path(args.models) / f"{name}.gguf")
+            data["decode_steps"] = decode_steps_fixture(Path(args.models) / f"{name}.gguf", data["teacher_forced"]["ids"])
             (out / f"conformance_{name}.json").write_text(json.dumps(data))
             print("wrote", f"conformance_{name}.json")
 

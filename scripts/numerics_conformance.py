@@ -3,6 +3,12 @@
   PYTHONPATH=$PWD python scripts/numerics_conformance.py MODEL [--greedy N] [--no-teacher] [--live]
   (TALLOW_NUMERICS=ggml for the ggml path)
 
+--steps: teacher-force through the decode step, one token at a time (the C step where it applies: the
+products in llama.cpp's block arithmetic), instead of prefill in chunks of 256 (torch layers on the
+default path). Against the fixture (llama.cpp's ubatch 512: every product of 8+ rows in its tiled
+order, prompt attention in tinyBLAS's lanes) this cannot be bit-exact even with llama.cpp's decode
+arithmetic; --live --ref-ubatch 1 compares with llama.cpp's own decode steps (one token per ubatch).
+
 Teacher-forced (tests/fixtures/conformance_MODEL.json, position 0 left out as in
 test_conformance.py): top-1 agreement over all positions and the |Δlogit| distribution of
 llama.cpp's top-10 logits. Greedy: for each fixture case, whether our continuation equals
@@ -44,6 +50,10 @@ def main() -> None:
     ap.add_argument("--no-teacher", action="store_true")
     ap.add_argument("--prompt", default=None, help="only cases whose prompt starts with this")
     ap.add_argument("--live", action="store_true", help="compare with llama.cpp run here, not the fixture")
+    ap.add_argument("--steps", action="store_true",
+                    help="teacher-force through the decode step, one token at a time (not prefill in chunks of 256)")
+    ap.add_argument("--ref-ubatch", type=int, default=None,
+                    help="--live: llama.cpp's ubatch (1: every position one of its decode steps; default the fixtures' 512)")
     args = ap.parse_args()
 
     import tallow
@@ -56,8 +66,10 @@ def main() -> None:
     ref = None
     if args.live:
         sys.path.insert(0, str(ROOT / "scripts"))
-        from numerics_reference import Reference
+        from numerics_reference import CONFIG, Reference
 
+        if args.ref_ubatch:
+            CONFIG["n_ubatch"] = args.ref_ubatch
         ref = Reference(require_model(args.model))
     if not args.no_teacher:
         tf = fixture["teacher_forced"]
@@ -65,8 +77,16 @@ def main() -> None:
         llm.engine.reset()
         kv = llm.engine.kv
         t0 = time.time()
-        ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)])
-        ours = ours.cpu()[1:]
+        if args.steps:  # every position a decode step (the C step where it applies), position 0 included
+            c_step, c_runs = llm.model.c_decode, [0]
+            if c_step is not None:
+                run = c_step.run
+                c_step.run = lambda *a, **k: (c_runs.__setitem__(0, c_runs[0] + 1), run(*a, **k))[1]
+            ours = torch.cat([llm.model.forward([tok], pos, kv) for pos, tok in enumerate(ids)])
+            print(f"  {c_runs[0]} of {len(ids)} steps through the C decode step", flush=True)
+        else:
+            ours = torch.cat([llm.model.forward(ids[s : s + 256], s, kv, all_logits=True) for s in range(0, len(ids), 256)])
+        ours = ours.cpu().float()[1:]
         top_ids = torch.tensor(tf["top_ids"])[1:]
         ref_top = torch.tensor(tf["top_logits"])[1:]
         if ref is not None:
@@ -75,6 +95,12 @@ def main() -> None:
             q_all = torch.quantile(d_all.flatten()[:: max(1, d_all.numel() // 1_000_000)], torch.tensor([0.5, 0.9, 0.99]))
             print(f"  live llama.cpp: {int((ours == theirs).sum())} of {ours.numel()} logits bit-identical; |Δlogit| over"
                   f" all logits median {q_all[0]:.3g} p90 {q_all[1]:.3g} p99 {q_all[2]:.3g} max {d_all.max():.4g}", flush=True)
+            fx_ids = torch.tensor(tf["top_ids"])[1:]
+            fx_same = theirs.argmax(-1) == fx_ids[:, 0]
+            fx_delta = (theirs.gather(1, fx_ids) - torch.tensor(tf["top_logits"])[1:]).abs()
+            print(f"  live llama.cpp (ubatch {CONFIG['n_ubatch']}) against the fixture: top-1 {fx_same.float().mean():.4f},"
+                  f" |Δ top-1 logit| median {fx_delta[:, 0].median():.4f} max {fx_delta[:, 0].max():.4f};"
+                  f" top-10 max {fx_delta.max():.4f} mean {fx_delta.mean():.4f}", flush=True)
             ref_top, top_ids = theirs.topk(10, dim=-1)
         same = ours.argmax(-1) == top_ids[:, 0]
         delta = (ours.gather(1, top_ids) - ref_top).abs()

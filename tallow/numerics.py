@@ -97,8 +97,12 @@ def ggml_rope_angles(n_positions: int, rope_dim: int, base: float, freq_scale: f
 
 
 def ggml_rope_cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cosf and sinf of the angles, by libm itself (rope_yarn with mscale 1)."""
-    return libm_map("cosf", angles), libm_map("sinf", angles)
+    """cosf and sinf of the angles, by libm itself (rope_yarn with mscale 1): in one C call where the optional
+    library is built (kernels/cpu/ggml_ops.c's go_cos_sin, the same libm functions), else one ctypes call each."""
+    from .kernels.cpu import ggml_ops  # (imported here: the kernels import this module)
+
+    both = ggml_ops.cos_sin(angles)
+    return both if both is not None else (libm_map("cosf", angles), libm_map("sinf", angles))
 
 
 def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

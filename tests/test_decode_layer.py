@@ -1,7 +1,12 @@
-"""The whole llama/qwen2/qwen3/gemma3/Gemma 4 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER): its
-logits are the composed default path's bit for bit (the reference: the same C products, norms and attention
-reached from Python, with torch's RoPE, f16 cast and SiLU between them), and it steps aside where it does not
-compute what the composed blocks compute."""
+"""The whole llama/qwen2/qwen3/gemma3/Gemma 4 decode step in one C call (kernels/cpu/decode_layer.c, TALLOW_CPU_C_LAYER).
+
+In torch's arithmetic (TALLOW_CPU_GGML_STEP=0, which the tests below set unless they say otherwise) its logits are the
+composed default path's bit for bit (the reference: the same C products, norms and attention reached from Python,
+with torch's RoPE, f16 cast and SiLU between them), and it steps aside where it does not compute what the composed
+blocks compute. In ggml's (the default for the llama block and gemma3's) a decode step is the composed
+TALLOW_NUMERICS=ggml path's decode step bit for bit, whose ops are llama.cpp b11434's (tests/test_ggml_numerics.py;
+tests/test_conformance.py compares the real models' decode steps with llama.cpp's), and a verification's rows are
+its decode steps."""
 
 from __future__ import annotations
 
@@ -17,6 +22,13 @@ from tallow import switches
 from tallow.kernels.cpu import decode_layer
 
 needs_c = pytest.mark.skipif(not decode_layer.usable(), reason=f"C decode step: {decode_layer.unavailable_reason()}")
+
+
+@pytest.fixture(autouse=True)
+def torch_arithmetic(monkeypatch):
+    """The C step in torch's arithmetic, the composed default path's bits, unless a test says otherwise."""
+    monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "0")
+    switches.refresh()
 
 
 @needs_c
@@ -215,3 +227,137 @@ def test_real_models_bit_identical(name, prompt, ctx, monkeypatch):
     assert n_fast == 25 and n_ref == 0
     for a, b in zip(fast, ref):
         assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ the C step in ggml's arithmetic (TALLOW_CPU_GGML_STEP)
+
+def _numerics(monkeypatch, ggml: bool) -> None:
+    """TALLOW_NUMERICS=ggml or the default: read at load (linears, RoPE tables, the C step) and per call (the ops)."""
+    if ggml:
+        monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    else:
+        monkeypatch.delenv("TALLOW_NUMERICS", raising=False)
+    switches.refresh()
+
+
+def _ggml_model(path, monkeypatch):
+    """The same file loaded under TALLOW_NUMERICS=ggml (the composed blocks with ggml's ops), its C step declined."""
+    _numerics(monkeypatch, True)
+    model = _model(path)[0]
+    assert model.c_decode is None
+    _numerics(monkeypatch, False)
+    return model
+
+
+@needs_c
+@pytest.mark.parametrize("arch,qtype,chunk", [("llama", QT.Q8_0, 0), ("llama", QT.Q4_1, 0), ("qwen2", QT.Q8_0, 0),
+                                              ("qwen2", QT.Q5_0, 0), ("qwen3", QT.Q8_0, 0), ("gemma3", QT.Q8_0, 0),
+                                              ("gemma3", QT.Q8_0, 4)])
+def test_ggml_step_is_ggml_numerics(arch, qtype, chunk, tmp_path, monkeypatch):
+    """After the same prompt (written by the TALLOW_NUMERICS=ggml model), 10 decode steps of the C step in ggml's
+    arithmetic give the composed TALLOW_NUMERICS=ggml path's logits and K/V bit for bit: tiny llama (norm RoPE),
+    qwen2 (neox RoPE, biases), qwen3 (Q/K norms), gemma3 (GeGLU by ggml's table, Q scaled before the scores, two
+    RoPE bases, windows of 8 keys passed; chunk 4: rings that wrap). With TALLOW_CPU_GGML_STEP=0 they differ."""
+    from tallow.memory.kv_pool import KVPool
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype)
+    model, reference = _model(path)[0], _ggml_model(path, monkeypatch)
+    assert model.c_decode is not None and model.c_decode.ggml_capable
+    kv = KVPool(model.spec, 64, max_chunk=chunk) if chunk else KVPool(model.spec, 64, "f16")
+    calls = _count_runs(monkeypatch)
+
+    def steps(stepper, ggml_step: bool):
+        monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "1" if ggml_step else "0")
+        switches.refresh()
+        kv.truncate(0)
+        _numerics(monkeypatch, True)
+        reference.forward(IDS[:6], 0, kv)
+        _numerics(monkeypatch, stepper is reference)
+        out = [stepper.forward([t], 6 + i, kv) for i, t in enumerate(IDS[6:])]
+        _numerics(monkeypatch, False)
+        return out, [k.clone() for k in kv.k]
+
+    ref, k_ref = steps(reference, True)
+    assert not calls
+    fast, k_fast = steps(model, True)
+    assert len(calls) == len(IDS) - 6
+    for a, b in zip(fast + k_fast, ref + k_ref):
+        assert torch.equal(a, b)
+    torch_step, _ = steps(model, False)
+    assert any(not torch.equal(a, b) for a, b in zip(torch_step, ref))
+
+
+@needs_c
+@pytest.mark.parametrize("arch,chunk", [("llama", 0), ("qwen2", 0), ("gemma3", 0), ("gemma3", 4)])
+def test_ggml_step_verification_rows_are_its_decode_steps(arch, chunk, tmp_path, monkeypatch):
+    """In ggml's arithmetic a verification's rows (2, 5, 8 in one C call) are the decode steps of the same tokens
+    bit for bit, logits and K/V (so speculation stays exact), whatever the thread count."""
+    from tallow.memory.kv_pool import KVPool
+    from tallow.models.step import VERIFY
+    from tiny_models import write_tiny_model
+
+    monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "1")
+    switches.refresh()
+    model, kv = _model(write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0))
+    if chunk:
+        kv = KVPool(model.spec, 64, max_chunk=chunk)
+    calls = _count_runs(monkeypatch)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for m in (2, 5, 8):
+                kv.truncate(0)
+                model.forward(IDS[:6], 0, kv)
+                rows = model.forward(IDS[6 : 6 + m], 6, kv, all_logits=True, phase=VERIFY)
+                k_rows = [k.clone() for k in kv.k]
+                kv.truncate(0)  # (a ring cannot go back to position 6 after 8 more: start again)
+                model.forward(IDS[:6], 0, kv)
+                steps = torch.cat([model.forward([t], 6 + i, kv) for i, t in enumerate(IDS[6 : 6 + m])])
+                assert torch.equal(rows, steps), (n_threads, m)
+                if not chunk:  # (a ring's slots past what both wrote hold older rows)
+                    for a, b in zip(k_rows, kv.k):
+                        assert torch.equal(a[:, : 6 + m], b[:, : 6 + m])
+    finally:
+        torch.set_num_threads(threads)
+    assert calls
+
+
+@needs_c
+@pytest.mark.parametrize("name,prompt,ctx", REAL[:3])
+def test_real_models_ggml_step_is_ggml_numerics(name, prompt, ctx, monkeypatch):
+    """smollm2, gemma3 (past its window; with rings that wrap): after the same prompt, 16 decode steps of the
+    C step in ggml's arithmetic give the composed TALLOW_NUMERICS=ggml path's logits bit for bit (a planted
+    fault of one ulp anywhere shows on the real files, where the tiny models' Q8 rounding may absorb it)."""
+    path = Path(os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
+    if not path.exists():
+        pytest.skip(f"{name} is not downloaded")
+    import tallow
+
+    monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "1")
+    _numerics(monkeypatch, True)
+    reference = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
+    assert reference.model.c_decode is None
+    _numerics(monkeypatch, False)
+    engine = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
+    assert engine.model.c_decode is not None
+    ids = [100 + (7 * i) % 900 for i in range(prompt)]
+    reference.reset()
+    engine.reset()
+    _numerics(monkeypatch, True)
+    reference.prefill_chunk_at(ids, 0)
+    for a, b in zip(engine.kv.k + engine.kv.v, reference.kv.k + reference.kv.v):
+        a.copy_(b)
+    engine.kv.tokens[:] = reference.kv.tokens
+    engine.kv.mark_written(len(ids) - 1)
+    calls = _count_runs(monkeypatch)
+    token = 5
+    for step in range(16):
+        _numerics(monkeypatch, True)
+        theirs = reference.decode_step(token)
+        _numerics(monkeypatch, False)
+        ours = engine.decode_step(token)
+        assert torch.equal(ours, theirs), step
+        token = int(theirs.argmax())
+    assert len(calls) == 16

@@ -9,7 +9,17 @@
  * four kernels, the K/V casts, SiLU and its product, allocations): about as long as the products
  * themselves (docs/performance.md, session 12). Here the layers run back to back without Python.
  *
- * Same bits as the composed default path (models/llama.py's, gemma3.py's and gemma4.py's blocks with TALLOW_CPU_GGML_DOT,
+ * Two arithmetics. By default for the llama block and gemma3's (dl_model_t.ggml_ops, TALLOW_CPU_GGML_STEP): ggml-cpu's,
+ * llama.cpp b11434's decode step bit for bit (flash attention off, f16 K/V, repacking off) — the products and norms
+ * below, then RoPE over ggml's angle tables with rotate_pairs' fmas (go_rope), Q scaled before the score product where
+ * llama.cpp does so (gemma3), the one-query attention with Q and the softmax weights rounded to f16 in ggml_vec_dot_f16's
+ * lanes (go_attend), SiLU by ggml_v_expf (go_swiglu), GeGLU by ggml's fp16 table (go_geglu): the functions
+ * TALLOW_NUMERICS=ggml calls (ggml_ops.c), every row of a verification as its decode step. Why: with torch's
+ * arithmetic between ggml's products a decode step agreed with llama.cpp's on the top-1 token at only 95-96% of
+ * teacher-forced positions (the Q8 rounding of every product's input amplifies a last-bit difference; session 14).
+ *
+ * Otherwise (Gemma 4, Falcon-H1, TALLOW_CPU_GGML_STEP=0) torch's:
+ * same bits as the composed default path (models/llama.py's, gemma3.py's and gemma4.py's blocks with TALLOW_CPU_GGML_DOT,
  * TALLOW_CPU_C_NORM and TALLOW_CPU_C_ATTENTION on), because every step is either the same C function
  * it calls or the float operations torch performs there, in the same order:
  *   - norms: go_rms_norm (ggml_ops.c), the residual add in the same call, as ops.add_norm does;
@@ -56,6 +66,12 @@ void go_rms_norm(const float *x, int64_t x_stride, const float *d, float *sum_ou
                  int64_t w_rows, float eps, float *y); /* ggml_ops.c */
 void go_geglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, const float *table, float *y,
               int64_t ys); /* ggml_ops.c: layers.ggml_table_geglu */
+void go_swiglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t rows, int64_t n, float *y, int64_t ys);
+void go_rope(const float *x, int64_t st_tok, int64_t st_head, int64_t n_tok, int64_t heads, int head_dim, int rope_dim,
+             const float *cos_full, const float *sin_signed, int neox, float *out);
+int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k,
+              const uint16_t *v, int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t cap, int64_t lo, int64_t n,
+              int64_t start, int64_t window, float scale, float *out, int nthreads); /* ggml_ops.c */
 int ss_mixer_step(const void *m, const float *h, const float *proj, float *conv_state, float *ssm_state,
                   uint8_t *act_scratch, float *out, int threads); /* ssm_step.c (its ss_mixer_t *m) */
 
@@ -82,6 +98,7 @@ typedef struct {
     const void *mixer;
     float *conv_state, *ssm_state;
     int64_t mixer_in, mixer_act;
+    const float *gcos, *gsin; /* ggml's RoPE tables (RotaryTables with ggml's angles), for ggml_ops */
 } dl_layer_t;
 
 typedef struct {
@@ -89,11 +106,19 @@ typedef struct {
     int32_t neox, geglu; /* geglu: GELU(gate) * up through `gelu`, else SwiGLU */
     float eps, scale;
     const float *gelu;      /* torch's fp16 GELU (tanh) of every fp16 value, as float (65536) */
-    const float *gelu_ggml; /* ggml's fp16 GELU table (numerics.ggml_gelu_table): the per-layer gate's */
+    const float *gelu_ggml; /* ggml's fp16 GELU table (numerics.ggml_gelu_table): the per-layer gate's, and GeGLU's with ggml_ops */
     const dl_layer_t *layers;
+    /* ggml_ops (TALLOW_CPU_GGML_STEP): RoPE, SwiGLU/GeGLU and attention in ggml-cpu's arithmetic (ggml_ops.c, the
+     * functions TALLOW_NUMERICS=ggml calls), not torch's: llama.cpp's decode step bit for bit, with the products'
+     * vec_dot order. prescaled_q: llama.cpp scales Q before the score product (gemma3: ggml_scale(Qcur)), not the
+     * scores in the softmax. A bit mask, so that scripts can measure each op's share: DL_GGML_ROPE | DL_GGML_ATTENTION
+     * | DL_GGML_GLU in use; 0: torch's arithmetic throughout. */
+    int32_t ggml_ops, prescaled_q;
 } dl_model_t;
 
-int dl_abi_version(void) { return 4; }
+enum { DL_GGML_ROPE = 1, DL_GGML_ATTENTION = 2, DL_GGML_GLU = 4 };
+
+int dl_abi_version(void) { return 5; }
 
 /* ------------------------------------------------------------------ SiLU as torch computes it */
 
@@ -194,10 +219,12 @@ static float *scratch_floats(int64_t n) {
  * one, else left pending as gemma3's. ops.norm_add's `x + rms_norm(b)` then `* scale` are two rounded
  * operations per value, as here. */
 int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int64_t m, int64_t pos, int nthreads) {
+    const int ggml_rope = M->ggml_ops & DL_GGML_ROPE, ggml_att = M->ggml_ops & DL_GGML_ATTENTION,
+              ggml_glu = M->ggml_ops & DL_GGML_GLU;
 #if DL_X86
-    if (!g_vexp) return -1;
+    if (!g_vexp && !ggml_glu) return -1;
 #else
-    return -1;
+    if (!ggml_glu) return -1;
 #endif
     const int64_t dim = M->dim, pd = M->ple_dim;
     int64_t act = 0, wq = 0, wqkv = 0, watt = 0, wffn = 0, wv = 0; /* the widest of each part over the layers */
@@ -245,7 +272,12 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
                 heads = normed + r * nqkv;
             }
             const int64_t at = pos + r;
-            rope_heads(M, L, heads, rot, nrot, L->cos + at * rd, L->sin + at * rd);
+            if (ggml_rope) /* ggml's angles (float recurrence, libm's cosf/sinf) and rotate_pairs' two fmas */
+                go_rope(heads, 0, hd, 1, nrot, (int)hd, (int)rd, L->gcos + at * rd, L->gsin + at * rd, M->neox, rot);
+            else
+                rope_heads(M, L, heads, rot, nrot, L->cos + at * rd, L->sin + at * rd);
+            if (ggml_att && M->prescaled_q)
+                for (int64_t i = 0; i < nh * hd; i++) rot[i] = rot[i] * M->scale; /* ggml_scale(Qcur) */
             if (!L->writes_kv) continue;
             const float *vsrc = L->v_is_k ? row + nh * hd : row + nqk; /* V: K's raw projection, or its own */
             if (L->v_norm) {
@@ -262,6 +294,15 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
         }
         for (int64_t r = 0; r < m; r++) { /* every row's K/V is written: row r sees keys ..pos + r */
             const int64_t end = pos + r + 1, begin = L->window && end > L->window ? end - L->window : 0;
+            if (ggml_att) { /* one query row as EagerAttention.ggml_attend: keys from kv.window_start (a ring's window edge, else 0) */
+                const int64_t lo = L->ring && L->window && end > L->window ? end - L->window : 0;
+                const float sc = M->prescaled_q ? 1.0f : M->scale;
+                if (go_attend(qk + r * nqk, nqk, hd, 1, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt,
+                              L->svh, L->svt, L->ring ? L->ring : end, lo, end - lo, end - 1, L->window, sc,
+                              att + r * nh * vhd, nthreads))
+                    return -2;
+                continue;
+            }
             if (ta_attend_f16(qk + r * nqk, (int)nh, (int)nkv, (int)hd, (int)vhd, L->k, L->v, L->skh, L->skt, L->svh,
                               L->svt, begin, end, L->ring, M->scale, 0.0f, att + r * nh * vhd, nthreads))
                 return -2;
@@ -278,7 +319,11 @@ int dl_decode(const dl_model_t *M, float *x, float *delta, const float *ple, int
         for (int64_t r = 0; r < m; r++) {
             const float *gr = gu + r * 2 * ffn, *ur = gr + ffn;
             float *yr = g + r * ffn;
-            if (M->geglu) {
+            if (ggml_glu && M->geglu) {
+                go_geglu(gr, ffn, ur, ffn, 1, ffn, M->gelu_ggml, yr, ffn);
+            } else if (ggml_glu) {
+                go_swiglu(gr, ffn, ur, ffn, 1, ffn, yr, ffn);
+            } else if (M->geglu) {
                 for (int64_t i = 0; i < ffn; i++) yr[i] = M->gelu[tg_f32_to_f16(gr[i])] * ur[i];
             } else {
 #if DL_X86

@@ -21,11 +21,18 @@ block runs it on one decode row: Q/K/V and the mixer's in-projection in one prod
 keeps each row's state: the composed block does that), and only where the composed block would take its C mixer
 (TALLOW_CPU_C_MIXER and what it needs), so both paths are the same calls.
 
-Switch (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks.
+ggml's arithmetic (session 14, TALLOW_CPU_GGML_STEP, default on; the llama block and gemma3's): RoPE, SwiGLU/GeGLU and the
+attention as ggml-cpu computes them (ggml_ops.c, TALLOW_NUMERICS=ggml's functions), so that with the C products a decode
+step is llama.cpp's own bit for bit; RoPE then reads ggml's angle tables (`_ggml_rope`), and a verification's rows need
+no thread-split check (ggml's GLU goes row by row). The composed blocks keep torch's arithmetic: with this on, the C
+step is compared with TALLOW_NUMERICS=ggml's composed decode step instead (tests/test_decode_layer.py).
+
+Switches (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks; TALLOW_CPU_GGML_STEP=0 torch's arithmetic.
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import weakref
@@ -38,7 +45,9 @@ from . import c_ssm, ggml_dot
 
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
-_ABI = 4
+_ABI = 5
+GGML_ROPE, GGML_ATTENTION, GGML_GLU = 1, 2, 4  # decode_layer.c's DL_GGML_* bits
+GGML_ALL = GGML_ROPE | GGML_ATTENTION | GGML_GLU
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
 
 
@@ -56,7 +65,7 @@ class _Layer(ctypes.Structure):
                 ("head_dim", ctypes.c_int64), ("v_head_dim", ctypes.c_int64), ("rope_dim", ctypes.c_int64),
                 ("ffn", ctypes.c_int64), ("writes_kv", ctypes.c_int32), ("v_is_k", ctypes.c_int32),
                 ("mixer", ctypes.c_void_p), ("conv_state", ctypes.c_void_p), ("ssm_state", ctypes.c_void_p),
-                ("mixer_in", ctypes.c_int64), ("mixer_act", ctypes.c_int64)]
+                ("mixer_in", ctypes.c_int64), ("mixer_act", ctypes.c_int64), ("gcos", ctypes.c_void_p), ("gsin", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -64,7 +73,8 @@ class _Model(ctypes.Structure):
 
     _fields_ = [("n_layers", ctypes.c_int64), ("dim", ctypes.c_int64), ("ple_dim", ctypes.c_int64),
                 ("neox", ctypes.c_int32), ("geglu", ctypes.c_int32), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("gelu", ctypes.c_void_p), ("gelu_ggml", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer))]
+                ("gelu", ctypes.c_void_p), ("gelu_ggml", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
+                ("ggml_ops", ctypes.c_int32), ("prescaled_q", ctypes.c_int32)]
 
 
 def _torch_vexp() -> int | None:
@@ -227,7 +237,14 @@ class DecodeLayers:
             table = F.gelu(every, approximate="tanh").float()
             self.keep.append(table)
             m.geglu, m.gelu = 1, table.data_ptr()
-        if m.ple_dim:  # layers.ggml_table_geglu's table (the per-layer gate), read by ggml_ops.c's go_geglu
+        # ggml's elementwise arithmetic (TALLOW_CPU_GGML_STEP): the llama block and gemma3's, the families whose
+        # TALLOW_NUMERICS=ggml ops were checked against llama.cpp; not Gemma 4 or Falcon-H1 (their verification
+        # rows and other blocks would keep torch's arithmetic).
+        self.ggml_capable = not gemma4 and not self.mixers
+        self.ggml_mask = GGML_ALL  # which ops take ggml's arithmetic when it is on (scripts measure them one by one)
+        m.prescaled_q = int(model.ggml_prescaled_q)
+        self.ggml_tables: dict = {}  # rope key -> RotaryTables with ggml's angles, made at the first ggml step
+        if m.ple_dim or (geglu and self.ggml_capable):  # numerics.ggml_gelu_table, read by ggml_ops.c's go_geglu
             from ...numerics import ggml_gelu_table
 
             table = ggml_gelu_table().float().contiguous()
@@ -369,15 +386,39 @@ class DecodeLayers:
         bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
         return bound or self._bind(kv)
 
+    def ggml_on(self) -> bool:
+        """Whether this step runs ggml's elementwise arithmetic (TALLOW_CPU_GGML_STEP, read per step)."""
+        return self.ggml_capable and switches.enabled("TALLOW_CPU_GGML_STEP")
+
     def _rows_ok(self, m: int) -> bool:
+        if self.ggml_on() and self.ggml_mask & GGML_GLU:  # ggml's GLU goes row by row: no thread split to match
+            return m <= ggml_dot.GgmlDotLinear.MAX_ROWS
         threads, block = torch.get_num_threads(), 64 if self.cmodel.geglu else 32
         return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and all(silu_rows_match(m, f, threads, block) for f in self.ffns)
+
+    def _ggml_rope(self, n: int) -> None:
+        """ggml's RoPE tables (RotaryTables' ggml angles: the float recurrence, libm's cosf/sinf) for positions
+        0..n-1 of every rope key, made at the first ggml step and grown as the model's own are."""
+        for key, (table, layers) in self.tables.items():
+            g = self.ggml_tables.get(key)
+            if g is None:
+                g = self.ggml_tables[key] = copy.copy(table)
+                g.ggml = True
+                g.cos = g.sin = torch.empty(0, table.rope_dim // 2)
+            if g.cos.shape[0] < n:
+                g.ensure(n)
+                for i in layers:
+                    self.layers[i].gcos, self.layers[i].gsin = g.cos_full.data_ptr(), g.sin_signed.data_ptr()
 
     def run(self, x: torch.Tensor, step, kv, per_layer: torch.Tensor | None = None):
         """x (m, dim) the embedded tokens (per_layer (m, n_layers, d): Gemma 4's per-layer inputs) -> (the
         stream, the last layer's pending delta or None), as `_blocks` returns them; the tokens' K/V written at
         step.start.. in every layer that owns a cache."""
         start, m = step.start, x.shape[0]
+        ggml = self.ggml_on()
+        self.cmodel.ggml_ops = self.ggml_mask if ggml else 0
+        if ggml:
+            self._ggml_rope(start + m)
         for key, (table, layers) in self.tables.items():
             # (n, 1, rope_dim) float32, contiguous; `ensure` may have regrown them
             at = table.cos_full.data_ptr(), table.sin_signed.data_ptr()

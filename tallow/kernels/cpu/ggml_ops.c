@@ -1,5 +1,6 @@
 /* ggml's elementwise arithmetic for TALLOW_NUMERICS=ggml, in C: the decode step's RMSNorm, RoPE
- * rotation, SwiGLU/GeGLU and one-token attention over the f16 KV cache.
+ * rotation, SwiGLU/GeGLU and one-token attention over the f16 KV cache. The default C decode step
+ * (decode_layer.c, TALLOW_CPU_GGML_STEP) calls the same functions.
  *
  * Each function gives the bits of its torch emulation in tallow/numerics.py (the reference, itself
  * bit-identical to llama.cpp b11434's CPU backend: flash attention off, f16 K/V), only without the
@@ -105,6 +106,15 @@ void go_rope(const float *x, int64_t st_tok, int64_t st_head, int64_t n_tok, int
             }
             if (rope_dim < head_dim) memcpy(o + rope_dim, xh + rope_dim, sizeof(float) * (size_t)(head_dim - rope_dim));
         }
+    }
+}
+
+/* cosf and sinf of n angles, libm's, as ggml_rope_cache_init calls them: numerics.ggml_rope_cos_sin's tables in one
+ * call (one ctypes call per value took seconds for a long context's tables). */
+void go_cos_sin(const float *angles, int64_t n, float *c, float *s) {
+    for (int64_t i = 0; i < n; i++) {
+        c[i] = cosf(angles[i]);
+        s[i] = sinf(angles[i]);
     }
 }
 
@@ -292,6 +302,152 @@ GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float
 }
 #endif
 
+#if GO_X86
+/* One query row (a decode step), heads h0..h1-1 of one KV group, AVX-512: each head's arithmetic is head_avx512's
+ * for one row, operation for operation, only the loops are turned: keys go in blocks of GO_KEY_BLOCK, and a block's
+ * K rows (then V rows), read from memory once, serve every head of the range from the L1 cache. Head by head the
+ * group's cache was read once per query head (6 times on qwen2.5): at a depth of 4096 that cost more than the step's
+ * products. p: (h1 - h0) * n16 floats, acc: (h1 - h0) * 64 * dv, q16: (h1 - h0) * dk. */
+#define GO_KEY_BLOCK 32 /* a multiple of 16 */
+
+/* hsum16 of 16 vectors at once, result k = hsum16(t[k]): the same adds in the same tree (halves, quarters, pairs:
+ * (l + l+8), then (+4), then (0+2) + (1+3)), 16 keys per add by shuffling the vectors' halves against each other
+ * instead of one key's halves within one register. */
+GO_TGT static inline __m512 hsum16x16(const __m512 *t) {
+    __m512 x[8], y[4], z[2];
+    for (int m = 0; m < 8; m++) /* 256-bit halves: [a(2m) | a(2m+1)], a_l = t_l + t_{l+8} */
+        x[m] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0x44), _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], 0xEE));
+    for (int n = 0; n < 4; n++) /* 128-bit lanes: b(4n + j) in lane j, b_l = a_l + a_{l+4} */
+        y[n] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * n], x[2 * n + 1], 0x88), _mm512_shuffle_f32x4(x[2 * n], x[2 * n + 1], 0xDD));
+    for (int q = 0; q < 2; q++) /* lane j: [b0+b2, b1+b3] of keys 8q + j and 8q + 4 + j */
+        z[q] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * q], y[2 * q + 1], 0x44), _mm512_shuffle_ps(y[2 * q], y[2 * q + 1], 0xEE));
+    /* (b0+b2) + (b1+b3): element 4j + e holds key 4e + j */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, r);
+}
+
+GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16, float *kf) {
+    int64_t i0, i1;
+    visible(a, 0, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16, dv = a->dv;
+    const int nh = h1 - h0, dk = a->dk, g = h0 / a->group;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int j = 0; j < nh; j++) {
+        const float *q = a->q + (int64_t)(h0 + j) * a->sqh;
+        float *qj = q16 + (int64_t)j * dk, *pj = p + j * n16;
+        for (int d = 0; d < dk; d += 16) /* Q to f16 and back, once */
+            _mm512_storeu_ps(qj + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
+        for (int64_t i = 0; i < n16; i++) pj[i] = -INFINITY;
+    }
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (int64_t b0 = i0; b0 < i1; b0 += GO_KEY_BLOCK) { /* scores: ggml_vec_dot_f16's 4 x 16 lanes */
+        const int64_t b1 = b0 + GO_KEY_BLOCK < i1 ? b0 + GO_KEY_BLOCK : i1;
+        for (int64_t i = b0; i < b1; i++) { /* the block's K rows to float once (exact), for every head */
+            const uint16_t *kr = key_row(a, kb, a->skt, i);
+            for (int d = 0; d < dk; d += 16)
+                _mm512_storeu_ps(kf + (i - b0) * dk + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d))));
+        }
+        for (int j = 0; j < nh; j++) {
+            const float *qj = q16 + (int64_t)j * dk;
+            float *pj = p + j * n16;
+            for (int64_t c0 = b0; c0 < b1; c0 += 16) { /* 16 keys' dot products, reduced together */
+                const int nk = b1 - c0 < 16 ? (int)(b1 - c0) : 16;
+                __m512 t[16];
+                for (int k = 0; k < 16; k++) {
+                    if (k >= nk) {
+                        t[k] = _mm512_setzero_ps();
+                        continue;
+                    }
+                    const float *kk = kf + (c0 - b0 + k) * dk;
+                    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                    for (int d = 0; d < dk; d += 16)
+                        s[(d / 16) % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + d), _mm512_loadu_ps(kk + d), s[(d / 16) % 4]);
+                    t[k] = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+                }
+                _mm512_mask_storeu_ps(pj + c0, (__mmask16)((1u << nk) - 1), _mm512_mul_ps(hsum16x16(t), scale));
+            }
+        }
+    }
+    for (int j = 0; j < nh; j++) { /* softmax, as head_avx512 */
+        float *pj = p + j * n16;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(pj + i));
+        float top = _mm512_reduce_max_ps(mx);
+        if (!(top > -INFINITY)) top = 0.0f;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n16; i += 16) {
+            const __m512 e = expf16(_mm512_sub_ps(_mm512_loadu_ps(pj + i), _mm512_set1_ps(top)));
+            _mm512_storeu_ps(pj + i, e);
+            sum += (double)hsum16(e);
+        }
+        const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
+        for (int64_t i = 0; i < n16; i += 16)
+            _mm512_storeu_ps(pj + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(pj + i), inv), _MM_FROUND_TO_NEAREST_INT)));
+    }
+    const int used = i1 < 64 ? (int)i1 : 64; /* lanes that take a key (head_avx512's `used`) */
+    for (int j = 0; j < nh; j++) memset(acc + (int64_t)j * 64 * dv, 0, sizeof(float) * (size_t)used * dv);
+    for (int64_t b0 = i0; b0 < i1; b0 += GO_KEY_BLOCK) { /* V: key i in lane i % 64, keys in order within each lane */
+        const int64_t b1 = b0 + GO_KEY_BLOCK < i1 ? b0 + GO_KEY_BLOCK : i1;
+        for (int j = 0; j < nh; j++) {
+            const float *pj = p + j * n16;
+            float *accj = acc + (int64_t)j * 64 * dv;
+            for (int64_t i = b0; i < b1; i++) {
+                const __m512 w = _mm512_set1_ps(pj[i]);
+                const uint16_t *vr = key_row(a, vb, a->svt, i);
+                float *ac = accj + (i % 64) * dv;
+                for (int64_t d = 0; d < dv; d += 16)
+                    _mm512_storeu_ps(ac + d, _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + d))), _mm512_loadu_ps(ac + d)));
+            }
+        }
+    }
+    for (int j = 0; j < nh; j++) { /* the lane reduction, as head_avx512 */
+        const float *accj = acc + (int64_t)j * 64 * dv;
+        float *o = a->out + (int64_t)(h0 + j) * dv;
+        for (int64_t d = 0; d < dv; d += 16) {
+            __m512 c[16];
+            const float *col = accj + d;
+#define GO_LANE(l) ((l) < used ? _mm512_loadu_ps(col + (l) * dv) : _mm512_setzero_ps())
+            for (int l = 0; l < 16; l++) c[l] = _mm512_add_ps(_mm512_add_ps(GO_LANE(l), GO_LANE(32 + l)), _mm512_add_ps(GO_LANE(16 + l), GO_LANE(48 + l)));
+#undef GO_LANE
+            for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
+            for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
+            _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+        }
+    }
+}
+
+/* go_attend for one query row on AVX-512: (KV group, range of its heads) items over the threads, each group's heads
+ * split into as few ranges as keep every thread busy. */
+static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
+    const int group = a->group, n16 = (int)((a->n + 15) / 16 * 16);
+    int split = nthreads > n_kv ? (nthreads + n_kv - 1) / n_kv : 1;
+    if (split > group) split = group;
+    const int per_range = (group + split - 1) / split, items = n_kv * split;
+    if (nthreads > items) nthreads = items;
+    const int64_t per = (int64_t)per_range * (n16 + 64 * (int64_t)a->dv + a->dk) + (int64_t)GO_KEY_BLOCK * a->dk;
+    float *scratch = malloc(sizeof(float) * (size_t)(per * (nthreads > 1 ? nthreads : 1)));
+    if (!scratch) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+    for (int it = 0; it < items; it++) {
+#ifdef _OPENMP
+        float *s = scratch + per * omp_get_thread_num();
+#else
+        float *s = scratch;
+#endif
+        const int g = it / split, part = it % split;
+        const int h0 = g * group + part * group / split, h1 = g * group + (part + 1) * group / split;
+        if (h1 > h0) {
+            const int nh = h1 - h0;
+            float *acc = s + (int64_t)nh * n16, *q16 = acc + (int64_t)nh * 64 * a->dv;
+            group_one_row_avx512(a, h0, h1, s, acc, q16, q16 + (int64_t)nh * a->dk);
+        }
+    }
+    free(scratch);
+    return 0;
+}
+#endif
+
 /* out (n_q, n_heads, dv) float32: query rows r = 0..n_q-1 at positions start + r (row r, head h at
  * q + r * sqr + h * sqh) over keys i = 0..n-1 at positions lo + i, slots (lo + i) % cap of the f16
  * caches (K head g at k + g * skh, slot t at + t * skt; V likewise); row r sees the keys at positions
@@ -309,6 +465,9 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
     /* a parallel region costs a few microseconds: only where each thread gets real work */
     const double work = (double)items * (double)n * (double)(dk + dv);
     if (nthreads < 1 || work < 1.5e5) nthreads = 1;
+#if GO_X86
+    if (simd && n_q == 1) return one_row_grouped(&a, n_kv, nthreads);
+#endif
     if (nthreads > items) nthreads = (int)items;
     float *scratch = malloc(sizeof(float) * (size_t)(per * nthreads));
     if (!scratch) return -1;

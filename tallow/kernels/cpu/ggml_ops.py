@@ -16,7 +16,7 @@ import torch
 from ... import switches
 from . import ggml_dot
 
-__all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend"]
+__all__ = ["usable", "set_simd", "rms_norm", "rope", "swiglu", "geglu", "attend", "cos_sin"]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -28,6 +28,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.go_attend.argtypes = [p, i64, i64, i32, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, p,
                               i32]
     lib.go_attend.restype = i32
+    if hasattr(lib, "go_cos_sin"):
+        lib.go_cos_sin.argtypes = [p, i64, p, p]
+        lib.go_cos_sin.restype = None
     lib.go_set_simd.argtypes = [i32]
     lib.go_set_simd.restype = i32
     for f in (lib.go_rms_norm, lib.go_rope, lib.go_swiglu, lib.go_geglu):
@@ -159,3 +162,15 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: in
     if rc != 0:
         raise MemoryError("ggml attention: the C kernel could not allocate its scratch.")
     return out
+
+
+def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """libm's cosf and sinf of float32 angles in one C call (numerics.ggml_rope_cos_sin's values), or None where the
+    library lacks it. Not behind TALLOW_GGML_C_OPS: the values are libm's either way."""
+    lib = _lib()
+    if lib is None or not hasattr(lib, "go_cos_sin"):
+        return None
+    a = angles.detach().float().contiguous()
+    c, s = torch.empty_like(a), torch.empty_like(a)
+    lib.go_cos_sin(a.data_ptr(), a.numel(), c.data_ptr(), s.data_ptr())
+    return c, s
