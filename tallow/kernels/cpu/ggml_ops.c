@@ -239,6 +239,23 @@ static void head_portable(const go_attn_t *a, int r, int h, float *p, float *acc
 }
 
 #if GO_X86
+/* softmax_portable's arithmetic with 16 lanes at once, then each weight rounded to f16 (the V product's input) */
+GO_TGT static void softmax_f16_avx512(float *p, int64_t n16) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(p + i));
+    float top = _mm512_reduce_max_ps(mx);
+    if (!(top > -INFINITY)) top = 0.0f;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(p + i, e);
+        sum += (double)hsum16(e);
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
+    for (int64_t i = 0; i < n16; i += 16)
+        _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
+}
+
 /* one (row, head), AVX-512 (dk, dv multiples of 16); q16: dk floats of scratch */
 GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float *acc, float *q16) {
     int64_t i0, i1;
@@ -260,20 +277,7 @@ GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float
         const __m512 t = nacc == 4 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])) : s[0];
         p[i] = hsum16(t) * a->scale;
     }
-    /* softmax */
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(p + i));
-    float top = _mm512_reduce_max_ps(mx);
-    if (!(top > -INFINITY)) top = 0.0f;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n16; i += 16) {
-        const __m512 e = expf16(_mm512_sub_ps(_mm512_loadu_ps(p + i), _mm512_set1_ps(top)));
-        _mm512_storeu_ps(p + i, e);
-        sum += (double)hsum16(e);
-    }
-    const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
-    for (int64_t i = 0; i < n16; i += 16) /* the weights times 1/sum, then to f16 and back */
-        _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
+    softmax_f16_avx512(p, n16);
     /* V: lane i % lanes of every output column accumulates key i's product; lanes at or past `used`
      * take no key and stay +0, so they are neither cleared nor read (adding +0 changes no sum here:
      * a lane's sum starts at +0 and so is never -0) */
@@ -369,22 +373,7 @@ GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, floa
             }
         }
     }
-    for (int j = 0; j < nh; j++) { /* softmax, as head_avx512 */
-        float *pj = p + j * n16;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t i = 0; i < n16; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(pj + i));
-        float top = _mm512_reduce_max_ps(mx);
-        if (!(top > -INFINITY)) top = 0.0f;
-        double sum = 0.0;
-        for (int64_t i = 0; i < n16; i += 16) {
-            const __m512 e = expf16(_mm512_sub_ps(_mm512_loadu_ps(pj + i), _mm512_set1_ps(top)));
-            _mm512_storeu_ps(pj + i, e);
-            sum += (double)hsum16(e);
-        }
-        const __m512 inv = _mm512_set1_ps((float)(1.0 / sum));
-        for (int64_t i = 0; i < n16; i += 16)
-            _mm512_storeu_ps(pj + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(pj + i), inv), _MM_FROUND_TO_NEAREST_INT)));
-    }
+    for (int j = 0; j < nh; j++) softmax_f16_avx512(p + j * n16, n16);
     const int used = i1 < 64 ? (int)i1 : 64; /* lanes that take a key (head_avx512's `used`) */
     for (int j = 0; j < nh; j++) memset(acc + (int64_t)j * 64 * dv, 0, sizeof(float) * (size_t)used * dv);
     for (int64_t b0 = i0; b0 < i1; b0 += GO_KEY_BLOCK) { /* V: key i in lane i % 64, keys in order within each lane */
