@@ -24,7 +24,9 @@
 #        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin),
 #        ssm-check (scripts/gpu_ssmgpu.py check: tiny mamba/mamba2/falcon-h1 through the graphs against llama.cpp's
 #        fixtures), ssm0 (SSM_TWINS tallow then llama-bench, `-p 512 -n 64`, depth 0), profile-ssm (one decode
-#        step of PROFILE_TWINS, with and without PDL), ssm-ab (SSM_TWINS tg64 at depths 0 and 4096: default, $AB, default).
+#        step of PROFILE_TWINS, with and without PDL), ssm-ab (SSM_TWINS tg64 at depths 0 and 4096: default, $AB, default),
+#        epilogue (scripts/gpu_ssm_epilogue.py: TALLOW_SSM_SCAN_EPILOGUE's kernel and model checks on the Mamba-1.4B twin),
+#        profile-pp (PP_TWINS' pp512 kernels), ssm-kernels (scripts/gpu_ssmgpu.py kernels: conv and scan alone, rows per program).
 # (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
@@ -110,6 +112,14 @@ for step in "$@"; do
       twin qwen3-4b && pair qwen3-4b -p 0 -n 128 -d 32768 ;;
     depth-e2b) say "depth gemma4-e2b"
       twin gemma4-e2b && pair gemma4-e2b -p 0 -n 128 -d 32768 ;;
+    epilogue) say "epilogue: the scan with dt's bias and y's Q8_1 (scripts/gpu_ssm_epilogue.py)"
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      timeout 300 python3 scripts/gpu_ssm_epilogue.py /root/twins/mamba-1.4b.gguf 2>&1 | grep -v Warning | tail -12 | tee $OUT/epilogue.txt ;;
+    profile-pp) say "profile-pp"
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      for t in ${PP_TWINS:-falcon-h1-1.5b}; do timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 512 --decode 0 --rows 30 \
+        > $OUT/profile_pp_$t.txt 2>&1; head -40 $OUT/profile_pp_$t.txt | grep -v Warning | cut -c1-60,100-200; done ;;
+    ssm-kernels) say "ssm-kernels"; timeout 200 python3 scripts/gpu_ssmgpu.py kernels --work /tmp/ssmgpu 2>&1 | tail -20 | tee $OUT/ssm_kernels.txt ;;
     ssm-check) say "ssm-check"; timeout 200 python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 | tee $OUT/ssm_check.txt ;;
     ssm0) say "ssm0: the SSM twins at depth 0 beside llama-bench"
       ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
