@@ -1,7 +1,9 @@
 """TALLOW_SSM_SCAN_EPILOGUE on the H200 (session 14): Mamba-1's decode scan with the dt
 projection's bias and y's Q8_1 blocks inside it, against the separate bias add and quantization.
 
-    python scripts/gpu_ssm_epilogue.py /root/twins/mamba-1.4b.gguf
+    python scripts/gpu_ssm_epilogue.py /root/twins/mamba-1.4b.gguf [SWITCH] [--no-kernel]
+
+(SWITCH: another switch for step 2, e.g. TALLOW_HYBRID_JOIN_Q8 on a Falcon-H1 twin.)
 
 1. The kernel on Mamba-1.4B's layer (4096 channels, 16 states), one decode row: y and the state
    against ssm_scan after a separate `dt + bias` (max |d|, bit equality), the Q8_1 fields against
@@ -81,10 +83,12 @@ def main() -> None:
     if sys.argv[1] == "--child":
         return model_run(sys.argv[2], sys.argv[3])
     path = sys.argv[1]
-    kernel()
+    switch = next((a for a in sys.argv[2:] if a.startswith("TALLOW_")), "TALLOW_SSM_SCAN_EPILOGUE")
+    if "--no-kernel" not in sys.argv:
+        kernel()
     res = {}
     for v in ("1", "0"):
-        env = dict(os.environ, TALLOW_SSM_SCAN_EPILOGUE=v)
+        env = dict(os.environ, **{switch: v})
         out = f"/tmp/epi_{v}.pt"
         r = subprocess.run([sys.executable, __file__, "--child", path, out], env=env, capture_output=True, text=True, timeout=240)
         if r.returncode:
@@ -94,7 +98,7 @@ def main() -> None:
     on, off = res["1"], res["0"]
     d = (on["logits"] - off["logits"]).abs().max().item()
     top1 = (on["logits"].argmax(-1) == off["logits"].argmax(-1)).float().mean().item()
-    print(json.dumps({"model": path, "decode_logits_max_abs_on_vs_off": d, "bit_equal": d == 0.0, "top1_agree": top1,
+    print(json.dumps({"model": path, "switch": switch, "decode_logits_max_abs_on_vs_off": d, "bit_equal": d == 0.0, "top1_agree": top1,
                       "logit_std": off["logits"].std().item(), "greedy_equal": on["tokens"] == off["tokens"],
                       "tokens_on": on["tokens"][:16]}))
 
