@@ -17,7 +17,8 @@ blocks, the out-projection's integer-dot input (mmvq.py), in the scan's own prog
 owns whole 32-row blocks of y. Mamba-1's dt bias comes in as `dt_bias` (added before the softplus, as
 the dt projection's bias add did): that drops the projection's separate bias-add launch.
 
-Both launch with programmatic dependent launch (pdl.py) where the GPU takes it.
+Both launch with programmatic dependent launch (pdl.py) where the GPU takes it (the q8 scan
+does not: see ssm_scan).
 
 Both take `n_valid`: only rows 0..n_valid-1 advance a state (the rows after are a captured
 graph's padding; their outputs are computed and meaningless). n_valid is a host int, or a
@@ -244,5 +245,9 @@ def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
         z if z is not None else x, out, ptr if from_ptr else A, *q_args, n, count, rows, head_dim, n_head // n_group, d_state,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0, out.stride(0),
         A_PER_STATE=A.dim() == 2, HAS_DTB=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, Q8=q8, num_warps=warps, **pdl.launch(x.device))
+        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, Q8=q8, num_warps=warps,
+        # The q8 scan follows the dt projection's GEMV directly (no bias-add launch between): launched
+        # early beside it under PDL, the step ran 0.48 ms slower on the Mamba-1.4B twin (session 14,
+        # call 2; 0.15 ms faster without PDL), so it starts when that GEMV has finished.
+        **(pdl.launch(x.device) if not q8 else {"PDL": False}))
     return (out, xq) if q8 else out
