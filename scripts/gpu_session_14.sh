@@ -22,4 +22,4 @@ PY
 cat $OUT/guard.txt
 grep -q '^off' $OUT/guard.txt && export TALLOW_SSM_SCAN_EPILOGUE=0 && echo "study with TALLOW_SSM_SCAN_EPILOGUE=0"
 ONLY="mamba-1.4b falcon-h1-1.5b falcon-h1-0.5b falcon-h1-3b falcon-h1-1.5b-deep" PER_MODEL_S=${PER_MODEL_S:-95} \
-  TOTAL_S=${TOTAL_S:-290} CHECK_TOKENS=200 timeout ${STUDY_S:-400} bash scripts/gpu_study.sh /root/llama/bin/llama-bench
+  TOTAL_S=${TOTAL_S:-260} CHECK_TOKENS=200 timeout ${STUDY_S:-370} bash scripts/gpu_study.sh /root/llama/bin/llama-bench
