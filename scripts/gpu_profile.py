@@ -65,6 +65,12 @@ def print_last_replay(prof) -> None:
     span = last[-1]["ts"] + last[-1]["dur"] - last[0]["ts"]
     busy = sum(e["dur"] for e in last)
     print(f"last replay: {len(last)} kernels, {span:.1f} us from first start to last end, {busy:.1f} us busy")
+    by_name = defaultdict(list)  # the step's kernels by name: where its time goes
+    for e in last:
+        by_name[e["name"][:70]].append(e["dur"])
+    print(f"{'launches':>8} {'total us':>9} {'mean us':>8}  kernel (last replay, by total)")
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{len(durs):8d} {sum(durs):9.1f} {sum(durs) / len(durs):8.2f}  {name}")
     for i, e in enumerate(last):
         print(f"{i:5d} {e['dur']:8.2f} {e['name'][:90]}")
 

@@ -21,7 +21,12 @@
 #        g4check (scripts/gpu_gemma4_check.py: tiny Gemma 4 greedy against llama.cpp's fixture through the graphs),
 #        narrow (scripts/gpu_gemv_table.py --narrow: deeper mmvq configs on the narrow shapes),
 #        twins (write the five twins), gemv-table (scripts/gpu_gemv_table.py over them: issue 12's bandwidth table),
-#        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin).
+#        pack-split (llama-bench, xz, in 15 MB pieces into $OUT: unpacked by a later lease's llama step from .llbin),
+#        ssm-check (scripts/gpu_ssmgpu.py check: tiny mamba/mamba2/falcon-h1 through the graphs against llama.cpp's
+#        fixtures), ssm0 (SSM_TWINS tallow then llama-bench, `-p 512 -n 64`, depth 0), profile-ssm (one decode
+#        step of PROFILE_TWINS, with and without PDL), ssm-ab (SSM_TWINS tg64 at depths 0 and 4096: default, $AB, default),
+#        epilogue (scripts/gpu_ssm_epilogue.py: TALLOW_SSM_SCAN_EPILOGUE's kernel and model checks on the Mamba-1.4B twin),
+#        profile-pp (PP_TWINS' pp512 kernels), ssm-kernels (scripts/gpu_ssmgpu.py kernels: conv and scan alone, rows per program).
 # (The fold-ab and one-launch steps of session 9 ran at c5130b2 and 714d48e; their switches are gone.)
 # Twins: smollm2-135m gemma3-270m qwen25-1.5b qwen3-4b (from .twins2 headers), gemma4-e2b gemma4-e4b
 # (scripts/make_gemma4_twin.py). Carry: .whl (gguf wheel), .twins2, .llsrc (llama.cpp's source, trimmed).
@@ -107,6 +112,30 @@ for step in "$@"; do
       twin qwen3-4b && pair qwen3-4b -p 0 -n 128 -d 32768 ;;
     depth-e2b) say "depth gemma4-e2b"
       twin gemma4-e2b && pair gemma4-e2b -p 0 -n 128 -d 32768 ;;
+    epilogue) say "epilogue: tiny mamba / falcon-h1 wide enough for the integer-dot paths (scripts/gpu_ssm_epilogue.py)"
+      timeout 150 python3 scripts/gpu_ssm_epilogue.py mamba 2>&1 | grep -v Warning | tail -6 | tee $OUT/epilogue.txt
+      timeout 100 python3 scripts/gpu_ssm_epilogue.py falcon-h1 TALLOW_HYBRID_JOIN_Q8 --no-kernel 2>&1 \
+        | grep -v Warning | tail -6 | tee -a $OUT/epilogue.txt ;;
+    profile-pp) say "profile-pp"
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      for t in ${PP_TWINS:-falcon-h1-1.5b}; do timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 512 --decode 0 --rows 30 \
+        > $OUT/profile_pp_$t.txt 2>&1; head -40 $OUT/profile_pp_$t.txt | grep -v Warning | cut -c1-60,100-200; done ;;
+    ssm-kernels) say "ssm-kernels"; timeout 200 python3 scripts/gpu_ssmgpu.py kernels --work /tmp/ssmgpu 2>&1 | tail -20 | tee $OUT/ssm_kernels.txt ;;
+    ssm-check) say "ssm-check"; timeout 200 python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 | tee $OUT/ssm_check.txt ;;
+    ssm0) say "ssm0: the SSM twins at depth 0 beside llama-bench"
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      for t in ${SSM_TWINS:-mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b}; do pair $t -p 512 -n 64; done ;;
+    profile-ssm) say "profile-ssm"
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      for t in ${PROFILE_TWINS:-mamba-1.4b falcon-h1-1.5b}; do
+        TALLOW_PDL=0 timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 33 --decode 8 --sequence \
+          > $OUT/profile_${t}_nopdl.txt 2>&1; grep "last replay" $OUT/profile_${t}_nopdl.txt | tee -a $OUT/steps.log
+        timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 33 --decode 8 --sequence \
+          > $OUT/profile_${t}_pdl.txt 2>&1; grep "last replay" $OUT/profile_${t}_pdl.txt | tee -a $OUT/steps.log; done ;;
+    ssm-ab) say "ssm-ab: the default, $AB, the default again, tg64 at depths 0 and 4096"; state
+      ls /root/twins/mamba-1.4b.gguf > /dev/null 2>&1 || python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
+      python3 scripts/gpu_ab.py --work /root/twins --twins $(echo ${SSM_TWINS:-mamba-1.4b falcon-h1-1.5b} | tr ' ' ,) \
+        --tests "${AB_TESTS:--p 0 -n 64 -d 0,4096 -r 3}" base $AB base 2>&1 | tee -a $OUT/ssm_ab.txt; state ;;
     ssm) say "ssm"
       python3 scripts/make_ssm_twin.py all /root/twins > /dev/null || say "ssm twins FAILED"
       for t in mamba-1.4b falcon-h1-1.5b; do pair $t -p 512 -n 128; done ;;

@@ -327,7 +327,8 @@ def final(work: Path) -> None:
 
 
 # (heads, head_dim, groups, d_state, version) of one mixer layer; the rows of a call
-KERNEL_SHAPES = {"mamba-1.4b": (4096, 1, 1, 16, 1), "falcon-h1-0.5b": (24, 64, 1, 128, 2)}
+KERNEL_SHAPES = {"mamba-1.4b": (4096, 1, 1, 16, 1), "falcon-h1-0.5b": (24, 64, 1, 128, 2),
+                 "falcon-h1-1.5b": (48, 64, 1, 256, 2), "falcon-h1-3b": (32, 128, 1, 256, 2)}
 KERNEL_ROWS = (1, 512)
 
 

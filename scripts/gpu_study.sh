@@ -86,7 +86,7 @@ for m in models:
     context = list(range(100, 100 + n_check))
     bench_depths.rewind(llm, context)
     fresh = llm.engine.decode_step(7).float().clone()
-    bench_depths._fill(llm, list(range(9, 9 + min(512, n_check))), len(context) + 1)
+    bench_depths.fill(llm, list(range(9, 9 + min(512, n_check))), len(context) + 1)
     bench_depths.rewind(llm, context)
     again = llm.engine.decode_step(7).float()
     ok = torch.equal(again, fresh)

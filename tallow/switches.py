@@ -90,6 +90,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_GEMV_PROLOGUE", "flag", True, "0", "GPU: small models' norms and GLUs run as their own kernels instead of inside the next GEMV", "call", numeric=True),
     Switch("TALLOW_TRITON_ATTENTION", "flag", True, "0", "GPU: prefill attention through torch (mask + SDPA) instead of the flash kernel", "call", numeric=True),
     Switch("TALLOW_SSM_TRITON", "flag", True, "0", "GPU, mamba/mamba2/falcon-h1: the conv1d and selective scan through the torch reference ops (kernels/cpu/ssm.py, a few launches per token) instead of one Triton launch each", "load", numeric=True),
+    Switch("TALLOW_SSM_SCAN_EPILOGUE", "flag", True, "0", "GPU decode, mamba (Mamba-1): the dt projection adds its own bias and the out-projection quantizes its input to Q8_1 in launches of their own, instead of both inside the selective scan's launch", "call", numeric=True),
+    Switch("TALLOW_HYBRID_JOIN_Q8", "flag", True, "0", "GPU decode, falcon-h1: the attention's Q/K/V products run as fp32 GEMVs with the norm in their prologue instead of integer-dot GEMVs reading the Q8_1 input the mixer's in-projection quantizes", "load", numeric=True),
     Switch("TALLOW_PREFIX_CACHE", "flag", True, "0", "never reuse the KV of a previous request", "request"),
     Switch("TALLOW_ALIGNED_REUSE", "flag", True, "0", "reuse any cached prefix and prefill the rest from there, with unpadded prefill attention (a few dozen tokens less to prefill; the greedy answer may then change with what the cache held)", "call", numeric=True),
     Switch("TALLOW_PERSIST_KV", "flag", True, "0", "never save or load a conversation's KV on disk", "request"),

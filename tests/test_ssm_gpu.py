@@ -124,3 +124,35 @@ def test_speculation_steps_aside_off_the_cpu(tiny):
     spec = spec_from_gguf(GGUFFile(tiny["falcon-h1"]))
     assert make_memory(spec, 64, "f16").can_rollback
     assert not make_memory(spec, 64, "f16", device="meta").can_rollback
+
+
+@pytest.mark.parametrize("n, rows, n_valid", [(1, 64, None), (3, 96, 2)])
+def test_the_scan_epilogue_is_the_separate_bias_add_and_quantization(n, rows, n_valid):
+    """Mamba-1's decode scan with the dt projection's bias and y's Q8_1 inside it
+    (TALLOW_SSM_SCAN_EPILOGUE): y and the state bit for bit the scan after a separate bias add,
+    and the Q8_1 blocks those of mmvq.quantize_q8_1 over that y, every field written."""
+    from tallow.kernels.triton.mmvq import quantize_q8_1
+    from tallow.kernels.triton.ssm import ssm_scan
+
+    g = torch.Generator().manual_seed(rows + n)
+    d_state = 16
+    state = torch.randn(rows, 1, d_state, generator=g)
+    x, z = torch.randn(n, rows, generator=g), torch.randn(n, rows, generator=g)
+    dt, bias = torch.randn(n, rows, generator=g) * 3, torch.randn(rows, generator=g)
+    A, D = -torch.rand(rows, d_state, generator=g) * 4, torch.randn(rows, generator=g)
+    bc = torch.randn(n, 2 * d_state, generator=g)
+    B, C = bc[:, :d_state], bc[:, d_state:]
+    nv = torch.tensor([n_valid]) if n_valid is not None else None
+    s_ref, s_new = state.clone(), state.clone()
+    y_ref = ssm_scan(s_ref, x, dt + bias, A, B, C, nv, D=D, z=z)
+    y, xq = ssm_scan(s_new, x, dt, A, B, C, nv, dt_bias=bias, D=D, z=z, q8=True)
+    assert torch.equal(y, y_ref) and torch.equal(s_new, s_ref)
+    ref = quantize_q8_1(y_ref)
+    for field in ("qs", "d", "s", "isum"):
+        assert torch.equal(getattr(xq, field), getattr(ref, field)), field
+
+
+def test_the_scan_epilogue_is_asked_only_of_the_triton_ops():
+    ops = TritonMixerOps()
+    assert not TorchMixerOps().epilogue(None, None, 1)
+    assert not ops.epilogue(None, None, 1)  # not GPULinears: the separate launches

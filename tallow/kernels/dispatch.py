@@ -95,6 +95,19 @@ class Placement:
 
         return FusedLinear(parts)
 
+    def share_input(self, layers: list) -> None:
+        """Linears (or groups) that read one input, e.g. Falcon-H1's Q/K/V and its mixer's
+        in-projection: on the GPU, where one of them takes the integer-dot GEMV, the others of an
+        integer-dot type join it and read the Q8_1 x it quantizes anyway (gpu/linear.join_q8;
+        TALLOW_HYBRID_JOIN_Q8=0: each keeps its own kernel choice). Nothing on the CPU."""
+        if not self.on_gpu:
+            return
+        from .. import switches
+        from .gpu.linear import join_q8
+
+        if switches.enabled("TALLOW_HYBRID_JOIN_Q8"):
+            join_q8([p for layer in layers for p in (layer.parts if isinstance(layer, LinearGroup) else [layer])])
+
     def embedding(self, tensor: TensorInfo):
         if self.on_gpu:
             from .gpu.linear import GPUEmbedding

@@ -26,11 +26,16 @@ def ssm_triton_enabled() -> bool:
 
 
 class TorchMixerOps:
+    def epilogue(self, dt_proj, out_proj, n: int) -> bool:
+        """Whether the scan takes the dt projection's bias and writes y's Q8_1 for the
+        out-projection (TritonMixerOps, Mamba-1 decode); the torch ops never do."""
+        return False
+
     def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
         """SiLU(causal conv1d of x (n, C) after the state (d_conv - 1, C), plus bias)."""
         return F.silu(causal_conv(x, state, weight, bias, n_valid))
 
-    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None, q8=False) -> torch.Tensor:
         """(selective scan + x * D) * SiLU(z) over x (n, n_head * head_dim), dt (n, n_head) (+ dt_bias),
         B and C (n, n_group * d_state); state (n_head, head_dim, d_state). Returns (n, n_head * head_dim)."""
         n, (n_head, head_dim, d_state) = x.shape[0], state.shape
@@ -64,7 +69,7 @@ class CMixerOps(TorchMixerOps):
             return c_ssm.conv(x, state, wt, bias)
         return super().conv(x, state, weight, bias, n_valid)
 
-    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None, q8=False) -> torch.Tensor:
         if _all_rows(x, n_valid) and c_ssm.fits(x, dt, B, C, z) and self._fixed_fit(state, A, dt_bias, D):
             return c_ssm.scan(state, x, dt, A, B, C, dt_bias, D, z)
         return super().scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z)
@@ -89,15 +94,35 @@ class TritonMixerOps:
     def __init__(self, scan_rows: int | None = None):
         self.scan_rows = scan_rows  # rows of the state per scan program (None: ssm_scan's choice; tests: fewer programs)
 
+    def epilogue(self, dt_proj, out_proj, n: int) -> bool:
+        """Mamba-1 decode (TALLOW_SSM_SCAN_EPILOGUE): the scan adds the dt projection's bias before
+        its softplus (the same float add the projection's own launch did) and writes y's Q8_1
+        blocks for an integer-dot out-projection, two launches fewer a layer. Only where both
+        projections are GPULinears that take those paths for n rows."""
+        from .gpu.linear import GEMV_MAX_ROWS, GPULinear
+
+        return (switches.enabled("TALLOW_SSM_SCAN_EPILOGUE") and n <= GEMV_MAX_ROWS
+                and isinstance(dt_proj, GPULinear) and dt_proj.bias is not None
+                and isinstance(out_proj, GPULinear) and out_proj.dense is None and out_proj.use_mmvq
+                and out_proj.use_gemv and out_proj.in_features % 32 == 0)
+
     def conv(self, x, state, weight, bias, n_valid=None) -> torch.Tensor:
         from .triton.ssm import ssm_conv
 
         return ssm_conv(x, state, weight, bias, n_valid, silu=True)
 
-    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None) -> torch.Tensor:
+    def scan(self, state, x, dt, A, B, C, n_valid=None, dt_bias=None, D=None, z=None, q8=False):
+        """`q8`: y with its Q8_1 blocks, as a gpu.linear.SharedQ8 the out-projection reads directly."""
         from .triton.ssm import ssm_scan
 
-        return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows)
+        if not q8:
+            return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows)
+        from .gpu.linear import SharedQ8
+
+        y, xq = ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows, q8=True)
+        shared = SharedQ8(y)
+        shared.q8 = xq
+        return shared
 
 
 def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:

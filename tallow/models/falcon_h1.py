@@ -38,6 +38,9 @@ class FalconH1Model(MambaModel):
         t["ffn_norm"] = self.norm_weight(tn("ffn_norm", "") if tn("ffn_norm", "") in self.gf.tensors else tn("ffn_norm"))
         t["ffn_gate_up"] = self.linear_group([tn("ffn_gate"), tn("ffn_up")])
         t["ffn_down"] = self.linear(tn("ffn_down"))
+        # Q/K/V read the same normed input as the mixer's in-projection: on the GPU they share its
+        # Q8_1 quantization (integer-dot GEMVs) instead of fp32 GEMVs re-applying the norm
+        self.place.share_input([t["attn_qkv"], t["ssm_in"]])
         return w
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta, step, kv):

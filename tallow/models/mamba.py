@@ -124,7 +124,7 @@ class MambaModel(DecoderModel):
                 rows.append(self._mix(w, proj[r : r + 1], memory, None))
                 memory.keep_row(w.index, r)
             return w.ssm_out(torch.cat(rows))
-        return w.ssm_out(self._mix(w, proj, memory, n_valid))
+        return w.ssm_out(self._mix(w, proj, memory, n_valid, q8_out=True))
 
     def c_mixer(self, w: LayerWeights, memory, in_plan=None) -> c_ssm.MixerStep | None:
         """The layer's one-call C mixer (decode on the CPU), or None: the composed mixer runs."""
@@ -139,9 +139,10 @@ class MambaModel(DecoderModel):
             return None
         return step
 
-    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid) -> torch.Tensor:
+    def _mix(self, w: LayerWeights, proj: torch.Tensor, memory, n_valid, q8_out: bool = False) -> torch.Tensor:
         """The mixer between its in-projection's output proj (n, d_in_proj) and its out-projection:
-        conv, scan, skip, gate (and Mamba-2's grouped norm). Returns y (n, d_inner)."""
+        conv, scan, skip, gate (and Mamba-2's grouped norm). Returns y (n, d_inner) — with `q8_out`
+        on the GPU possibly as y and its Q8_1 blocks for the out-projection (ssm_ops.epilogue)."""
         ssm, state, ops = self.spec.ssm, memory.state, self.ssm_ops
         n, i = proj.shape[0], w.index
         d = ssm.d_inner
@@ -152,6 +153,9 @@ class MambaModel(DecoderModel):
             dt, B, C = x_db[:, :r], x_db[:, r : r + ds], x_db[:, r + ds :]
             if ssm.dt_b_c_rms:  # FalconMamba: weightless RMSNorms of dt, B and C
                 dt, B, C = (_rms(v, self.spec.norm_eps) for v in (dt, B, C))
+            if q8_out and ops.epilogue(w.ssm_dt, w.ssm_out, n):  # the bias added inside the scan, y's Q8_1 written there
+                dt = w.ssm_dt(dt.contiguous(), add_bias=False).float()
+                return ops.scan(state.scan[i], x, dt, w.A, B, C, n_valid, dt_bias=w.ssm_dt.bias, D=w.D, z=proj[:, d:], q8=True)
             dt = w.ssm_dt(dt.contiguous()).float()  # (n, d_inner), with its bias
             return ops.scan(state.scan[i], x, dt, w.A, B, C, n_valid, D=w.D, z=proj[:, d:])
         ch, ng, ds = ssm.conv_channels, ssm.n_group, ssm.d_state

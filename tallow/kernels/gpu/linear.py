@@ -153,12 +153,14 @@ class GPULinear:
         """Whether this call takes the integer-dot GEMV (x: a tensor, LazyInput or SharedQ8)."""
         return self.dense is None and self.use_gemv and self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, add_bias: bool = True) -> torch.Tensor:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
-        output (dispatch.LinearGroup): written in place, so the group needs no concatenation."""
+        output (dispatch.LinearGroup): written in place, so the group needs no concatenation.
+        add_bias=False: x @ W^T alone, the bias left to the consumer (Mamba-1's scan adds dt's)."""
+        bias = self.bias if add_bias else None
         if isinstance(x, (LazyInput, SharedQ8)) and self.decode_q8(x) and _switch_on("TALLOW_Q8_PROLOGUE"):
             y = mmvq_q8(q8_of(x), self.planes, out=out)
-            return y.add_(self.bias) if self.bias is not None else y
+            return y.add_(bias) if bias is not None else y
         if isinstance(x, SharedQ8):
             x = x.x
         if isinstance(x, LazyInput):
@@ -166,7 +168,7 @@ class GPULinear:
             if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
                     and self.out_features <= PROLOGUE_MAX_N and self.in_features <= TritonOps.LAZY_MAX_K):
                 y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
-                return y.add_(self.bias) if self.bias is not None else y
+                return y.add_(bias) if bias is not None else y
             x = x.materialize()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -179,8 +181,8 @@ class GPULinear:
                 w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
                 y = torch.matmul(x2.bfloat16(), w.T)
             y = y.float() if out is None else out.copy_(y)
-        if self.bias is not None:
-            y.add_(self.bias)  # y is this call's own tensor (or `out`)
+        if bias is not None:
+            y.add_(bias)  # y is this call's own tensor (or `out`)
         return y.reshape(*lead, self.out_features)
 
 

@@ -12,6 +12,14 @@ SiLU(z) gate of the mixer fused after it. A program owns a block of rows of the 
 token after the other as ggml-cuda's ssm_scan does (not the SSD matrix form): the state is
 read and written once per launch, and a one-token decode step is the same code as a chunk.
 
+`ssm_scan(..., q8=True)` (Mamba-1's decode step, TALLOW_SSM_SCAN_EPILOGUE) also writes y's Q8_1
+blocks, the out-projection's integer-dot input (mmvq.py), in the scan's own program: a program then
+owns whole 32-row blocks of y. Mamba-1's dt bias comes in as `dt_bias` (added before the softplus, as
+the dt projection's bias add did): that drops the projection's separate bias-add launch.
+
+Both launch with programmatic dependent launch (pdl.py) where the GPU takes it (the q8 scan
+does not: see ssm_scan).
+
 Both take `n_valid`: only rows 0..n_valid-1 advance a state (the rows after are a captured
 graph's padding; their outputs are computed and meaningless). n_valid is a host int, or a
 (1,) int64 device tensor read inside the kernel, so a graph replays at any chunk length.
@@ -23,6 +31,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from . import pdl
+from .mmvq import Q8Act, _store_q8_1
 
 __all__ = ["ssm_conv", "ssm_scan"]
 
@@ -41,12 +52,14 @@ def _window_rows(x_ptr, state_ptr, r, ch, mask, C, sx, DC1: tl.constexpr):
 @triton.jit(do_not_specialize=["n", "n_valid"])
 def _conv_kernel(x_ptr, state_ptr, w_ptr, b_ptr, y_ptr, nvalid_ptr, n, n_valid, C, sx, sy,
                  D_CONV: tl.constexpr, SILU: tl.constexpr, NVALID_PTR: tl.constexpr, CONV: tl.constexpr,
-                 UPDATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr):
+                 UPDATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr,
+                 PDL: tl.constexpr):
     """CONV: the outputs of a (BLOCK_T rows, BLOCK_C channels) tile. UPDATE: the new conv state
     of the program's channels, read whole before it is stored — only where one program per
     channel block runs (one row block, or a launch of its own after the outputs')."""
     ch = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = ch < C
+    pdl.wait(PDL)
     if CONV:
         t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
         m2 = (t < n) & cm[None, :]
@@ -100,7 +113,7 @@ def ssm_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: t
     row_blocks = triton.cdiv(n, CONV_ROWS)
     args = (x, state, weight, bias, out, ptr if from_ptr else state, n, count, channels, x.stride(0), out.stride(0))
     meta = dict(D_CONV=d_conv, SILU=silu, NVALID_PTR=from_ptr, BLOCK_T=CONV_ROWS, BLOCK_C=block_c,
-                BLOCK_J=max(1, triton.next_power_of_2(max(d_conv - 1, 1))), num_warps=4)
+                BLOCK_J=max(1, triton.next_power_of_2(max(d_conv - 1, 1))), num_warps=4, **pdl.launch(x.device))
     together = row_blocks == 1
     _conv_kernel[(triton.cdiv(channels, block_c), row_blocks)](*args, CONV=True, UPDATE=together and d_conv > 1, **meta)
     if not together and d_conv > 1:
@@ -136,9 +149,14 @@ def _scan_inputs(dt_ptr, x_ptr, b_ptr, c_ptr, z_ptr, t, n, head, rows, bc, rm, m
 
 @triton.jit(do_not_specialize=["n", "n_valid"])  # one compile for a decode step and a chunk (n = 1 is no constant)
 def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, y_ptr, nvalid_ptr,
+                 q_ptr, d8_ptr, s8_ptr, i_ptr,
                  n, n_valid, R, head_dim, per_group, d_state, sx, sdt, sb, sc, sz, sy,
                  A_PER_STATE: tl.constexpr, HAS_DTB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                 NVALID_PTR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+                 NVALID_PTR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, Q8: tl.constexpr,
+                 PDL: tl.constexpr):
+    # Q8: token t's y also as Q8_1 row t (BLOCK_R a multiple of 32, R of 32): the program's
+    # BLOCK_R // 32 blocks, quantized as mmvq.quantize_q8_1 does the same fp32 values.
+    pdl.wait(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rm = rows < R
     st = tl.arange(0, BLOCK_S)
@@ -177,18 +195,24 @@ def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, 
         if HAS_Z:
             y = (z / (1.0 + tl.exp(-z))) * y
         tl.store(y_ptr + t * sy + rows, y, mask=rm)
+        if Q8:
+            qb = tl.program_id(0) * (BLOCK_R // 32) + tl.arange(0, BLOCK_R // 32)
+            _store_q8_1(tl.reshape(y, (BLOCK_R // 32, 32)), t, qb, tl.arange(0, 32), qb < R // 32, R, R // 32,
+                        q_ptr, d8_ptr, s8_ptr, i_ptr, BLOCK_R // 32, False)
         s = tl.where(t < nv, s_new, s)  # padding rows leave the state where the last real row put it
     tl.store(state_ptr + rows[:, None] * d_state + st[None, :], s, mask=m2)
 
 
 def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              n_valid=None, dt_bias: torch.Tensor | None = None, D: torch.Tensor | None = None,
-             z: torch.Tensor | None = None, out: torch.Tensor | None = None, block_r: int | None = None) -> torch.Tensor:
+             z: torch.Tensor | None = None, out: torch.Tensor | None = None, block_r: int | None = None,
+             q8: bool = False):
     """state (n_head, head_dim, d_state) contiguous float32, updated in place; x (n, n_head *
     head_dim); dt (n, n_head) before its softplus (dt_bias (n_head,) added first); A (n_head,
     d_state) (Mamba-1) or (n_head,) (Mamba-2); B, C (n, n_group * d_state); D (n_head,) the skip;
     z (n, n_head * head_dim) the gate. 2-D inputs may have any row stride, their last dim
-    contiguous. Returns y (n, n_head * head_dim) float32: (scan + x * D) * SiLU(z)."""
+    contiguous. Returns y (n, n_head * head_dim) float32: (scan + x * D) * SiLU(z); with `q8`
+    (rows a multiple of 32), (y, y's mmvq.Q8Act), the Q8_1 blocks written by the scan's programs."""
     n_head, head_dim, d_state = state.shape
     n, rows = x.shape
     n_group = B.shape[1] // d_state
@@ -205,11 +229,25 @@ def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
     # (~128 state elements, one warp) let an SM hide one's latency behind the others'.
     # (block_r: an override for scripts/gpu_ssmgpu.py's sweep.)
     block_r = block_r or max(1, min(triton.next_power_of_2(rows), ELEMENTS // block_s))
+    xq = None
+    if q8:  # whole Q8_1 blocks per program (Mamba-1's 16 states: 32 rows, 512 elements, 4 warps)
+        if rows % 32:
+            raise ValueError(f"ssm_scan: q8 wants rows a multiple of 32, got {rows}.")
+        block_r = max(32, block_r)
+        dev = x.device
+        xq = Q8Act(torch.empty((n, rows), dtype=torch.int8, device=dev), torch.empty((n, rows // 32), dtype=torch.float16, device=dev),
+                   torch.empty((n, rows // 32), dtype=torch.float16, device=dev),
+                   torch.empty((n, rows // 16), dtype=torch.int32, device=dev))
     warps = max(1, min(4, block_r * block_s // 128))
+    q_args = (xq.qs, xq.d, xq.s, xq.isum) if q8 else (out, out, out, out)
     _scan_kernel[(triton.cdiv(rows, block_r),)](
         state, x, dt, dt_bias if dt_bias is not None else A, A, B, C, D if D is not None else A,
-        z if z is not None else x, out, ptr if from_ptr else A, n, count, rows, head_dim, n_head // n_group, d_state,
+        z if z is not None else x, out, ptr if from_ptr else A, *q_args, n, count, rows, head_dim, n_head // n_group, d_state,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0, out.stride(0),
         A_PER_STATE=A.dim() == 2, HAS_DTB=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None,
-        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, num_warps=warps)
-    return out
+        NVALID_PTR=from_ptr, BLOCK_R=block_r, BLOCK_S=block_s, Q8=q8, num_warps=warps,
+        # The q8 scan follows the dt projection's GEMV directly (no bias-add launch between): launched
+        # early beside it under PDL, the step ran 0.48 ms slower on the Mamba-1.4B twin (session 14,
+        # call 2; 0.15 ms faster without PDL), so it starts when that GEMV has finished.
+        **(pdl.launch(x.device) if not q8 else {"PDL": False}))
+    return (out, xq) if q8 else out
