@@ -9,6 +9,7 @@ then prefills them in the bench's chunks and, on reaching each depth, keeps the 
 (a checkpoint) and saves the pool with the KV store (one file per depth, `d<depth>`; DIR/filled.json lists the
 depths saved). `time` hydrates each depth's file and runs the bench's decode (its rewind is then a truncation, or
 for a recurrent state the checkpoint restored): tg64, a warm-up of 8 and N repetitions. Depth 0 needs no file.
+`rounds N` interleaves the depths instead: per round one tg64 at each (hydrated again), after a warm-up round.
 Every depth shares the deepest context's first tokens, so one fill serves them all. (DEPTH= is DEPTHS= of one.)"""
 import json
 import os
@@ -46,6 +47,21 @@ if mode == "fill":
         done.append(depth)
         json.dump(done, open(D + "/filled.json", "w"))
         print(f"filled {depth} at {time.time() - t0:.0f} s ({time.strftime('%H:%M:%S')})", flush=True)
+elif mode == "rounds":  # depths interleaved, one tg64 each per round: drift in the machine's load hits every depth alike
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    first = int(torch.randint(0, llm.spec.vocab_size, (1,), generator=torch.Generator().manual_seed(0)))
+    got = {d: [] for d in DEPTHS}
+    for r in range(rounds + 1):  # round 0 warms up
+        for depth in sorted(DEPTHS, reverse=True):
+            eng.reset()
+            if depth:
+                assert eng.kv_store.load(f"d{depth}", eng.kv) == depth
+            speed = bench_depths.time_decode(llm, ctx[:depth], first, N)
+            if r:
+                got[depth].append(speed)
+    for d in DEPTHS:
+        print(json.dumps({"tallow_tg64": d, "rounds": got[d], "median": sorted(got[d])[len(got[d]) // 2],
+                          "end": time.strftime("%H:%M:%S"), "load": os.getloadavg()[0]}), flush=True)
 else:
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     first = int(torch.randint(0, llm.spec.vocab_size, (1,), generator=torch.Generator().manual_seed(0)))
@@ -56,6 +72,6 @@ else:
             assert n == depth and eng.kv.tokens == ctx[:depth], (n, depth)
         bench_depths.time_decode(llm, ctx[:depth], first, 8)  # warm-up
         speeds = [bench_depths.time_decode(llm, ctx[:depth], first, N) for _ in range(reps)]
-        print(json.dumps({"tallow_tg64": depth, "samples": speeds, "mean": sum(speeds) / len(speeds),
+        print(json.dumps({"tallow_tg64": depth, "samples": speeds, "mean": sum(speeds) / len(speeds), "median": sorted(speeds)[len(speeds) // 2],
                           "threads": torch.get_num_threads(), "kernel": bench._cpu_kernel(llm),
                           "end": time.strftime("%H:%M:%S"), "load": os.getloadavg()[0]}), flush=True)
