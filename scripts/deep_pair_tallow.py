@@ -26,8 +26,8 @@ MODEL = os.environ.get("MODEL", "/tmp/twins/gemma4-e2b.gguf")
 DEPTHS = sorted(int(d) for d in os.environ.get("DEPTHS", os.environ.get("DEPTH", "32768")).split(","))
 D, N = os.environ.get("DIR", "/tmp/s13deep"), 64
 mode = sys.argv[1]
-deepest = max(DEPTHS) if mode == "time" else DEPTHS[-1]
-if mode == "time" and os.path.exists(D + "/tokens.json"):
+deepest = DEPTHS[-1]
+if mode != "fill" and os.path.exists(D + "/tokens.json"):
     deepest = len(json.load(open(D + "/tokens.json")))  # the fill's context, which every depth is a prefix of
 t0 = time.time()
 llm = tallow.load(MODEL, ctx=max(deepest, 16) + N, device="cpu")  # Falcon-H1-0.5B: 16320 + 64 = its 16384
@@ -55,7 +55,7 @@ elif mode == "rounds":  # depths interleaved, one tg64 each per round: drift in 
         for depth in sorted(DEPTHS, reverse=True):
             eng.reset()
             if depth:
-                assert eng.kv_store.load(f"d{depth}", eng.kv) == depth
+                assert eng.kv_store.load(f"d{depth}", eng.kv) == depth and eng.kv.tokens == ctx[:depth], depth  # else rewind refills
             speed = bench_depths.time_decode(llm, ctx[:depth], first, N)
             if r:
                 got[depth].append(speed)
