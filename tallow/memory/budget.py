@@ -153,8 +153,7 @@ def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | N
     if not ggml_dot.usable():
         return None
     # TALLOW_CPU_GEMM: Q4_K/Q6_K prefill in C as well (kernels/cpu/linear.make_linear), no torch layer
-    gemm = switches.enabled("TALLOW_CPU_GEMM") and t.qtype in ggml_dot.PREFILL_TYPES and ggml_dot.gemm_takes(QT(t.qtype))
-    return t.n_bytes if ggml or output or gemm else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
+    return t.n_bytes if ggml or output or ggml_dot.prefills(QT(t.qtype)) else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
 
 
 _C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # ggml_dot.TYPES

@@ -235,6 +235,14 @@ def gemm_takes(qtype: QT) -> bool:
     return bool(qtype in GEMM_TYPES and lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
 
 
+def prefills(qtype: QT) -> bool:
+    """Whether a layer of this type prefills in C with no torch copy behind it (TALLOW_CPU_GEMM and
+    PREFILL_TYPES): make_linear builds it so and the memory plan counts its file bytes only."""
+    from ... import switches
+
+    return switches.enabled("TALLOW_CPU_GEMM") and qtype in PREFILL_TYPES and gemm_takes(qtype)
+
+
 def parallel_min_bytes(nbytes: int | None = None) -> int:
     """The weight bytes (times rows) under which a product stays on the calling thread; with
     `nbytes`, set it (returns the previous value). For measurements."""

@@ -326,9 +326,7 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
              and ggml_dot.wanted() and ggml_dot.usable())
     # TALLOW_CPU_GEMM: prefill of Q4_K/Q6_K (ggml_dot.PREFILL_TYPES) in C too, in llama.cpp's prompt
     # arithmetic (ggml_gemm.c); no torch copy of those weights is made.
-    gemm = (switches.enabled("TALLOW_CPU_GEMM") and QT(tensor.qtype) in ggml_dot.PREFILL_TYPES
-            and ggml_dot.gemm_takes(QT(tensor.qtype)))
-    if use_c and (ggml_enabled() or role == OUTPUT or gemm):
+    if use_c and (ggml_enabled() or role == OUTPUT or ggml_dot.prefills(QT(tensor.qtype))):
         return ggml_dot.GgmlDotLinear(tensor, _bias_tensor(bias, tensor.n_rows, tensor.name))
     layer = _make_linear(tensor, bias, mode, role)
     if use_c and not isinstance(layer, ReferenceLinear):
