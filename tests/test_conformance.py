@@ -194,13 +194,14 @@ def test_teacher_forced_logits_match_llama_cpp(real):
 DECODE_STEP_TOLERANCE = 1e-4
 
 
-def test_decode_steps_match_llama_cpp(real):
+def test_decode_steps_match_llama_cpp(real, monkeypatch):
     """The fixture text teacher-forced through the decode step, one token at a time from position 0 (the C step), against
     llama.cpp's decode steps over the same text: top-1 agreement at every position and the top-10 logits equal up
     to the fixture's rounding. (Against the teacher_forced fixture, llama.cpp's ubatch of 512, the same steps agree
     only as well as llama.cpp's own decode steps do with its prompt rows, whose products and attention sum in other
     orders: printed, not asserted; docs/performance.md, session 14.)"""
     name, llm = real
+    monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "1")  # opt-in, read per step
     step = llm.model.c_decode
     if step is None or not step.ggml_on():
         pytest.skip("the C decode step in ggml's arithmetic is not in use here (library, switches or family)")

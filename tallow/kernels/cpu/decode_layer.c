@@ -9,7 +9,7 @@
  * four kernels, the K/V casts, SiLU and its product, allocations): about as long as the products
  * themselves (docs/performance.md, session 12). Here the layers run back to back without Python.
  *
- * Two arithmetics. By default for the llama block and gemma3's (dl_model_t.ggml_ops, TALLOW_CPU_GGML_STEP): ggml-cpu's,
+ * Two arithmetics. With TALLOW_CPU_GGML_STEP=1, for the llama block and gemma3's (dl_model_t.ggml_ops): ggml-cpu's,
  * llama.cpp b11434's decode step bit for bit (flash attention off, f16 K/V, repacking off) — the products and norms
  * below, then RoPE over ggml's angle tables with rotate_pairs' fmas (go_rope), Q scaled before the score product where
  * llama.cpp does so (gemma3), the one-query attention with Q and the softmax weights rounded to f16 in ggml_vec_dot_f16's
@@ -18,7 +18,7 @@
  * arithmetic between ggml's products a decode step agreed with llama.cpp's on the top-1 token at only 95-96% of
  * teacher-forced positions (the Q8 rounding of every product's input amplifies a last-bit difference; session 14).
  *
- * Otherwise (Gemma 4, Falcon-H1, TALLOW_CPU_GGML_STEP=0) torch's:
+ * Otherwise (the default; always for Gemma 4 and Falcon-H1) torch's:
  * same bits as the composed default path (models/llama.py's, gemma3.py's and gemma4.py's blocks with TALLOW_CPU_GGML_DOT,
  * TALLOW_CPU_C_NORM and TALLOW_CPU_C_ATTENTION on), because every step is either the same C function
  * it calls or the float operations torch performs there, in the same order:

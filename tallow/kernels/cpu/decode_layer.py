@@ -21,13 +21,13 @@ block runs it on one decode row: Q/K/V and the mixer's in-projection in one prod
 keeps each row's state: the composed block does that), and only where the composed block would take its C mixer
 (TALLOW_CPU_C_MIXER and what it needs), so both paths are the same calls.
 
-ggml's arithmetic (session 14, TALLOW_CPU_GGML_STEP, default on; the llama block and gemma3's): RoPE, SwiGLU/GeGLU and the
+ggml's arithmetic (session 14, TALLOW_CPU_GGML_STEP=1, opt-in; the llama block and gemma3's): RoPE, SwiGLU/GeGLU and the
 attention as ggml-cpu computes them (ggml_ops.c, TALLOW_NUMERICS=ggml's functions), so that with the C products a decode
 step is llama.cpp's own bit for bit; RoPE then reads ggml's angle tables (`_ggml_rope`), and a verification's rows need
 no thread-split check (ggml's GLU goes row by row). The composed blocks keep torch's arithmetic: with this on, the C
 step is compared with TALLOW_NUMERICS=ggml's composed decode step instead (tests/test_decode_layer.py).
 
-Switches (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks; TALLOW_CPU_GGML_STEP=0 torch's arithmetic.
+Switches (read per step): TALLOW_CPU_C_LAYER=0 runs the composed blocks; TALLOW_CPU_GGML_STEP=1 ggml's arithmetic.
 """
 
 from __future__ import annotations
