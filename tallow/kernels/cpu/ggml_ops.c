@@ -196,6 +196,16 @@ static inline void visible(const go_attn_t *a, int r, int64_t *i0, int64_t *i1) 
     *i0 = a->window > 0 && pos - a->window + 1 > a->lo ? pos - a->window + 1 - a->lo : 0;
 }
 
+/* this thread's `per` floats of a parallel region's scratch */
+static inline float *thread_slice(float *scratch, int64_t per) {
+#ifdef _OPENMP
+    return scratch + per * omp_get_thread_num();
+#else
+    (void)per;
+    return scratch;
+#endif
+}
+
 /* softmax of p[0, n16) in place (n16 a multiple of 16, -inf past the keys): ggml_vec_soft_max_f32.
  * The keys past a row's causal edge are -inf in ggml's row too: their blocks add exact zeros. */
 static void softmax_portable(float *p, int64_t n16) {
@@ -419,11 +429,7 @@ static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
     if (!scratch) return -1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
     for (int it = 0; it < items; it++) {
-#ifdef _OPENMP
-        float *s = scratch + per * omp_get_thread_num();
-#else
-        float *s = scratch;
-#endif
+        float *s = thread_slice(scratch, per);
         const int g = it / split, part = it % split;
         const int h0 = g * group + part * group / split, h1 = g * group + (part + 1) * group / split;
         if (h1 > h0) {
@@ -462,11 +468,7 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
     if (!scratch) return -1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
     for (int64_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        float *s = scratch + per * omp_get_thread_num();
-#else
-        float *s = scratch;
-#endif
+        float *s = thread_slice(scratch, per);
         const int r = (int)(it / n_heads), h = (int)(it % n_heads);
 #if GO_X86
         if (simd) {
