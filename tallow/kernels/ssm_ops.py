@@ -120,9 +120,7 @@ class TritonMixerOps:
         from .gpu.linear import SharedQ8
 
         y, xq = ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows, q8=True)
-        shared = SharedQ8(y)
-        shared.q8 = xq
-        return shared
+        return SharedQ8(y, q8=xq)
 
 
 def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:

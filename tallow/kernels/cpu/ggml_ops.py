@@ -28,9 +28,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.go_attend.argtypes = [p, i64, i64, i32, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, p,
                               i32]
     lib.go_attend.restype = i32
-    if hasattr(lib, "go_cos_sin"):
-        lib.go_cos_sin.argtypes = [p, i64, p, p]
-        lib.go_cos_sin.restype = None
+    lib.go_cos_sin.argtypes = [p, i64, p, p]
+    lib.go_cos_sin.restype = None
     lib.go_set_simd.argtypes = [i32]
     lib.go_set_simd.restype = i32
     for f in (lib.go_rms_norm, lib.go_rope, lib.go_swiglu, lib.go_geglu):
@@ -166,9 +165,9 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lo: in
 
 def cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """libm's cosf and sinf of float32 angles in one C call (numerics.ggml_rope_cos_sin's values), or None where the
-    library lacks it. Not behind TALLOW_GGML_C_OPS: the values are libm's either way."""
+    library is not built. Not behind TALLOW_GGML_C_OPS: the values are libm's either way."""
     lib = _lib()
-    if lib is None or not hasattr(lib, "go_cos_sin"):
+    if lib is None:
         return None
     a = angles.detach().float().contiguous()
     c, s = torch.empty_like(a), torch.empty_like(a)

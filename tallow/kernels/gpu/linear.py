@@ -190,9 +190,9 @@ class SharedQ8:
     """A decode input several integer-dot GEMVs read (a group's parts): quantized to Q8_1 once,
     by the first of them."""
 
-    def __init__(self, x: torch.Tensor):
+    def __init__(self, x: torch.Tensor, q8: Q8Act | None = None):
         self.x = x
-        self.q8 = None
+        self.q8 = q8  # given where the producer wrote x's blocks itself (Mamba-1's scan)
         self.shape = x.shape
         self.device = x.device
 
