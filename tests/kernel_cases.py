@@ -728,6 +728,22 @@ register(op="ssm_scan", impl="tallow.kernels.triton.ssm:ssm_scan", needs="triton
          run=lambda a: _scan_run(a, "triton"), reference=lambda a: _scan_run(a, "torch"))
 
 
+def _ssd_run(a):
+    from tallow.kernels.triton.ssd import ssd_scan
+
+    state, nv = a["state"].clone(), a["n_valid"]
+    y = ssd_scan(state, a["x"], a["dt"], a["A"], a["B"], a["C"], torch.tensor([nv]) if nv else None, a["dt_bias"],
+                 a["D"], a["z"], chunk=16)  # 16-token chunks: the state passed between several
+    return torch.cat([y[: nv or len(y)].reshape(-1), state.reshape(-1)])
+
+
+# The chunked SSD form of the Mamba-2 scan (TALLOW_SSD_CHUNKED, prefill): the same sums re-associated
+# into per-chunk products; against the token-by-token torch reference, padding rows after n_valid.
+register(op="ssm_scan", impl="tallow.kernels.triton.ssd:ssd_scan", needs="triton", tol=1e-5, inputs=_triton_scan_inputs,
+         shapes=((40, 3, 4, 1, 12, 2, None), (37, 4, 8, 2, 16, 2, 29)),
+         run=_ssd_run, reference=lambda a: _scan_run(a, "torch"))
+
+
 # ---------------------------------------------------------------- not here (yet), and not kernels
 
 # Implementations whose checks need more than a reference on random inputs (rings, CUDA graphs,
@@ -773,7 +789,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
     # the mixer's ops by device: the torch references (cpu/ssm.py) or the Triton kernels, both in the ssm cases
     "tallow.kernels.ssm_ops:TorchMixerOps", "tallow.kernels.ssm_ops:TritonMixerOps", "tallow.kernels.ssm_ops:mixer_ops",
-    "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
+    "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.ssm_ops:ssd_chunked", "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
     "tallow.kernels.cpu.c_ssm:mixer_usable", "tallow.kernels.cpu.c_ssm:mixer_on",
     "tallow.kernels.cpu.c_ssm:products",  # the C product plan of existing layers (ggml_dot's own), a container
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",

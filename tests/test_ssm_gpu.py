@@ -156,3 +156,78 @@ def test_the_scan_epilogue_is_asked_only_of_the_triton_ops():
     ops = TritonMixerOps()
     assert not TorchMixerOps().epilogue(None, None, 1)
     assert not ops.epilogue(None, None, 1)  # not GPULinears: the separate launches
+
+
+# ---------------------------------------------------------------- the chunked SSD scan (TALLOW_SSD_CHUNKED)
+
+def _mamba2_scan_inputs(n, heads, head_dim, groups, d_state, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.randn(n, heads, generator=g) * 3
+    dt[0, 0], dt[-1, -1] = 25.0, -30.0  # softplus's two far ends
+    bc = torch.randn(n, 3 * groups * d_state, generator=g)  # B and C as strided views of one row, as xBC holds them
+    return dict(state=torch.randn(heads, head_dim, d_state, generator=g), x=torch.randn(n, heads * head_dim, generator=g),
+                dt=dt, A=-torch.rand(heads, generator=g) * 4, B=bc[:, : groups * d_state],
+                C=bc[:, groups * d_state : 2 * groups * d_state], dt_bias=torch.randn(heads, generator=g),
+                D=torch.randn(heads, generator=g), z=torch.randn(n, heads * head_dim, generator=g))
+
+
+@pytest.mark.parametrize("n, heads, head_dim, groups, d_state, n_valid, chunk", [
+    (40, 3, 4, 1, 12, None, 16),   # three chunks, the last partial; d_state not a power of two
+    (70, 4, 8, 2, 16, 50, 16),     # groups; padding rows from 50 on (n_valid a device tensor)
+    (37, 2, 40, 1, 24, 5, 32),     # head_dim over two row blocks; a chunk of all padding
+    (64, 2, 16, 1, 80, None, 64),  # d_state over two column tiles, one whole chunk
+])
+def test_the_chunked_ssd_scan_is_the_token_by_token_scan(n, heads, head_dim, groups, d_state, n_valid, chunk):
+    """The SSD form re-associates the scan's sums: y (valid rows) and the state it leaves within
+    fp32 rounding of the token-by-token Triton scan and of the torch reference (decode continues
+    from that state, and prefix checkpoints store it)."""
+    from tallow.kernels.triton.ssd import ssd_scan
+    from tallow.kernels.triton.ssm import ssm_scan
+
+    a = _mamba2_scan_inputs(n, heads, head_dim, groups, d_state)
+    nv = torch.tensor([n_valid]) if n_valid else None
+    k = n_valid or n
+    s_ssd, s_seq, s_ref = a["state"].clone(), a["state"].clone(), a["state"].clone()
+    args = (a["x"], a["dt"], a["A"], a["B"], a["C"])
+    y_ssd = ssd_scan(s_ssd, *args, nv, a["dt_bias"], a["D"], a["z"], chunk=chunk, block_p=16, block_n=16 if d_state > 16 else None)
+    y_seq = ssm_scan(s_seq, *args, nv, a["dt_bias"], a["D"], a["z"], block_r=32)
+    y_ref = TorchMixerOps().scan(s_ref, *args, n_valid, a["dt_bias"], a["D"], a["z"])
+    for y in (y_seq, y_ref):
+        assert ((y_ssd[:k] - y[:k]).norm() / y[:k].norm()).item() < 1e-5
+    for s in (s_seq, s_ref):
+        assert ((s_ssd - s).norm() / s.norm()).item() < 1e-5
+        assert (s_ssd - s).abs().max().item() < 1e-4 * s.abs().max().item()
+
+
+def test_the_ssd_switch_picks_the_prefill_scans(monkeypatch):
+    """Mamba-2 chunks of SSD_MIN_ROWS rows or more take the SSD form; decode steps, Mamba-1 and
+    TALLOW_SSD_CHUNKED=0 the token-by-token scan."""
+    import tallow.kernels.triton.ssd as ssd
+    import tallow.kernels.triton.ssm as ssm
+
+    calls = []
+    monkeypatch.setattr(ssd, "ssd_scan", lambda *a, **k: calls.append("ssd"))
+    monkeypatch.setattr(ssm, "ssm_scan", lambda *a, **k: calls.append("seq"))
+    ops = TritonMixerOps()
+    for n, a_dims in ((ssd.SSD_MIN_ROWS, 1), (ssd.SSD_MIN_ROWS - 1, 1), (1, 1), (ssd.SSD_MIN_ROWS, 2)):
+        ops.scan(None, torch.zeros(n, 4), None, torch.zeros((4,) * a_dims), None, None)
+    assert calls == ["ssd", "seq", "seq", "seq"]
+    monkeypatch.setenv("TALLOW_SSD_CHUNKED", "0")
+    ops.scan(None, torch.zeros(64, 4), None, torch.zeros(4), None, None)
+    assert calls[-1] == "seq"
+
+
+def test_padded_ssd_chunks_continue_one_state(tiny, monkeypatch):
+    """Falcon-H1 through the graphs' padded prefill with the SSD scan: 36 tokens in chunks of 32
+    rows (the second chunk 4 real rows, 28 padding), then decode steps: the eager
+    one-pass logits (which run the token-by-token scan with TALLOW_SSD_CHUNKED=0 here)."""
+    ids, n_prefill = _ref("falcon-h1")["ids"][:40], 36
+    spec, model = _model(tiny["falcon-h1"], TritonMixerOps(**TRITON))
+    monkeypatch.setenv("TALLOW_SSD_CHUNKED", "0")
+    whole = model.forward(ids, 0, make_memory(spec, 64, "f32"), all_logits=True)
+    monkeypatch.delenv("TALLOW_SSD_CHUNKED")
+    rows, kv = _graph_steps(model, spec, ids, n_prefill, 32, 32)
+    got = torch.cat([rows[0][-1:], rows[1][-1:]] + rows[2:])
+    want = torch.cat([whole[[31, 35]], whole[n_prefill:]])
+    assert (got - want).abs().max().item() < 1e-4
+    assert kv.state.position == len(ids)

@@ -116,11 +116,23 @@ class TritonMixerOps:
         from .triton.ssm import ssm_scan
 
         if not q8:
+            if A.dim() == 1 and ssd_chunked(x.shape[0]):
+                from .triton.ssd import ssd_scan
+
+                return ssd_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z)
             return ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows)
         from .gpu.linear import SharedQ8
 
         y, xq = ssm_scan(state, x, dt, A, B, C, n_valid, dt_bias, D, z, block_r=self.scan_rows, q8=True)
         return SharedQ8(y, q8=xq)
+
+
+def ssd_chunked(n: int) -> bool:
+    """Whether a Mamba-2 scan over n rows takes the chunked SSD form (TALLOW_SSD_CHUNKED, a prefill
+    chunk of SSD_MIN_ROWS or more) rather than the token-by-token scan (decode, short chunks)."""
+    from .triton.ssd import SSD_MIN_ROWS
+
+    return n >= SSD_MIN_ROWS and switches.enabled("TALLOW_SSD_CHUNKED")
 
 
 def mixer_ops(device: torch.device) -> TorchMixerOps | TritonMixerOps:
