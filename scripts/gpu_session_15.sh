@@ -1,0 +1,43 @@
+#!/bin/bash
+# Session 15's H200 calls (issue 17): the chunked SSD prefill scan (TALLOW_SSD_CHUNKED) checked, timed and A/B'd.
+#   bash scripts/gpu_session_15.sh ssd       (carry .whl, .twins2x, .llbin; logs in $OUT)
+# ssd: scripts/gpu_ssd.py check (the SSD scan vs the token-by-token scan on the four Falcon-H1 layer shapes, 512 rows
+#      and a padded 300/291) and sweep (µs per 512-token chunk, tile choices); scripts/gpu_ssmgpu.py check (tiny
+#      mamba / mamba2 / falcon-h1 through the graphs against llama.cpp's fixtures: prompts of 40 tokens, so the
+#      SSD scan runs); pp512 at depths 0 and 16384 with the default and TALLOW_SSD_CHUNKED=0 (scripts/gpu_ab.py,
+#      one process each) on the 1.5B, 1.5B-Deep and 3B twins, then llama-bench's pp512 at the same depths on the
+#      same files; the 1.5B twin's pp512 kernels (scripts/gpu_profile.py).
+set -o pipefail
+OUT=${OUT:-/tmp/out}; export OUT; mkdir -p $OUT
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
+LLAMA=/root/llama/bin/llama-bench
+for step in "$@"; do
+  case $step in
+    ssd)
+      (mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA) &
+      (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
+      say "gpu_ssd check"; state
+      timeout 120 python3 scripts/gpu_ssd.py check 2>&1 | grep -v Warning | tee $OUT/ssd_check.txt
+      say "gpu_ssd sweep"
+      timeout 150 python3 scripts/gpu_ssd.py sweep 2>&1 | grep -v Warning | tee $OUT/ssd_sweep.txt
+      say "ssmgpu check"
+      timeout 150 python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 | tee $OUT/ssm_check.txt
+      wait
+      say "A/B pp512"; state
+      timeout 200 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-1.5b,falcon-h1-3b,falcon-h1-1.5b-deep \
+        --tests "-p 512 -n 0 -d 0,16384 -r 3" base TALLOW_SSD_CHUNKED=0 2>&1 | tee $OUT/ssd_ab.txt; state
+      say "llama-bench pp512"
+      for t in falcon-h1-1.5b falcon-h1-3b falcon-h1-1.5b-deep; do
+        timeout 60 $LLAMA -m /root/twins/$t.gguf -ngl 99 -fa 1 -p 512 -n 0 -d 0,16384 -r 4 -o jsonl 2>/dev/null \
+          | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py | sed "s/^/$t /" | tee -a $OUT/llama_pp.txt; done
+      say "profile pp512"
+      timeout 90 python3 scripts/gpu_profile.py /root/twins/falcon-h1-1.5b.gguf --prefill 512 --decode 0 --rows 30 \
+        > $OUT/profile_pp_falcon-h1-1.5b.txt 2>&1; grep -v Warning $OUT/profile_pp_falcon-h1-1.5b.txt | head -30 | cut -c1-150
+      say "done" ;;
+  esac
+done
