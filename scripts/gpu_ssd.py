@@ -20,9 +20,9 @@ import sys
 
 import torch
 
-SHAPES = {  # heads, head_dim, d_state (one group each): the twins' Mamba-2 layers
-    "falcon-h1-0.5b": (24, 64, 128),
+SHAPES = {  # heads, head_dim, d_state (one group each): the twins' Mamba-2 layers (the 1.5B's first: the sweep's grid)
     "falcon-h1-1.5b": (48, 64, 256),
+    "falcon-h1-0.5b": (24, 64, 128),
     "falcon-h1-1.5b-deep": (24, 64, 256),
     "falcon-h1-3b": (32, 128, 256),
 }
