@@ -39,5 +39,23 @@ for step in "$@"; do
       timeout 90 python3 scripts/gpu_profile.py /root/twins/falcon-h1-1.5b.gguf --prefill 512 --decode 0 --rows 30 \
         > $OUT/profile_pp_falcon-h1-1.5b.txt 2>&1; grep -v Warning $OUT/profile_pp_falcon-h1-1.5b.txt | head -30 | cut -c1-150
       say "done" ;;
+    ssd2)  # the SSD scan with C B^T in a launch of its own: the same checks, a smaller sweep, the A/B with the 0.5B
+      (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
+      say "gpu_ssd check"; state
+      timeout 120 python3 scripts/gpu_ssd.py check 2>&1 | grep -v Warning | tee $OUT/ssd_check.txt
+      say "gpu_ssd sweep"
+      timeout 120 python3 scripts/gpu_ssd.py sweep 2>&1 | grep -v Warning | tee $OUT/ssd_sweep.txt
+      say "ssmgpu check"
+      timeout 150 python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 | tee $OUT/ssm_check.txt
+      wait
+      say "A/B pp512"; state
+      timeout 200 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-1.5b,falcon-h1-3b,falcon-h1-1.5b-deep \
+        --tests "-p 512 -n 0 -d 0,16384 -r 3" base TALLOW_SSD_CHUNKED=0 2>&1 | tee $OUT/ssd_ab.txt
+      timeout 60 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-0.5b \
+        --tests "-p 512 -n 0 -d 0,4096 -r 3" base TALLOW_SSD_CHUNKED=0 2>&1 | tee -a $OUT/ssd_ab.txt; state
+      say "profile pp512"
+      timeout 90 python3 scripts/gpu_profile.py /root/twins/falcon-h1-1.5b.gguf --prefill 512 --decode 0 --rows 30 \
+        > $OUT/profile_pp_falcon-h1-1.5b.txt 2>&1; grep -v Warning $OUT/profile_pp_falcon-h1-1.5b.txt | head -30 | cut -c1-60,100-200
+      say "done" ;;
   esac
 done

@@ -36,13 +36,35 @@ from .ssm import _n_valid_args, _softplus
 __all__ = ["ssd_scan", "SSD_MIN_ROWS"]
 
 SSD_MIN_ROWS = 32  # below this many rows (decode, speculation's verification) the token-by-token scan
-CHUNK, BLOCK_P, BLOCK_N, WARPS = 64, 32, 64, 4  # tokens per chunk, state rows and columns per tile
+# Tokens per chunk, state rows and columns per tile, warps: the fastest of scripts/gpu_ssd.py's sweep on
+# Falcon-H1-1.5B's layer (session 15, call 1: 221 µs for 512 tokens against 305 for (64, 32, 64, 4); more
+# rows per program mean fewer programs for 132 SMs, wider tiles more registers).
+CHUNK, BLOCK_P, BLOCK_N, WARPS = 64, 16, 32, 4
 PRECISION = "tf32x3"
 
 
+@triton.jit(do_not_specialize=["n"])
+def _cb_kernel(b_ptr, c_ptr, g_ptr, n, d_state, sb, sc, n_group,
+               L: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """G = C B^T of one chunk and group, (L, L): every head of the group reads the same one."""
+    pdl.wait(PDL)
+    chunk, group = tl.program_id(0), tl.program_id(1)
+    t = chunk * L + tl.arange(0, L)
+    tm = t < n
+    G = tl.zeros((L, L), dtype=tl.float32)
+    for n0 in range(0, d_state, BLOCK_N):
+        nn = n0 + tl.arange(0, BLOCK_N)
+        m = tm[:, None] & (nn < d_state)[None, :]
+        Bc = tl.load(b_ptr + t[:, None] * sb + group * d_state + nn[None, :], mask=m, other=0.0)
+        Cc = tl.load(c_ptr + t[:, None] * sc + group * d_state + nn[None, :], mask=m, other=0.0)
+        G += tl.dot(Cc, tl.trans(Bc), input_precision=PRECISION)
+    tt = tl.arange(0, L)
+    tl.store(g_ptr + ((chunk * n_group + group) * L + tt[:, None]) * L + tt[None, :], G)
+
+
 @triton.jit(do_not_specialize=["n", "n_valid"])
-def _ssd_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, y_ptr, nvalid_ptr,
-                n, n_valid, head_dim, per_group, d_state, sx, sdt, sb, sc, sz, sy,
+def _ssd_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, y_ptr, nvalid_ptr, g_ptr,
+                n, n_valid, head_dim, per_group, n_group, d_state, sx, sdt, sb, sc, sz, sy,
                 HAS_DTB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NVALID_PTR: tl.constexpr,
                 L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                 PDL: tl.constexpr):
@@ -51,7 +73,8 @@ def _ssd_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     pm = p < head_dim
     rows = head * head_dim + p  # the program's channels of x, z and y, and rows of the flattened state
-    bc0 = (head // per_group) * d_state
+    group = head // per_group
+    bc0 = group * d_state
     A = tl.load(a_ptr + head)
     if HAS_DTB:
         dtb = tl.load(dtb_ptr + head)
@@ -74,7 +97,6 @@ def _ssd_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z
         last = tl.sum(tl.where(tt == L - 1, cs, 0.0), axis=0)  # the whole chunk's log-decay
         x = tl.load(x_ptr + t[:, None] * sx + rows[None, :], mask=tm[:, None] & pm[None, :], other=0.0)
         xw = x * (tl.exp(last - cs) * dt)[:, None]  # each token's input as it reaches the chunk's end
-        G = tl.zeros((L, L), dtype=tl.float32)  # C B^T
         Y = tl.zeros((L, BLOCK_P), dtype=tl.float32)  # C s_0^T
         for n0 in range(0, d_state, BLOCK_N):
             nn = n0 + tl.arange(0, BLOCK_N)
@@ -85,10 +107,10 @@ def _ssd_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z
             s_ptrs = state_ptr + rows[:, None] * d_state + nn[None, :]
             m_pn = pm[:, None] & nm[None, :]
             S = tl.load(s_ptrs, mask=m_pn, other=0.0)
-            G += tl.dot(Cc, tl.trans(Bc), input_precision=PRECISION)
             Y += tl.dot(Cc, tl.trans(S), input_precision=PRECISION)
             S = S * tl.exp(last) + tl.dot(tl.trans(xw), Bc, input_precision=PRECISION)
             tl.store(s_ptrs, S, mask=m_pn)
+        G = tl.load(g_ptr + ((c0 // L * n_group + group) * L + tt[:, None]) * L + tt[None, :])  # C B^T (_cb_kernel)
         seg = tl.where(causal, cs[:, None] - cs[None, :], 0.0)
         M = tl.where(causal, G * tl.exp(seg) * dt[None, :], 0.0)
         y = Y * tl.exp(cs)[:, None] + tl.dot(M, x, input_precision=PRECISION)
@@ -124,11 +146,17 @@ def ssd_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
     ptr, count, from_ptr = _n_valid_args(n_valid, n)
     block_p = block_p or max(16, min(BLOCK_P, triton.next_power_of_2(head_dim)))
     block_n = block_n or max(16, min(BLOCK_N, triton.next_power_of_2(d_state)))
+    chunk = chunk or CHUNK
+    precision = precision or PRECISION
+    G = torch.empty((triton.cdiv(n, chunk), n_group, chunk, chunk), dtype=torch.float32, device=x.device)
+    _cb_kernel[(G.shape[0], n_group)](B, C, G, n, d_state, B.stride(0), C.stride(0), n_group, L=chunk,
+                                      BLOCK_N=max(16, min(64, triton.next_power_of_2(d_state))), PRECISION=precision,
+                                      num_warps=4, **pdl.launch(x.device))
     _ssd_kernel[(triton.cdiv(head_dim, block_p), n_head)](
         state, x, dt, dt_bias if dt_bias is not None else A, A, B, C, D if D is not None else A,
-        z if z is not None else x, out, ptr if from_ptr else A, n, count, head_dim, n_head // n_group, d_state,
+        z if z is not None else x, out, ptr if from_ptr else A, G, n, count, head_dim, n_head // n_group, n_group, d_state,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0, out.stride(0),
         HAS_DTB=dt_bias is not None, HAS_D=D is not None, HAS_Z=z is not None, NVALID_PTR=from_ptr,
-        L=chunk or CHUNK, BLOCK_P=block_p, BLOCK_N=block_n, PRECISION=precision or PRECISION,
+        L=chunk, BLOCK_P=block_p, BLOCK_N=block_n, PRECISION=precision,
         num_warps=warps or WARPS, **pdl.launch(x.device))
     return out
