@@ -12,8 +12,10 @@ enters with state s_0 into
 
 (the Mamba-2 paper's "state space duality"). The first line is two products per chunk, C s_0^T
 and the (L, L) matrix C B^T masked to u <= t and scaled by the decay segments, times X; the
-second one more, X^T (weighted) times B. One program owns one head's block of BLOCK_P state rows
-and walks the chunks in order; the state stays in the layer's state tensor (L2-resident), read
+second one more, X^T (weighted) times B. C B^T is the same for every head of a group, so a launch
+of its own (_cb_kernel) writes it once per chunk and group (it was ~60% of the products when each
+program made its own). Then one program owns one head's block of BLOCK_P state rows and walks the
+chunks in order; the state stays in the layer's state tensor (L2-resident), read
 and rewritten in BLOCK_N-wide column tiles once per chunk. The decays and their sums are fp32;
 the products run as three-pass TF32 ("tf32x3", about fp32's accuracy: the token-by-token scan is
 fp32 throughout and greedy tokens must stay llama.cpp's).
