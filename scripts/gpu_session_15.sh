@@ -39,6 +39,33 @@ for step in "$@"; do
       timeout 90 python3 scripts/gpu_profile.py /root/twins/falcon-h1-1.5b.gguf --prefill 512 --decode 0 --rows 30 \
         > $OUT/profile_pp_falcon-h1-1.5b.txt 2>&1; grep -v Warning $OUT/profile_pp_falcon-h1-1.5b.txt | head -30 | cut -c1-150
       say "done" ;;
+    final)  # call 2 (one call: a second start may be refused): the SSD scan with C B^T in its own launch checked
+            # and timed, its A/B (1.5B, 3B, Deep at 0 / 16384, 0.5B at 0 / 4096), then the study over the six twins
+            # beside llama-bench, the tiny models through the graphs, and the tile sweep in what time is left
+      mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA
+      if [ ! -f .twins2/make_twin.py ]; then  # the twin headers, xz-compressed (carry limit), as gpu_same_run.sh does
+        mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
+          b=$(basename $f .xz); xz -dc $f > .twins2/$b; done
+      fi
+      (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
+      say "gpu_ssd check"; state
+      timeout 100 python3 scripts/gpu_ssd.py check 2>&1 | grep -v Warning | tee $OUT/ssd_check.txt
+      wait
+      say "A/B pp512"; state
+      timeout 120 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-1.5b,falcon-h1-3b,falcon-h1-1.5b-deep \
+        --tests "-p 512 -n 0 -d 0,16384 -r 3" base TALLOW_SSD_CHUNKED=0 2>&1 | tee $OUT/ssd_ab.txt
+      timeout 40 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-0.5b \
+        --tests "-p 512 -n 0 -d 0,4096 -r 3" base TALLOW_SSD_CHUNKED=0 2>&1 | tee -a $OUT/ssd_ab.txt; state
+      say "study"
+      ONLY="qwen25-1.5b mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b" PER_MODEL_S=80 \
+        TOTAL_S=270 CHECK_TOKENS=200 WORK=/root timeout 350 bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | tail -45; state
+      say "ssmgpu check"
+      timeout 45 python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 > $OUT/ssm_check.txt
+      grep -c PASS $OUT/ssm_check.txt; grep -v PASS $OUT/ssm_check.txt | tail -5
+      say "sweep"
+      timeout 60 python3 scripts/gpu_ssd.py sweep --quick 2>&1 | grep -v Warning > $OUT/ssd_sweep.txt
+      say "done" ;;
     ssd2)  # the SSD scan with C B^T in a launch of its own: the same checks, a smaller sweep, the A/B with the 0.5B
       (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
       say "gpu_ssd check"; state

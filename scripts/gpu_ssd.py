@@ -2,7 +2,7 @@
 Mamba-2 layer shapes: checked against the token-by-token scan (kernels/triton/ssm.py) and timed
 beside it, then a sweep of its tile choices.
 
-    python scripts/gpu_ssd.py check            # y and the state it leaves vs the token-by-token scan
+    python scripts/gpu_ssd.py check            # y and the state it leaves vs the token-by-token scan; both timed
     python scripts/gpu_ssd.py sweep [--quick]  # µs for a 512-token chunk: the token-by-token scan, then
                                                # (chunk, block_p, block_n, warps, precision) choices
 
@@ -80,6 +80,11 @@ def check() -> bool:
                 ok &= good is not False
                 print(json.dumps({"check": name, "n": n, "n_valid": n_valid, "precision": precision, "pass": good,
                                   **{k_: float(f"{v:.3g}") for k_, v in e.items()}}), flush=True)
+            if n == 512:  # the default tiles' time beside the token-by-token scan's (the state runs on)
+                st = a["state"].clone()
+                args = (st, a["x"], a["dt"], a["A"], a["B"], a["C"], None, a["dt_bias"], a["D"], a["z"])
+                print(json.dumps({"time": name, "n": n, "token_by_token_us": round(timed(lambda: ssm_scan(*args)), 1),
+                                  "ssd_us": round(timed(lambda: ssd_scan(*args)), 1)}), flush=True)
     return ok
 
 
