@@ -91,3 +91,38 @@ def test_prefill_attention_start_on_device_equals_host_start():
     host = prefill_attention(q, k_cache, v_cache, 16, 0, 0.125, 8)
     device = prefill_attention(q, k_cache, v_cache, torch.tensor([16]), 0, 0.125, 8)
     assert torch.equal(host, device)
+
+
+@pytest.mark.parametrize("n,start,nh,nkv,d,window,n_slots,on_device", [
+    (40, 100, 4, 2, 64, None, 160, False),  # a chunk after a long prefix: four 32-key ranges and a partial one
+    (70, 0, 6, 2, 64, None, 96, True),      # a fresh prompt, the start on the device (ranges fixed by the slots)
+    (30, 150, 2, 1, 64, 48, 80, False),     # a sliding window on a wrapped ring: the window's width split
+])
+def test_split_prefill_attention_is_the_one_pass_kernel(monkeypatch, n, start, nh, nkv, d, window, n_slots, on_device):
+    """TALLOW_PREFILL_SPLIT: a block's keys in 32-key ranges, merged, against the one-pass kernel (the
+    probabilities are rounded to fp16 against each range's own max, so within ~1e-3) and the reference."""
+    g = torch.Generator().manual_seed(n + start)
+    lo = max(0, start - window + 1) if window else 0
+    positions = list(range(lo, start + n))
+    k_cache, keys = _fill(nkv, n_slots, d, positions, g)
+    v_cache, values = _fill(nkv, n_slots, d, positions, g)
+    q = torch.randn(n, nh, d, generator=g)
+    s = torch.tensor([start]) if on_device else start
+    split = prefill_attention(q, k_cache, v_cache, s, lo, d ** -0.5, window, span=32, block=16)
+    monkeypatch.setenv("TALLOW_PREFILL_SPLIT", "0")
+    one = prefill_attention(q, k_cache, v_cache, s, lo, d ** -0.5, window, span=32, block=16)
+    want = reference(q, keys, values, start, lo, d ** -0.5, window, None)
+    assert float((split - one).abs().max()) < 2e-3 * float(one.abs().max())
+    assert float((split - want).abs().max()) < 1e-2 * float(want.abs().max())
+
+
+def test_split_prefill_attention_leaves_short_blocks_to_the_one_pass_loop(monkeypatch):
+    """With the start on the device the ranges are fixed by the cache's slots; a block whose keys fit
+    one range writes its output by the one-pass loop itself: the same bits as without the split."""
+    g = torch.Generator().manual_seed(3)
+    k_cache, _ = _fill(2, 128, 64, list(range(24)), g)
+    v_cache, _ = _fill(2, 128, 64, list(range(24)), g)
+    q = torch.randn(24, 4, 64, generator=g)
+    split = prefill_attention(q, k_cache, v_cache, torch.tensor([0]), 0, 0.125, span=32, block=16)
+    monkeypatch.setenv("TALLOW_PREFILL_SPLIT", "0")
+    assert torch.equal(split, prefill_attention(q, k_cache, v_cache, torch.tensor([0]), 0, 0.125, span=32, block=16))
