@@ -66,6 +66,27 @@ for step in "$@"; do
       say "sweep"
       timeout 60 python3 scripts/gpu_ssd.py sweep --quick 2>&1 | grep -v Warning > $OUT/ssd_sweep.txt
       say "done" ;;
+    split)  # call 4: the split prefill attention checked and timed alone, its A/B, then the study again (both changes)
+      mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA
+      if [ ! -f .twins2/make_twin.py ]; then
+        mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
+          b=$(basename $f .xz); xz -dc $f > .twins2/$b; done
+      fi
+      mkdir -p /root/twins
+      (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1;
+       python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1) &
+      say "prefill split check"; state
+      timeout 100 python3 scripts/gpu_prefill_split.py 2>&1 | grep -v Warning | tee $OUT/split_check.txt
+      wait
+      say "A/B pp512 with and without the split"; state
+      timeout 170 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-1.5b-deep,falcon-h1-1.5b,qwen25-1.5b \
+        --tests "-p 512 -n 0 -d 0,16384,32256 -r 2" base TALLOW_PREFILL_SPLIT=0 2>&1 | tee $OUT/split_ab.txt; state
+      say "study"
+      ONLY="qwen25-1.5b mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b" PER_MODEL_S=80 \
+        TOTAL_S=270 CHECK_TOKENS=200 WORK=/root timeout 330 bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -A40 "== the table"; state
+      say "done"
+      tar czf /tmp/all.tgz -C $OUT . && mkdir -p $OUT/pack && mv /tmp/all.tgz $OUT/pack/ ;;
     ssd2)  # the SSD scan with C B^T in a launch of its own: the same checks, a smaller sweep, the A/B with the 0.5B
       (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
       say "gpu_ssd check"; state
