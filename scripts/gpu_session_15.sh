@@ -86,7 +86,8 @@ for step in "$@"; do
         TOTAL_S=270 CHECK_TOKENS=200 WORK=/root timeout 330 bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
       grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -A40 "== the table"; state
       say "done"
-      tar czf /tmp/all.tgz -C $OUT . && mkdir -p $OUT/pack && mv /tmp/all.tgz $OUT/pack/ ;;
+      # one file back: the device tool returns a limited count of files from $OUT (call 2 lost its logs that way)
+      tar czf /tmp/all.tgz -C $OUT . && rm -rf $OUT/* && mv /tmp/all.tgz $OUT/ ;;
     ssd2)  # the SSD scan with C B^T in a launch of its own: the same checks, a smaller sweep, the A/B with the 0.5B
       (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
       say "gpu_ssd check"; state
