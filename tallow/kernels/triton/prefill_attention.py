@@ -66,20 +66,22 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, start_ptr, part_
     m_ok = m < n_q
     d_ok = d < D
     q_pos = start + m
-    q = tl.load(q_ptr + m[:, None] * sq_t + h * sq_h + d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    # QK in the cache's float type (fp16 for codes), like the decode kernel.
-    kv_float = tl.float16 if SCALED else k_ptr.dtype.element_ty
-    q = q.to(kv_float)
     # Keys this block of queries can see: from its first query's window edge to its last query.
     first = start + pid_m * BLOCK_M
     k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
     k_hi = tl.minimum(first + BLOCK_M, start + n_q)
+    q_ok = m_ok
     if SPLIT:  # this program's range of the block's keys; one range: the whole, written directly
         sid = tl.program_id(2)
         n_ranges = (k_hi - k_lo + span - 1) // span
         direct = n_ranges <= 1
         k_lo = k_lo + sid * span
         k_hi = tl.minimum(k_hi, k_lo + span)
+        q_ok = m_ok & (k_lo < k_hi)  # a range past the block's keys (most, at small depths) reads nothing
+    q = tl.load(q_ptr + m[:, None] * sq_t + h * sq_h + d[None, :], mask=q_ok[:, None] & d_ok[None, :], other=0.0)
+    # QK in the cache's float type (fp16 for codes), like the decode kernel.
+    kv_float = tl.float16 if SCALED else k_ptr.dtype.element_ty
+    q = q.to(kv_float)
     m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: a fully masked tile adds exp2(-inf) = 0
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -123,28 +125,34 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, start_ptr, part_
 
 @triton.jit
 def _merge_kernel(part_ptr, ml_ptr, o_ptr, start_ptr, n_q, start, lo, window, span, n_heads, so_t,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
-                  START_ON_DEVICE: tl.constexpr):
-    """One row and head of a split block: its ranges' accumulators rescaled to their common max,
-    summed, over the summed (rescaled) sums. Rows of blocks written directly are left alone."""
-    i, h = tl.program_id(0), tl.program_id(1)
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, START_ON_DEVICE: tl.constexpr):
+    """A split block's rows for one head: its ranges' accumulators and sums rescaled to a running
+    common max, range by range, then divided. A block written directly has no ranges to merge."""
+    pid_m, h = tl.program_id(0), tl.program_id(1)
     if START_ON_DEVICE:
         start = tl.load(start_ptr).to(tl.int32)
-    first = start + (i // BLOCK_M) * BLOCK_M
+    first = start + pid_m * BLOCK_M
     k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
     k_hi = tl.minimum(first + BLOCK_M, start + n_q)
     n_ranges = (k_hi - k_lo + span - 1) // span
-    r = tl.arange(0, BLOCK_S)
-    r_ok = (r < n_ranges) & (n_ranges > 1)  # a block written directly has no ranges in the scratch
+    i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    i_ok = i < n_q
     d = tl.arange(0, BLOCK_D)
-    row = (r * n_q + i) * n_heads + h
-    m_r = tl.load(ml_ptr + 2 * row, mask=r_ok, other=-1.0e30)
-    l_r = tl.load(ml_ptr + 2 * row + 1, mask=r_ok, other=0.0)
-    acc = tl.load(part_ptr + row[:, None] * BLOCK_D + d[None, :], mask=r_ok[:, None], other=0.0)
-    w = tl.exp2(m_r - tl.max(m_r, axis=0))
-    den = tl.sum(l_r * w, axis=0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + i * so_t + h * D + d, out, mask=(d < D) & (n_ranges > 1))
+    big = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for r in range(0, tl.where(n_ranges > 1, n_ranges, 0)):
+        row = (r * n_q + i) * n_heads + h
+        m_r = tl.load(ml_ptr + 2 * row, mask=i_ok, other=-1.0e30)
+        l_r = tl.load(ml_ptr + 2 * row + 1, mask=i_ok, other=0.0)
+        a_r = tl.load(part_ptr + row[:, None] * BLOCK_D + d[None, :], mask=i_ok[:, None], other=0.0)
+        m_new = tl.maximum(big, m_r)
+        c_old, c_r = tl.exp2(big - m_new), tl.exp2(m_r - m_new)
+        acc = acc * c_old[:, None] + a_r * c_r[:, None]
+        l_sum = l_sum * c_old + l_r * c_r
+        big = m_new
+    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    tl.store(o_ptr + i[:, None] * so_t + h * D + d[None, :], out, mask=i_ok[:, None] & (d < D)[None, :] & (n_ranges > 1))
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: "int | torch.Tensor",
@@ -193,8 +201,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         GROUP=n_heads // n_kv, D=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
         SCALED=scaled, SOFTCAP=softcap is not None, START_ON_DEVICE=on_device, SPLIT=split, num_warps=4, num_stages=2)
     if split:
-        _merge_kernel[(n, n_heads)](part, ml, out, start if on_device else out, n, 0 if on_device else start, lo,
-                                    window or 0, span, n_heads, out.stride(0), D=head_dim, BLOCK_D=block_d,
-                                    BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(ranges),
-                                    START_ON_DEVICE=on_device, num_warps=4)
+        _merge_kernel[(triton.cdiv(n, block_m), n_heads)](
+            part, ml, out, start if on_device else out, n, 0 if on_device else start, lo, window or 0, span, n_heads,
+            out.stride(0), D=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, START_ON_DEVICE=on_device, num_warps=4)
     return out
