@@ -88,6 +88,19 @@ for step in "$@"; do
       say "done"
       # one file back: the device tool returns a limited count of files from $OUT (call 2 lost its logs that way)
       tar czf /tmp/all.tgz -C $OUT . && rm -rf $OUT/* && mv /tmp/all.tgz $OUT/ ;;
+    split2)  # call 5: the split's idle ranges and merge made cheaper: its check and A/B again (deep and qwen)
+      (python3 scripts/make_ssm_twin.py falcon-h1-1.5b-deep /root/twins/falcon-h1-1.5b-deep.gguf > $OUT/twins.log 2>&1;
+       [ -f .twins2/make_twin.py ] || { mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ &&
+         xz -dc .twins2x/qwen25-1.5b.hdr.xz > .twins2/qwen25-1.5b.hdr; };
+       python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1) &
+      say "prefill split check"; state
+      timeout 100 python3 scripts/gpu_prefill_split.py 2>&1 | grep -v Warning | tee $OUT/split_check.txt
+      wait
+      say "A/B pp512 with and without the split"; state
+      timeout 120 python3 scripts/gpu_ab.py --work /root/twins --twins falcon-h1-1.5b-deep,qwen25-1.5b \
+        --tests "-p 512 -n 0 -d 0,16384,32256 -r 2" base TALLOW_PREFILL_SPLIT=0 base 2>&1 | tee $OUT/split_ab.txt; state
+      say "done"
+      tar czf /tmp/all.tgz -C $OUT . && rm -rf $OUT/* && mv /tmp/all.tgz $OUT/ ;;
     ssd2)  # the SSD scan with C B^T in a launch of its own: the same checks, a smaller sweep, the A/B with the 0.5B
       (python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1) &
       say "gpu_ssd check"; state
