@@ -39,8 +39,9 @@ __all__ = ["ssd_scan", "SSD_MIN_ROWS"]
 
 SSD_MIN_ROWS = 32  # below this many rows (decode, speculation's verification) the token-by-token scan
 # Tokens per chunk, state rows and columns per tile, warps: the fastest of scripts/gpu_ssd.py's sweep on
-# Falcon-H1-1.5B's layer (session 15, call 1: 221 µs for 512 tokens against 305 for (64, 32, 64, 4); more
-# rows per program mean fewer programs for 132 SMs, wider tiles more registers).
+# Falcon-H1-1.5B's layer (session 15, call 1: 221 µs for 512 tokens against 305 for (64, 32, 64, 4); call 3,
+# with C B^T in its own launch: still the best on all four Falcon-H1 shapes, 137 µs). More rows per program
+# mean fewer programs for 132 SMs, wider tiles and longer chunks more registers.
 CHUNK, BLOCK_P, BLOCK_N, WARPS = 64, 16, 32, 4
 PRECISION = "tf32x3"
 
