@@ -238,8 +238,9 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     assert small.state == big.state == ssm.state_bytes * 13  # live + 4 checkpoints + 8 rows, whatever the context
     if spec.layers:  # falcon-h1: every layer's attention K/V beside its state
         assert 0 < small.kv < big.kv
-    else:
+    else:  # no attention layer: no KV, and past one prefill chunk no scratch that grows with it (no mask, no K/V views)
         assert small.kv == big.kv == 0
+        assert plan_memory(tiny[arch], n_ctx=1024).scratch == plan_memory(tiny[arch], n_ctx=32768).scratch
     assert ("recurrent state", small.state) in small.parts() and "recurrent layers" in small.describe()
     memory = make_memory(spec, 256)
     assert memory.nbytes == big.kv + ssm.state_bytes  # what is allocated: the KV (if any) and the live state

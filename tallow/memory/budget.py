@@ -222,7 +222,8 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     Blocks run one after another and free their temporaries, so the peak is the residual
     stream plus the larger of one block's attention and MLP phases (all fp32 unless noted):
       residual: x, the normed h and the new x:                    3 · C · dim · 4
-      attention: q, k, v and their rotated copies                  2 · C · (H + 2·H_kv) · hd · 4
+      attention (none in a model without attention layers, Mamba):
+                 q, k, v and their rotated copies                  2 · C · (H + 2·H_kv) · hd · 4
                  the pool's K/V up to N as fp32 (KVPool.view)      2 · H_kv · N · hd · 4
                  the mask: int64 distances, bool, float for SDPA   C · N · (8 + 1 + 4)
                  the output and its bf16 copy for attn_output      C · H · hd · (4 + 2)
@@ -266,8 +267,8 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     hkv = max((layer.n_kv_heads for layer in spec.layers), default=0)
     hd = max((max(layer.head_dim, layer.v_head_dim) for layer in spec.layers), default=0)
     residual = 3 * c * spec.dim * 4
-    attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6
-    if kv_format(kv_dtype).scaled:
+    attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6 if h else 0
+    if h and kv_format(kv_dtype).scaled:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
     if spec.n_experts:  # routed experts (kernels/cpu/moe.py): every row's k outputs, then weighted
