@@ -39,3 +39,50 @@ def test_gpu_plan_uses_the_gpus_free_memory(monkeypatch):
     tight = plan_memory(path, 4096, "100%", device="cuda")
     with pytest.raises(MemoryBudgetError, match="free on the GPU"):
         tight.check()
+
+
+def test_the_split_prefill_attention_scratch_is_planned(monkeypatch):
+    """The plan's figure for the split attention's partials is the largest a layer's call allocates
+    (the kernels themselves stubbed: only the wrapper's allocations are counted), on a model with
+    full layers (split at this depth) and 512-token sliding windows (never split); none with the
+    switch off."""
+    pytest.importorskip("triton")
+    import torch
+
+    from tallow.gguf_file import GGUFFile
+    from tallow.kernels.triton import prefill_attention as pa
+    from tallow.memory.budget import PREFILL_SPLIT_SPAN, gpu_split_attention_bytes, kv_layer_slots
+    from tallow.spec import spec_from_gguf
+
+    assert PREFILL_SPLIT_SPAN == pa.SPLIT_SPAN
+    spec = spec_from_gguf(GGUFFile(require_model("gemma3-270m")))
+    n_ctx, rows = 16384, 512
+    assert any(layer.sliding_window for layer in spec.layers) and not all(layer.sliding_window for layer in spec.layers)
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(pa, "_prefill_kernel", Launch())
+    monkeypatch.setattr(pa, "_merge_kernel", Launch())
+    sizes = []
+    real_empty = torch.empty
+
+    def empty(shape, **kwargs):
+        t = real_empty(shape, **kwargs)
+        if len(shape) == 4:  # (ranges, rows, heads, width or 2): the partials
+            sizes.append(t.numel() * t.element_size())
+        return t
+
+    monkeypatch.setattr(pa.torch, "empty", empty)
+    most = 0
+    for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, rows)):
+        q = torch.zeros(rows, layer.n_heads, layer.head_dim)
+        kv = torch.zeros(layer.n_kv_heads, slots, layer.head_dim, dtype=torch.float16)
+        sizes.clear()
+        pa.prefill_attention(q, kv, kv, torch.zeros(1, dtype=torch.int64), 0, 1.0, layer.sliding_window or None)
+        assert bool(sizes) == (not layer.sliding_window)
+        most = max(most, sum(sizes))
+    assert most > 0 and gpu_split_attention_bytes(spec, n_ctx, rows) == most
+    monkeypatch.setenv("TALLOW_PREFILL_SPLIT", "0")
+    assert gpu_split_attention_bytes(spec, n_ctx, rows) == 0

@@ -357,8 +357,35 @@ def gpu_scratch_bytes(spec: ModelSpec, header: GGUFFile, n_ctx: int, prefill_chu
     """GPU transients: the bf16 buffer prefill dequantizes each matrix into (sized for the
     largest, kernels/gpu/linear.Scratch), and one prefill chunk's activations twice — the
     eager pass that warms a graph up and the prefill graphs' shared memory pool — with the
-    CPU account's per-chunk formula (chunk_activation_bytes), and the logits."""
-    return gpu_dequant_scratch_bytes(header) + 2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
+    CPU account's per-chunk formula (chunk_activation_bytes) plus the split prefill attention's
+    partials, and the logits."""
+    chunk = chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + gpu_split_attention_bytes(spec, n_ctx, prefill_chunk)
+    return gpu_dequant_scratch_bytes(header) + 2 * chunk + logits_bytes(spec)
+
+
+# kernels/triton/prefill_attention.SPLIT_SPAN, repeated so planning never imports triton (a test checks it).
+PREFILL_SPLIT_SPAN = 2048
+
+
+def gpu_split_attention_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
+    """The split prefill attention's partials (TALLOW_PREFILL_SPLIT), its largest layer's: a layer whose
+    block of queries can see more than one span of keys (its cache's slots, or a window's width plus
+    the block, since a captured graph does not know the depth) keeps, per range, row and head, an fp32
+    accumulator over the head's padded width and the running max and sum."""
+    if _env_off("TALLOW_PREFILL_SPLIT"):
+        return 0
+    rows = max(1, min(prefill_chunk, n_ctx))
+    most = 0
+    for layer, slots in zip(spec.layers, kv_layer_slots(spec, n_ctx, prefill_chunk)):
+        if not layer.n_heads:
+            continue
+        width = 1 << (layer.head_dim - 1).bit_length()  # triton.next_power_of_2
+        block = 64 if width <= 128 else 32
+        keys = layer.sliding_window + block if layer.sliding_window else slots
+        ranges = -(-keys // PREFILL_SPLIT_SPAN)
+        if ranges > 1:
+            most = max(most, ranges * rows * layer.n_heads * (width + 2) * 4)
+    return most
 
 
 def _gpu_expert_stack(header: GGUFFile) -> int:
