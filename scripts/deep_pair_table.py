@@ -32,7 +32,8 @@ def model_rows(d: str) -> list[dict]:
             r = json.loads(line)
             (tallow if "tallow_tg64" in r else llama)[r.get("tallow_tg64", r.get("llama_server_tg64"))] = r
     tallow_fill = {}
-    for line in open(os.path.join(d, "fill.log")):  # "filled D at S s (HH:MM:SS)": seconds since the load started
+    fill_log = os.path.join(d, "fill.log")  # "filled D at S s (HH:MM:SS)": seconds since the load started
+    for line in open(fill_log) if os.path.exists(fill_log) else ():  # none: a pair re-timed on an earlier fill's files
         m = re.match(r"filled (\d+) at (\d+) s", line)
         if m:
             tallow_fill[int(m[1])] = int(m[2])
