@@ -14,6 +14,7 @@ import json
 import os
 
 import torch
+from gpu_timing import time_us
 
 from tallow import switches
 from tallow.kernels.triton.prefill_attention import prefill_attention
@@ -27,17 +28,8 @@ SHAPES = {  # query heads, KV heads, head_dim
 SLOTS, N = 33280, 512
 
 
-def timed(fn, reps=10):
-    for _ in range(2):
-        fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps * 1e3
+def timed(fn):
+    return time_us(fn, 10, 2)
 
 
 def run(split: bool, *args):

@@ -19,6 +19,7 @@ import json
 import sys
 
 import torch
+from gpu_timing import time_us
 
 SHAPES = {  # heads, head_dim, d_state (one group each): the twins' Mamba-2 layers (the 1.5B's first: the sweep's grid)
     "falcon-h1-1.5b": (48, 64, 256),
@@ -38,17 +39,8 @@ def inputs(heads, head_dim, d_state, n, seed=0):
                 dt_bias=r(heads) * 0.5, D=r(heads), z=r(n, rows))
 
 
-def timed(fn, reps=20):
-    for _ in range(3):
-        fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps * 1e3
+def timed(fn):
+    return time_us(fn, 20, 3)
 
 
 def run(fn, a, nv=None, **kw):

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
+from gpu_timing import time_us  # noqa: E402
 
 ARCHS = ("mamba", "mamba2", "falcon-h1")
 # Mid-size shapes for timing (24 layers each; random weights, byte vocabulary): Mamba-1 of
@@ -343,21 +344,7 @@ def kernels(work: Path) -> None:
     dev = torch.device(DEVICE)
 
     def timed(fn, reps: int = 20) -> float:
-        for _ in range(3):
-            fn()
-        if dev.type != "cuda":
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t0) / reps * 1e6
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b) / reps * 1e3
+        return time_us(fn, reps, 3, dev.type)
 
     g = torch.Generator(device=dev).manual_seed(0)
     for name, (heads, head_dim, groups, d_state, version) in KERNEL_SHAPES.items():
