@@ -2,6 +2,8 @@
 
     python scripts/deep_pair_table.py OUT_DIR [PLOT.png]
 
+(OUT_DIR/NAME-redo, where a depth of NAME was timed again on its fill's files: its rows replace NAME's.)
+
 Per model and depth: llama.cpp's tg64 before and after tallow's in the same hold (llama-server's own
 predicted_per_second), tallow's tg64 (samples hydrated from the fill's file at that depth), the ratio of tallow's
 mean to the mean of llama.cpp's six; then each engine's fill rate from the previous depth to this one (tokens per
@@ -63,8 +65,13 @@ def fmt(x, spec=".1f"):
 
 def main() -> None:
     out = sys.argv[1]
-    rows = [r for d in sorted(os.listdir(out)) if os.path.exists(os.path.join(out, d, "pair.log"))
-            for r in model_rows(os.path.join(out, d))]
+    rows = {}  # (model, depth): a directory NAME-redo re-times depths of NAME on its files, and its rows replace NAME's
+    for d in sorted(os.listdir(out)):
+        if os.path.exists(os.path.join(out, d, "pair.log")):
+            for r in model_rows(os.path.join(out, d)):
+                r["model"] = r["model"].removesuffix("-redo")
+                rows[r["model"], r["depth"]] = r
+    rows = [rows[k] for k in sorted(rows)]
     print("| twin | depth | llama.cpp before / after | tallow (samples) | ratio | fill tok/s llama.cpp / tallow | plan MiB (KV + state) | hold end, load |")
     print("|---|---:|---:|---|---:|---:|---:|---|")
     for r in rows:

@@ -789,7 +789,9 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ssm:softplus_ggml",  # an elementwise helper of selective_scan, covered by its case
     # the mixer's ops by device: the torch references (cpu/ssm.py) or the Triton kernels, both in the ssm cases
     "tallow.kernels.ssm_ops:TorchMixerOps", "tallow.kernels.ssm_ops:TritonMixerOps", "tallow.kernels.ssm_ops:mixer_ops",
-    "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.ssm_ops:ssd_chunked", "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
+    "tallow.kernels.ssm_ops:ssm_triton_enabled", "tallow.kernels.ssm_ops:ssd_chunked",
+    "tallow.kernels.cpu.c_ssm:usable", "tallow.kernels.cpu.c_ssm:fits",
+    "tallow.kernels.triton.ssm:scan_shapes",  # the scans' argument check, run by both scans' cases
     "tallow.kernels.cpu.c_ssm:mixer_usable", "tallow.kernels.cpu.c_ssm:mixer_on",
     "tallow.kernels.cpu.c_ssm:products",  # the C product plan of existing layers (ggml_dot's own), a container
     "tallow.kernels.triton.argmax:argmax_reference", "tallow.kernels.triton.argmax:make_argmax_scratch",

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from . import pdl
-from .ssm import _n_valid_args, _softplus
+from .ssm import _n_valid_args, _softplus, scan_shapes
 
 __all__ = ["ssd_scan", "SSD_MIN_ROWS"]
 
@@ -136,14 +136,9 @@ def ssd_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
     dt (n, n_head) before its softplus (dt_bias added first); B, C (n, n_group * d_state); D the
     skip, z the gate. Returns y (n, n_head * head_dim) float32. chunk / block_p / block_n / warps /
     precision: overrides for scripts/gpu_ssd.py's sweep and the interpreter tests."""
-    n_head, head_dim, d_state = state.shape
-    n, rows = x.shape
-    n_group = B.shape[1] // d_state
-    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
-        if t is not None and t.stride(-1) != 1:
-            raise ValueError(f"ssd_scan: {name}'s last dim must be contiguous.")
-    if A.dim() != 1 or not (state.is_contiguous() and A.is_contiguous()) or rows != n_head * head_dim or n_head % n_group:
-        raise ValueError("ssd_scan: Mamba-2 only (A (n_head,)); the state and A contiguous, x (n, n_head * head_dim).")
+    if A.dim() != 1:
+        raise ValueError("ssd_scan: Mamba-2 only (A (n_head,), one decay per head).")
+    n_head, head_dim, d_state, n, rows, n_group = scan_shapes("ssd_scan", state, x, dt, A, B, C, z)
     if out is None:
         out = torch.empty((n, rows), dtype=torch.float32, device=x.device)
     ptr, count, from_ptr = _n_valid_args(n_valid, n)

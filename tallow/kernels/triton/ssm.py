@@ -203,6 +203,20 @@ def _scan_kernel(state_ptr, x_ptr, dt_ptr, dtb_ptr, a_ptr, b_ptr, c_ptr, d_ptr, 
     tl.store(state_ptr + rows[:, None] * d_state + st[None, :], s, mask=m2)
 
 
+def scan_shapes(fn: str, state, x, dt, A, B, C, z):
+    """(n_head, head_dim, d_state, n, rows, n_group) of a scan's arguments (ssm_scan's doc), or one
+    sentence naming `fn` where they do not fit."""
+    n_head, head_dim, d_state = state.shape
+    n, rows = x.shape
+    n_group = B.shape[1] // d_state
+    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"{fn}: {name}'s last dim must be contiguous.")
+    if not (state.is_contiguous() and A.is_contiguous()) or rows != n_head * head_dim or n_head % n_group:
+        raise ValueError(f"{fn}: the state and A must be contiguous, x (n, n_head * head_dim), B and C (n, n_group * d_state).")
+    return n_head, head_dim, d_state, n, rows, n_group
+
+
 def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
              n_valid=None, dt_bias: torch.Tensor | None = None, D: torch.Tensor | None = None,
              z: torch.Tensor | None = None, out: torch.Tensor | None = None, block_r: int | None = None,
@@ -213,14 +227,7 @@ def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
     z (n, n_head * head_dim) the gate. 2-D inputs may have any row stride, their last dim
     contiguous. Returns y (n, n_head * head_dim) float32: (scan + x * D) * SiLU(z); with `q8`
     (rows a multiple of 32), (y, y's mmvq.Q8Act), the Q8_1 blocks written by the scan's programs."""
-    n_head, head_dim, d_state = state.shape
-    n, rows = x.shape
-    n_group = B.shape[1] // d_state
-    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
-        if t is not None and t.stride(-1) != 1:
-            raise ValueError(f"ssm_scan: {name}'s last dim must be contiguous.")
-    if not (state.is_contiguous() and A.is_contiguous()) or rows != n_head * head_dim or n_head % n_group:
-        raise ValueError("ssm_scan: the state and A must be contiguous, x (n, n_head * head_dim), B and C (n, n_group * d_state).")
+    n_head, head_dim, d_state, n, rows, n_group = scan_shapes("ssm_scan", state, x, dt, A, B, C, z)
     if out is None:
         out = torch.empty((n, rows), dtype=torch.float32, device=x.device)
     ptr, count, from_ptr = _n_valid_args(n_valid, n)
