@@ -49,6 +49,17 @@ def _fill(n_kv, n_slots, d, positions, g, dtype=torch.float16):
     return k, k[:, [p % n_slots for p in positions]].float()
 
 
+def _case(n, start, nh, nkv, d, window, n_slots):
+    """A chunk of n queries at start after the keys a window (or the whole prefix) leaves in the cache:
+    (lo, q, the K cache, its keys in order, the V cache, its values)."""
+    g = torch.Generator().manual_seed(n + start)
+    lo = max(0, start - window + 1) if window else 0
+    positions = list(range(lo, start + n))
+    k_cache, keys = _fill(nkv, n_slots, d, positions, g)
+    v_cache, values = _fill(nkv, n_slots, d, positions, g)
+    return lo, torch.randn(n, nh, d, generator=g), k_cache, keys, v_cache, values
+
+
 @pytest.mark.parametrize("n,start,nh,nkv,d,window,n_slots,softcap", [
     (70, 0, 4, 2, 64, None, 96, None),     # fresh prompt, GQA, a partial last block
     (33, 40, 6, 2, 64, None, 128, None),   # a chunk after a reused prefix
@@ -56,12 +67,7 @@ def _fill(n_kv, n_slots, d, positions, g, dtype=torch.float16):
     (20, 10, 2, 1, 256, None, 64, 30.0),   # head_dim 256, soft-cap
 ])
 def test_prefill_attention_matches_reference(n, start, nh, nkv, d, window, n_slots, softcap):
-    g = torch.Generator().manual_seed(n + start)
-    lo = max(0, start - window + 1) if window else 0
-    positions = list(range(lo, start + n))
-    k_cache, keys = _fill(nkv, n_slots, d, positions, g)
-    v_cache, values = _fill(nkv, n_slots, d, positions, g)
-    q = torch.randn(n, nh, d, generator=g)
+    lo, q, k_cache, keys, v_cache, values = _case(n, start, nh, nkv, d, window, n_slots)
     scale = d ** -0.5
     got = prefill_attention(q, k_cache, v_cache, start, lo, scale, window, softcap)
     want = reference(q, keys, values, start, lo, scale, window, softcap)
@@ -101,12 +107,7 @@ def test_prefill_attention_start_on_device_equals_host_start():
 def test_split_prefill_attention_is_the_one_pass_kernel(monkeypatch, n, start, nh, nkv, d, window, n_slots, on_device):
     """TALLOW_PREFILL_SPLIT: a block's keys in 32-key ranges, merged, against the one-pass kernel (the
     probabilities are rounded to fp16 against each range's own max, so within ~1e-3) and the reference."""
-    g = torch.Generator().manual_seed(n + start)
-    lo = max(0, start - window + 1) if window else 0
-    positions = list(range(lo, start + n))
-    k_cache, keys = _fill(nkv, n_slots, d, positions, g)
-    v_cache, values = _fill(nkv, n_slots, d, positions, g)
-    q = torch.randn(n, nh, d, generator=g)
+    lo, q, k_cache, keys, v_cache, values = _case(n, start, nh, nkv, d, window, n_slots)
     s = torch.tensor([start]) if on_device else start
     split = prefill_attention(q, k_cache, v_cache, s, lo, d ** -0.5, window, span=32, block=16)
     monkeypatch.setenv("TALLOW_PREFILL_SPLIT", "0")
