@@ -809,6 +809,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.prefill_attention:prefill_attention_enabled",
     "tallow.kernels.triton.quant_gemv:quant_gemv_reference", "tallow.kernels.triton.quant_gemv:gemv_config",
     "tallow.kernels.triton.quant_gemv:Prologue", "tallow.kernels.triton.quant_gemv:small_grid_split",
+    "tallow.kernels.triton.quant_gemv:epilogue_addend",  # a launch's addend arguments (tests/test_gpu_layers.py's epilogue cases)
     "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
     "tallow.kernels.triton.moe_mmvq:moe_mmvq_reference", "tallow.kernels.triton.moe_mmvq:moe_mmvq_config",

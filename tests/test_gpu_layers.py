@@ -116,3 +116,52 @@ def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
     assert GPULinear.stacked([layer, layer]).kind == "triton_q4_k"
     ref = torch.cat([fp32(x)] * 2, dim=-1)
     assert 0 < float((y - ref).norm() / ref.norm()) < 2e-2  # Q8_1 activations: near, not equal
+
+
+@pytest.mark.parametrize("kernel", ["mmvq", "gemv"])
+@pytest.mark.parametrize("rows, split", [(1, 1), (3, 1), (2, 2)])
+def test_the_add_epilogue_is_the_separate_add(kernel, rows, split):
+    """TALLOW_GEMV_ADD_EPILOGUE: the GEMVs add a bias (every row) or an addend (one per row) as they
+    store y, the same fp32 add as a launch of its own after them, also after a K-split merge."""
+    from test_quant_reference import random_rows
+
+    from tallow.kernels.triton.mmvq import mmvq
+    from tallow.kernels.triton.planes import pack_planes
+    from tallow.kernels.triton.quant_gemv import quant_gemv
+
+    raw = random_rows(QT.Q4_K, 24, 512, seed=11)
+    w = pack_planes(torch.from_numpy(raw.copy()), QT.Q4_K, 512)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 512, generator=g)
+    bias, addend = torch.randn(24, generator=g), torch.randn(rows, 24, generator=g)
+    if kernel == "mmvq":
+        def run(add=None):
+            return mmvq(x, w, config=(4, 1, 1, 1, split, False), add=add)
+    else:
+        def run(add=None):
+            return quant_gemv(x, w, config=(4, 1, 1, 1, split), add=add)
+    assert torch.equal(run(bias), run() + bias)
+    assert torch.equal(run(addend), addend + run())
+    with pytest.raises(ValueError):
+        run(torch.randn(rows + 1, 24))
+
+
+def test_the_add_epilogue_switch(monkeypatch):
+    """GPULinear folds its bias, or an `addend`, into the GEMV; with both, or with the switch off,
+    torch adds them: the same bits either way."""
+    from test_quant_reference import random_rows
+
+    from tallow.gguf_file import TensorInfo
+
+    raw = random_rows(QT.Q4_K, 24, 256, seed=5)
+    t = TensorInfo("w", QT.Q4_K, (256, 24), 0, raw.nbytes, raw)
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(2)
+    layer = GPULinear(t, np.arange(24, dtype=np.float32) / 7, cpu, Scratch(cpu))
+    x, addend = torch.randn(2, 256, generator=g), torch.randn(2, 24, generator=g)
+    on = [layer(x), layer(x, addend=addend), layer(x, add_bias=False, addend=addend)]
+    monkeypatch.setenv("TALLOW_GEMV_ADD_EPILOGUE", "0")
+    off = [layer(x), layer(x, addend=addend), layer(x, add_bias=False, addend=addend)]
+    for a, b in zip(on, off):
+        assert torch.equal(a, b)
+    assert torch.equal(off[1], addend + (layer(x, add_bias=False) + layer.bias))

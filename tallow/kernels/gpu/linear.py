@@ -153,37 +153,48 @@ class GPULinear:
         """Whether this call takes the integer-dot GEMV (x: a tensor, LazyInput or SharedQ8)."""
         return self.dense is None and self.use_gemv and self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, add_bias: bool = True) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None, add_bias: bool = True,
+                 addend: torch.Tensor | None = None) -> torch.Tensor:
         """`out` (n, N) float32 with a unit last stride, e.g. this layer's columns of a group's
         output (dispatch.LinearGroup): written in place, so the group needs no concatenation.
-        add_bias=False: x @ W^T alone, the bias left to the consumer (Mamba-1's scan adds dt's)."""
+        add_bias=False: x @ W^T alone, the bias left to the consumer (Mamba-1's scan adds dt's).
+        `addend` (n, N): returns addend + x @ W^T (falcon-h1's attention branch joining the mixer).
+        The decode GEMVs add the bias or the addend as they store y (TALLOW_GEMV_ADD_EPILOGUE)."""
         bias = self.bias if add_bias else None
+        fold = _switch_on("TALLOW_GEMV_ADD_EPILOGUE") and (bias is None or addend is None)
+        add = (addend if addend is not None else bias) if fold else None
         if isinstance(x, (LazyInput, SharedQ8)) and self.decode_q8(x) and _switch_on("TALLOW_Q8_PROLOGUE"):
-            y = mmvq_q8(q8_of(x), self.planes, out=out)
-            return y.add_(bias) if bias is not None else y
+            return self._rest(mmvq_q8(q8_of(x), self.planes, out=out, add=add), fold, bias, addend)
         if isinstance(x, SharedQ8):
             x = x.x
         if isinstance(x, LazyInput):
             # A norm or GLU the GEMV can fold into its x loads (not worth it over a vocabulary).
             if (self.dense is None and self.use_gemv and not self.use_mmvq and x.shape[0] <= GEMV_MAX_ROWS
                     and self.out_features <= PROLOGUE_MAX_N and self.in_features <= TritonOps.LAZY_MAX_K):
-                y = quant_gemv(x.x, self.planes, out=out, prologue=x.take())
-                return y.add_(bias) if bias is not None else y
+                return self._rest(quant_gemv(x.x, self.planes, out=out, prologue=x.take(), add=add), fold, bias, addend)
             x = x.materialize()
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.dense is None and x2.shape[0] <= GEMV_MAX_ROWS and self.use_gemv:
-            y = (mmvq if self.use_mmvq else quant_gemv)(x2, self.planes, out=out)
+            y = (mmvq if self.use_mmvq else quant_gemv)(x2, self.planes, out=out, add=add)
+            return self._rest(y, fold, bias, addend).reshape(*lead, self.out_features)
+        if self.dense is not None:
+            y = torch.matmul(x2.to(self.dense.dtype), self.dense.T)
         else:
-            if self.dense is not None:
-                y = torch.matmul(x2.to(self.dense.dtype), self.dense.T)
-            else:
-                w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
-                y = torch.matmul(x2.bfloat16(), w.T)
-            y = y.float() if out is None else out.copy_(y)
+            w = dequantize_to(self.planes, torch.bfloat16, out=self.scratch.view(self.out_features, self.in_features))
+            y = torch.matmul(x2.bfloat16(), w.T)
+        y = y.float() if out is None else out.copy_(y)
+        return self._rest(y, False, bias, addend).reshape(*lead, self.out_features)
+
+    @staticmethod
+    def _rest(y: torch.Tensor, folded: bool, bias, addend) -> torch.Tensor:
+        """What the GEMV's epilogue did not add: the bias into y (y is this call's own tensor, or
+        `out`), then the addend in front, as `addend + (x @ W^T + b)` reads."""
+        if folded:
+            return y
         if bias is not None:
-            y.add_(bias)  # y is this call's own tensor (or `out`)
-        return y.reshape(*lead, self.out_features)
+            y.add_(bias)
+        return y if addend is None else addend + y
 
 
 class SharedQ8:

@@ -52,7 +52,7 @@ import triton.language as tl
 from ... import switches
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
-from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x
+from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x, epilogue_addend
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "nv_order_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES"]
@@ -504,7 +504,7 @@ def _q4x_step(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, qs_ptr, d_ptr, aux
 def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, stride_ym, part_ptr, ticket_ptr, split_blocks,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, WIDE: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, add_ptr, stride_addm, ADD: tl.constexpr):
     # G: Q4_K chunks / Q6_K quarters (BLOCKS * 4) or Q8_0 blocks (BLOCKS) per K step.
     # QT 0: Q4_K (p0 qs words, p1 scales, p2 dm), 1: Q6_K (p0 ql words, p1 qh words, p2 sc, p3 d),
     # 2: Q8_0 (p0 qs words, p1 d), 3/4/5: Q4_0/Q4_1/Q5_0 (p0 qs words, p1 d, p2 m or qh).
@@ -548,7 +548,8 @@ def _mmvq_kernel(p0, p1, p2, p3, xq_ptr, d8_ptr, xs_ptr, s8_ptr, y_ptr, N, K, st
                 rows, kb, nb, kend, K, G, ROWS, QT - 3, DP4A)
     _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
                  tl.sum(acc0, axis=1), tl.sum(acc1, axis=1), tl.sum(acc2, axis=1), tl.sum(acc3, axis=1),
-                 tl.sum(acc4, axis=1), tl.sum(acc5, axis=1), tl.sum(acc6, axis=1), tl.sum(acc7, axis=1), ROWS, SPLIT)
+                 tl.sum(acc4, axis=1), tl.sum(acc5, axis=1), tl.sum(acc6, axis=1), tl.sum(acc7, axis=1), ROWS, SPLIT,
+                 add_ptr, stride_addm, ADD)
 
 
 _PLANES = {"Q4_K": ("qs", "scales", "dm"), "Q6_K": ("ql", "qh", "sc", "d"), "Q8_0": ("qs", "d"),
@@ -593,8 +594,10 @@ def mmvq_config(qtype: str, n: int, k: int) -> tuple[int, int, int, int, int, bo
     return (4, 2, 1, 1, _fill_split(n, k, 4, 2, 256), True)
 
 
-def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
-    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES)."""
+def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=None,
+            add: torch.Tensor | None = None) -> torch.Tensor:
+    """y (M, N) float32 = the integer-dot product of a quantized x with W (one of MMVQ_TYPES);
+    + `add` ((N,) or (M, N)) as y is stored (quant_gemv.epilogue_addend)."""
     if w.qtype not in MMVQ_TYPES:
         raise ValueError(f"No MMVQ kernel for {w.qtype} (have: {', '.join(MMVQ_TYPES)}).")
     m_rows, k = xq.qs.shape
@@ -628,15 +631,15 @@ def mmvq_q8(xq: Q8Act, w: PlaneWeight, out: torch.Tensor | None = None, config=N
         *planes, xq.qs.view(torch.int32), xq.d, xq.isum, xq.s, out, w.n, w.k, out.stride(0), part, tickets, split_blocks,
         QT=MMVQ_TYPES.index(w.qtype), ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages,
         BLOCK_K=_BLOCK[w.qtype], G=blocks * _G_PER[w.qtype], SPLIT=split, DP4A=dp4a, WIDE=wide,
-        num_warps=warps, **pdl.launch(dev))
+        **epilogue_addend(add, m_rows, w.n, out), num_warps=warps, **pdl.launch(dev))
     return out
 
 
 def mmvq(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None, config=None,
-         scratch: Q8Act | None = None) -> torch.Tensor:
-    """y = x @ W^T with x quantized to Q8_1 first (two launches). x (M, K) or (K,), M <= 8."""
+         scratch: Q8Act | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ add) with x quantized to Q8_1 first (two launches). x (M, K) or (K,), M <= 8."""
     squeeze = x.ndim == 1
-    y = mmvq_q8(quantize_q8_1(x, out=scratch), w, out=out, config=config)
+    y = mmvq_q8(quantize_q8_1(x, out=scratch), w, out=out, config=config, add=add)
     return y.reshape(w.n) if squeeze else y
 
 

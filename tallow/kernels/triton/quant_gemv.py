@@ -50,7 +50,7 @@ from .glu import _act
 from .planes import PlaneWeight, dequantize_planes
 from .rmsnorm import row_rstd
 
-__all__ = ["quant_gemv", "quant_gemv_reference", "gemv_config", "small_grid_split", "Prologue", "SUPPORTED"]
+__all__ = ["quant_gemv", "quant_gemv_reference", "epilogue_addend", "gemv_config", "small_grid_split", "Prologue", "SUPPORTED"]
 
 SUPPORTED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
@@ -262,14 +262,17 @@ def _row_fma(acc, w0, w1, w2, w3, xoff, xmask, x_ptr, a_ptr, w_ptr, stride_xm, s
 
 
 @triton.jit
-def _store_row(y_ptr, stride_ym, rows, row_ok, y, r: tl.constexpr, ROWS: tl.constexpr):
+def _store_row(y_ptr, stride_ym, rows, row_ok, y, r: tl.constexpr, ROWS: tl.constexpr, add_ptr, stride_addm,
+               ADD: tl.constexpr):
     if r < ROWS:
+        if ADD:  # the epilogue's addend (a bias: stride 0), the same fp32 add a separate launch would make
+            y = y + tl.load(add_ptr + r * stride_addm + rows, mask=row_ok, other=0.0)
         tl.store(y_ptr + r * stride_ym + rows, y, mask=row_ok)
 
 
 @triton.jit
 def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, ROWS: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, add_ptr, stride_addm, ADD: tl.constexpr):
     # Split order, whichever program came last: the result does not depend on scheduling, and
     # row r of a ROWS-row product still equals its one-row product bit for bit. ".cg" reads
     # past L1 (not coherent across SMs) the partials other programs wrote.
@@ -277,39 +280,51 @@ def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, R
         total = tl.load(part_ptr + r * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
         for s in tl.static_range(1, SPLIT):
             total += tl.load(part_ptr + (s * ROWS + r) * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+        if ADD:
+            total = total + tl.load(add_ptr + r * stride_addm + rows, mask=row_ok, other=0.0)
         tl.store(y_ptr + r * stride_ym + rows, total, mask=row_ok)
 
 
 @triton.jit
 def _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
-                 y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr):
+                 y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr,
+                 add_ptr, stride_addm, ADD: tl.constexpr):
     """A GEMV program's row sums y0..y7 (those below ROWS) into y; with K splits, into this
     split's partials part[ks, r, rows], then a ticket per row tile: the last of its programs to
-    finish merges them in split order and resets the ticket for the next launch."""
+    finish merges them in split order and resets the ticket for the next launch. ADD: y + the
+    addend add[r, rows] as it is stored (a bias, stride_addm 0; another branch's output), after
+    the split merge where there is one."""
     if SPLIT == 1:
-        out, out_stride = y_ptr, stride_ym
+        _store_row(y_ptr, stride_ym, rows, row_ok, y0, 0, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y1, 1, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y2, 2, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y3, 3, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y4, 4, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y5, 5, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y6, 6, ROWS, add_ptr, stride_addm, ADD)
+        _store_row(y_ptr, stride_ym, rows, row_ok, y7, 7, ROWS, add_ptr, stride_addm, ADD)
     else:
-        out, out_stride = part_ptr + ks * (ROWS * N), N
-    _store_row(out, out_stride, rows, row_ok, y0, 0, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y1, 1, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y2, 2, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y3, 3, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y4, 4, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y5, 5, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y6, 6, ROWS)
-    _store_row(out, out_stride, rows, row_ok, y7, 7, ROWS)
+        out = part_ptr + ks * (ROWS * N)
+        _store_row(out, N, rows, row_ok, y0, 0, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y1, 1, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y2, 2, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y3, 3, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y4, 4, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y5, 5, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y6, 6, ROWS, add_ptr, stride_addm, False)
+        _store_row(out, N, rows, row_ok, y7, 7, ROWS, add_ptr, stride_addm, False)
     if SPLIT > 1:
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT)
-            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 0, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 1, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 2, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 3, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 4, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 5, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 6, ROWS, SPLIT, add_ptr, stride_addm, ADD)
+            _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, 7, ROWS, SPLIT, add_ptr, stride_addm, ADD)
             tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -331,7 +346,8 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
                  PRO: tl.constexpr, WRITE_SUM: tl.constexpr,
                  QT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
                  STAGES: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr, J: tl.constexpr,
-                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                 T: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                 add_ptr, stride_addm, ADD: tl.constexpr):
     # QT 0: Q4_K, 1: Q6_K, 2: Q8_0, 3/4/5: Q4_0/Q4_1/Q5_0. BLOCK_K: elements per GGUF block.
     # Axis 1 splits K (SPLIT > 1): program (pid, ks) covers GGUF blocks [ks*split_blocks,
     # (ks+1)*split_blocks) and the last of a row tile's SPLIT programs to finish sums their
@@ -385,7 +401,8 @@ def _gemv_kernel(x_ptr, p0, p1, p2, p3, y_ptr, N, K, stride_xm, stride_ym,
                  tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1),
                  tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1),
                  tl.sum(tl.sum(acc4, axis=2), axis=1), tl.sum(tl.sum(acc5, axis=2), axis=1),
-                 tl.sum(tl.sum(acc6, axis=2), axis=1), tl.sum(tl.sum(acc7, axis=2), axis=1), ROWS, SPLIT)
+                 tl.sum(tl.sum(acc6, axis=2), axis=1), tl.sum(tl.sum(acc7, axis=2), axis=1), ROWS, SPLIT,
+                 add_ptr, stride_addm, ADD)
 
 
 # Per type: kernel code, elements per GGUF block, and the tile layout (G per BLOCKS, J, terms T
@@ -470,11 +487,13 @@ class Prologue:
 
 
 def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
-               config: tuple[int, int, int, int] | None = None, prologue: Prologue | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None, prologue: Prologue | None = None,
+               add: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T. x float32/float16/bfloat16 (M, K) or (K,) with M <= 8 -> float32 (M, N).
 
     `out` (float32 (M, N), unit last stride) lets a CUDA-graph caller keep a static output buffer.
-    With a `prologue`, the product is over prologue(x) instead (x is (M, 2K) for a GLU)."""
+    With a `prologue`, the product is over prologue(x) instead (x is (M, 2K) for a GLU). `add`
+    (float32 (N,) or (M, N)): y + add, added as y is stored (epilogue_addend)."""
     if w.qtype not in SUPPORTED:
         raise ValueError(f"No Triton GEMV for {w.qtype}.")
     squeeze = x.ndim == 1
@@ -516,8 +535,19 @@ def quant_gemv(x: torch.Tensor, w: PlaneWeight, out: torch.Tensor | None = None,
         PRO=pro, WRITE_SUM=sum_out is not None,
         QT=qt, ROWS=m_rows, BLOCK_N=block_n, BLOCKS=blocks, STAGES=stages, BLOCK_K=block_k,
         G=blocks * g_per, J=j, T=terms, S=stride, SPLIT=split, PREFETCH=switches.enabled("TALLOW_GEMV_PREFETCH"),
-        num_warps=warps, **pdl.launch(x2.device))
+        **epilogue_addend(add, m_rows, w.n, out), num_warps=warps, **pdl.launch(x2.device))
     return out.reshape(w.n) if squeeze else out
+
+
+def epilogue_addend(add: torch.Tensor | None, m_rows: int, n: int, out: torch.Tensor) -> dict:
+    """A GEMV launch's add_ptr, stride_addm and ADD arguments: `add` (N,) (a bias, every row) or
+    (m_rows, N) float32 with a unit last stride, or None (out stands in as an unused pointer)."""
+    if add is None:
+        return dict(add_ptr=out, stride_addm=0, ADD=False)
+    if add.dtype != torch.float32 or add.shape[-1] != n or add.stride(-1) != 1 or add.dim() > 2 \
+            or (add.dim() == 2 and add.shape[0] != m_rows):
+        raise ValueError(f"GEMV epilogue: the addend {tuple(add.shape)} {add.dtype} does not fit y ({m_rows}, {n}).")
+    return dict(add_ptr=add, stride_addm=add.stride(0) if add.dim() == 2 and m_rows > 1 else 0, ADD=True)
 
 
 def quant_gemv_reference(x: torch.Tensor, w: PlaneWeight) -> torch.Tensor:
