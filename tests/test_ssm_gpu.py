@@ -231,3 +231,27 @@ def test_padded_ssd_chunks_continue_one_state(tiny, monkeypatch):
     want = torch.cat([whole[[31, 35]], whole[n_prefill:]])
     assert (got - want).abs().max().item() < 1e-4
     assert kv.state.position == len(ids)
+
+
+def test_the_stacked_in_projection_is_the_separate_products(tiny, monkeypatch):
+    """TALLOW_HYBRID_STACK_IN (falcon-h1 on the GPU): the mixer's in-projection and Q/K/V as one
+    stacked product whose columns are sliced apart, and the attention branch handed to the mixer
+    as the addend of its out-projection, give the separate products' logits (here on the CPU, the
+    stacking forced: the slicing and the plumbing; the bits on the device: scripts/gpu_session_16.sh)."""
+    from tallow.models.falcon_h1 import FalconH1Model
+
+    for name in ("TALLOW_CPU_C_LAYER", "TALLOW_CPU_C_MIXER"):
+        monkeypatch.setenv(name, "0")
+    ids = _ref("falcon-h1")["ids"][:12]
+    spec, model = _model(tiny["falcon-h1"])
+    assert "in_qkv" not in model.layers[0].tensors  # off the GPU: the separate products
+    want = model.forward(ids, 0, make_memory(spec, 64, "f32"), all_logits=True)
+    monkeypatch.setattr(FalconH1Model, "stacks_in_projection", lambda self: True)
+    spec, stacked = _model(tiny["falcon-h1"])
+    stacked.__dict__["c_decode"] = None  # the CPU's one-call layer reads the separate products (never stacked there)
+    layer = stacked.layers[0].tensors
+    assert "in_qkv" in layer and "ssm_in" not in layer and "attn_qkv" not in layer
+    kv = make_memory(spec, 64, "f32")
+    got = stacked.forward(ids[:8], 0, kv, all_logits=True)
+    got = torch.cat([got] + [stacked.forward([t], 8 + i, kv) for i, t in enumerate(ids[8:])])
+    assert (got - want).abs().max().item() < 1e-5

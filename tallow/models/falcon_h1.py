@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import switches
 from ..kernels.cpu import c_ssm
 from .base import LayerWeights
 from .mamba import MambaModel
@@ -31,7 +32,13 @@ class FalconH1Model(MambaModel):
         w = super().load_layer(i)  # attn_norm and the Mamba-2 mixer's tensors
         tn = self.tensor_names.block(i)  # families/falcon_h1.py
         t = w.tensors
-        t["attn_qkv"] = self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")])
+        if self.stacks_in_projection():
+            # The mixer's in-projection and Q/K/V read the same normed input: on the GPU one weight stacked
+            # from them (in-projection first, so Q/K/V stay side by side and a V of another quant type is
+            # the group's second part), one decode launch instead of two or three; no `ssm_in`, `attn_qkv`.
+            t["in_qkv"] = self.linear_group([tn("ssm_in"), tn("attn_q"), tn("attn_k"), tn("attn_v")])
+        else:
+            t["attn_qkv"] = self.linear_group([tn("attn_q"), tn("attn_k"), tn("attn_v")])
         t["attn_output"] = self.linear(tn("attn_out"))
         # Falcon-H1 files name it `blk.N.ffn_norm` (no `.weight`: llama.cpp's converter maps the
         # whole `pre_ff_layernorm.weight` to it); accept either name.
@@ -40,7 +47,8 @@ class FalconH1Model(MambaModel):
         t["ffn_down"] = self.linear(tn("ffn_down"))
         # Q/K/V read the same normed input as the mixer's in-projection: on the GPU they share its
         # Q8_1 quantization (integer-dot GEMVs) instead of fp32 GEMVs re-applying the norm
-        self.place.share_input([t["attn_qkv"], t["ssm_in"]])
+        if "in_qkv" not in t:
+            self.place.share_input([t["attn_qkv"], t["ssm_in"]])
         return w
 
     def block(self, w: LayerWeights, x: torch.Tensor, delta, step, kv):
@@ -55,15 +63,30 @@ class FalconH1Model(MambaModel):
             m = mixer(None, kv.state.conv[w.index], kv.state.scan[w.index], proj=both[:, nqkv:])
             mixed = w.attn_output(self.attend(w.index, q, kv, step)) + m
         else:
-            q = self.attention_inputs(w, w.attn_qkv(h), kv, step)
-            mixed = w.attn_output(self.attend(w.index, q, kv, step)) + self.mixer(w, h, kv, step.scratch.get("n_valid"))
+            proj = None
+            if w.get("in_qkv") is not None:  # one product, the in-projection's columns first
+                both = w.in_qkv(h)
+                d_in = both.shape[1] - self.qkv_width(w.index)
+                proj, qkv = both[:, :d_in], both[:, d_in:]
+            else:
+                qkv = w.attn_qkv(h)
+            q = self.attention_inputs(w, qkv, kv, step)
+            attn = w.attn_output(self.attend(w.index, q, kv, step))
+            mixed = self.mixer(w, h, kv, step.scratch.get("n_valid"), proj=proj, addend=attn)  # attn + the mixer's output
         x, h = ops.add_norm(x, mixed, w.ffn_norm, eps)
         return x, w.ffn_down(ops.glu(w.ffn_gate_up(h), "swiglu"))
+
+    def stacks_in_projection(self) -> bool:
+        return self.place.on_gpu and switches.enabled("TALLOW_HYBRID_STACK_IN")
+
+    def qkv_width(self, index: int) -> int:
+        layer = self.spec.layers[index]
+        return (layer.n_heads + layer.n_kv_heads) * layer.head_dim + layer.n_kv_heads * layer.v_head_dim
 
     def _c_decode_mixer(self, w: LayerWeights, h: torch.Tensor, kv, step):
         """(the Q/K/V + in-projection plan, the layer's C mixer) for a one-row host decode step on the CPU
         (TALLOW_CPU_C_MIXER), or None: the composed block runs."""
-        if (self.c_mixers is None or h.shape[0] != 1 or not step.on_host or kv.keeping_rows
+        if (self.c_mixers is None or h.shape[0] != 1 or not step.on_host or kv.keeping_rows or "in_qkv" in w.tensors
                 or step.scratch.get("n_valid") is not None or h.dtype != torch.float32 or not h.is_contiguous()):
             return None
         plans = self.__dict__.setdefault("_qkv_in_plans", {})

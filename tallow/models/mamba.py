@@ -74,11 +74,12 @@ class MambaModel(DecoderModel):
             self.shaped(tn("ssm_x"), d, ssm.dt_rank + 2 * ssm.d_state)
             self.shaped(tn("ssm_dt"), ssm.dt_rank, d)
         t = {"attn_norm": self.norm_weight(tn("attn_norm")),
-             "ssm_in": self.linear(tn("ssm_in")),
              "ssm_out": self.linear(tn("ssm_out")),
              "conv_w": self.small(tn("ssm_conv1d"), (ssm.conv_channels, ssm.d_conv)),
              "conv_b": (self.small(tn("ssm_conv1d", "bias"), (ssm.conv_channels,)) if tn("ssm_conv1d", "bias") in self.gf.tensors
                         else torch.zeros(ssm.conv_channels, device=self.device))}  # falcon-h1 may have none
+        if not self.stacks_in_projection():
+            t["ssm_in"] = self.linear(tn("ssm_in"))
         if ssm.version == 1:
             t["ssm_x"] = self.linear(tn("ssm_x"))
             t["ssm_dt"] = self.linear(tn("ssm_dt"), tn("ssm_dt", "bias"))
@@ -91,6 +92,11 @@ class MambaModel(DecoderModel):
             if tn("ssm_norm") in self.gf.tensors:  # optional in falcon-h1
                 t["ssm_norm"] = self.small(tn("ssm_norm"), (ssm.n_group, ssm.d_inner // ssm.n_group))
         return LayerWeights(i, t)
+
+    def stacks_in_projection(self) -> bool:
+        """Whether a block's in-projection is built inside a stacked product of the subclass's
+        (falcon-h1's with Q/K/V on the GPU) rather than on its own."""
+        return False
 
     # -- forward ---------------------------------------------------------------------------
     def _blocks(self, step, kv):
@@ -105,16 +111,21 @@ class MambaModel(DecoderModel):
         x, h = self.ops.add_norm(x, delta, w.attn_norm, self.spec.norm_eps)
         return x, self.mixer(w, h, kv, step.scratch.get("n_valid"))
 
-    def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid=None) -> torch.Tensor:
+    def mixer(self, w: LayerWeights, h: torch.Tensor, memory, n_valid=None, proj: torch.Tensor | None = None,
+              addend: torch.Tensor | None = None) -> torch.Tensor:
         """The Mamba mixer of layer w over h (n, dim); advances the layer's states in `memory`
         (a memory.recurrent.RecurrentMemory) by rows 0..n_valid-1 (n_valid: None for all, a host
-        int, or a (1,) device tensor). Returns (n, dim)."""
+        int, or a (1,) device tensor). Returns (n, dim) — `addend + ` it where an addend is given
+        (falcon-h1's attention branch), which the GPU's out-projection adds as it stores its output.
+        `proj`: the in-projection's output where the caller computed it (falcon-h1's stacked product)."""
         n = h.shape[0]
-        if n == 1 and n_valid is None and not memory.keeping_rows:
+        if n == 1 and n_valid is None and not memory.keeping_rows and proj is None:
             step = self.c_mixer(w, memory)
             if step is not None and h.dtype == torch.float32 and h.is_contiguous():
-                return step(h, memory.state.conv[w.index], memory.state.scan[w.index])
-        proj = w.ssm_in(h).float()
+                m = step(h, memory.state.conv[w.index], memory.state.scan[w.index])
+                return m if addend is None else addend + m
+        if proj is None:
+            proj = w.ssm_in(h).float()
         if memory.keeping_rows and n > 1:
             # A speculative verification pass (memory.rows_kept): each row runs the recurrent part
             # as a one-token decode step does, and the memory keeps the state after it, so a
@@ -123,8 +134,15 @@ class MambaModel(DecoderModel):
             for r in range(n):
                 rows.append(self._mix(w, proj[r : r + 1], memory, None))
                 memory.keep_row(w.index, r)
-            return w.ssm_out(torch.cat(rows))
-        return w.ssm_out(self._mix(w, proj, memory, n_valid, q8_out=True))
+            return self._out(w, torch.cat(rows), addend)
+        return self._out(w, self._mix(w, proj, memory, n_valid, q8_out=True), addend)
+
+    def _out(self, w: LayerWeights, y, addend: torch.Tensor | None) -> torch.Tensor:
+        if addend is None:
+            return w.ssm_out(y)
+        if self.device.type == "cuda":
+            return w.ssm_out(y, addend=addend)  # gpu/linear.GPULinear: the add in the GEMV's epilogue
+        return addend + w.ssm_out(y)
 
     def c_mixer(self, w: LayerWeights, memory, in_plan=None) -> c_ssm.MixerStep | None:
         """The layer's one-call C mixer (decode on the CPU), or None: the composed mixer runs."""
