@@ -22,6 +22,7 @@ import torch
 from .errors import UsageError
 from .kernels.gpu.machine_state import describe, machine_state
 from .registry import display_name
+from .sampling import greedy
 
 
 def _lengths(text: str, flag: str) -> list[int]:
@@ -87,7 +88,7 @@ def bench_decode(llm, n: int, depth: int, generator: torch.Generator) -> float:
     _sync(llm)
     t0 = time.perf_counter()
     for _ in range(n):
-        token = int(engine.decode_step(token).argmax())
+        token = greedy(engine.decode_step(token))  # the sampler's greedy path
     return n / (time.perf_counter() - t0)
 
 

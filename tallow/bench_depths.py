@@ -37,6 +37,7 @@ import torch
 
 from .bench import _sync, fill, rewind
 from .errors import TallowError, UsageError
+from .sampling import greedy
 
 MIB = 2**20
 
@@ -123,7 +124,7 @@ def time_decode(llm, context: list[int], first: int, n: int) -> float:
     _sync(llm)
     t0 = time.perf_counter()
     for _ in range(n):
-        token = int(llm.engine.decode_step(token).argmax())
+        token = greedy(llm.engine.decode_step(token))  # the sampler's greedy path
     return n / (time.perf_counter() - t0)
 
 

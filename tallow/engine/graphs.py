@@ -1,12 +1,11 @@
-"""CUDA-graph decode: the whole one-token step, greedy argmax included, captured once and
-replayed per token.
+"""CUDA-graph decode: the whole one-token step, captured once and replayed per token.
 
 From Python on an H200 an eager kernel launch costs ~10 µs and a kernel inside a replayed
 graph ~1 µs; a decode step is a few hundred kernels, so eager decode is launch-bound. The
 step reads its token and position from static device buffers, writes K/V at that position
-(index_copy_), attends over `seq_len` keys read on the device, and leaves the logits and the
-argmax in static buffers: per token, Python only writes two small buffers, replays the
-graph and reads one id back.
+(index_copy_), attends over `seq_len` keys read on the device, and leaves the logits in a
+static buffer: per token, Python only writes small buffers and replays the graph; the sampler
+takes the token from the logits on the device (sampling.greedy: one id comes back).
 
 TALLOW_CUDA_GRAPHS=0 runs the same step eagerly (for bisecting).
 """
@@ -60,13 +59,11 @@ class GraphDecoder:
         self.decode = Step(DECODE, self.token, self.position, self.position, self.seq_len, logits=ALL)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
-        self.next_token: torch.Tensor | None = None
         if graphs_enabled():
             self._capture()
 
-    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model.run(self.decode, self.kv)  # (1, vocab)
-        return logits, torch.argmax(logits[0]).reshape(1)
+    def _run(self) -> torch.Tensor:
+        return self.model.run(self.decode, self.kv)  # (1, vocab)
 
     def _capture(self) -> None:
         # Warm-up runs execute, so they write K/V: point them at the next position, which the
@@ -74,7 +71,7 @@ class GraphDecoder:
         # (Capturing itself runs nothing.)
         self.position.fill_(min(len(self.kv.tokens), self.kv.n_ctx - 1))
         self.seq_len.fill_(1)
-        self.graph, (self.logits, self.next_token) = capture(self._run, self.device, kv=self.kv)
+        self.graph, self.logits = capture(self._run, self.device, kv=self.kv)
 
     def step(self, token: int, position: int) -> torch.Tensor:
         """Run `token` at `position` (writing its K/V); return the logits (vocab,) on the device."""
@@ -83,14 +80,10 @@ class GraphDecoder:
         self.seq_len.fill_(position + 1)
         with self.kv.folding(position, 1):  # a recurrent state's position (a no-op for K/V)
             if self.graph is None:
-                self.logits, self.next_token = self._run()
+                self.logits = self._run()
             else:
                 self.graph.replay()
         return self.logits[0]
-
-    def greedy(self) -> int:
-        """The argmax of the last step's logits, computed on the device."""
-        return int(self.next_token.item())
 
 
 class RowGraphs:
