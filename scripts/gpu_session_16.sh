@@ -1,0 +1,111 @@
+#!/bin/bash
+# Session 16's H200 calls (issue 17): the decode misses of session 15's study and the twins' NaN logits.
+#   bash scripts/gpu_session_16.sh STEP...      (carry .whl, .twins2x, and .llsrc or .llbin; logs in $OUT)
+# Steps:
+#   setup     the wheels into /tmp/site, the twin headers unpacked, llama-bench b11434 from .llbin's pieces or
+#             built from .llsrc in the background (gpu_same_run.sh's build_llama), the six twins written
+#   profile   one decode step of PROFILE_TWINS (scripts/gpu_profile.py --sequence: the last replay's kernels by
+#             name and in order), with TALLOW_PDL=0 (each kernel's own time) and with PDL
+#   nan       scripts/gpu_nan_hunt.py on NAN_TWINS: the rewind check's 200-token context then one token, eager,
+#             op by op on the GPU and on this machine's CPU
+#   llama-wait  wait for the background build; its log
+#   base      tg64 at depths 0,1024,4096 (BASE_TWINS): tallow bench -r 3, then llama-bench -r 5 on the same file
+#   ab        AB_TWINS tg64 at AB_DEPTHS: the default, each of $AB (space-separated variants), the default again
+#   check     scripts/gpu_ssmgpu.py check (tiny mamba / mamba2 / falcon-h1 through the graphs against llama.cpp's
+#             fixtures); scripts/gpu_ssm_epilogue.py's tiny wide falcon-h1 with TALLOW_HYBRID_STACK_IN and
+#             TALLOW_GEMV_ADD_EPILOGUE on / off / the CPU; scripts/gpu_switch_bits.py on the qwen and falcon-h1-0.5b twins
+#   ab2       session 16's A/B: each change's switch off against the default (gpu_ab.py, tg64 -r 3)
+#   study     scripts/gpu_study.sh over the six twins (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
+#   pack      llama-bench xz-split into $OUT (a later lease carries .llbin)
+#   tar       every log in $OUT into one archive (the tool returns a limited count of files)
+set -o pipefail
+OUT=${OUT:-/tmp/out}; export OUT; mkdir -p $OUT /root/twins
+export PYTHONUNBUFFERED=1
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+T0=$SECONDS
+LLAMA=/root/llama/bin/llama-bench
+TWINS6="qwen25-1.5b mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b"
+MISS4="mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b-deep qwen25-1.5b"
+say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
+build_llama() {
+  [ -x $LLAMA ] && return 0
+  if ls .llbin/llama-bench.xz.* > /dev/null 2>&1; then
+    mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA && return 0
+  fi
+  rm -rf /root/llsrc && mkdir -p /root/llsrc && tar xJf .llsrc/llsrc.tar.xz -C /root/llsrc || return 1
+  cmake -S /root/llsrc -B /root/llbuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > $OUT/llama_cmake.log 2>&1 || return 1
+  cmake --build /root/llbuild -j${LLAMA_JOBS:-12} --target llama-bench > $OUT/llama_build.log 2>&1 || return 1
+  mkdir -p /root/llama/bin && cp /root/llbuild/bin/llama-bench $LLAMA
+}
+llama() {  # twin, llama-bench tests: its steady repetitions
+  timeout ${LLAMA_S:-60} $LLAMA -m /root/twins/$1.gguf -ngl 99 -fa 1 "${@:2}" -o jsonl 2>/dev/null \
+    | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py | tee -a $OUT/table.log
+}
+for step in "$@"; do
+  case $step in
+    setup) say "setup"
+      if [ ! -f .twins2/make_twin.py ]; then
+        mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
+          xz -dc $f > .twins2/$(basename $f .xz); done
+      fi
+      (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 &
+      python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1 || say "ssm twins FAILED"
+      python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1 \
+        || say "qwen twin FAILED"
+      ls -la /root/twins | tee -a $OUT/steps.log; state ;;
+    profile) say "profile"
+      for t in ${PROFILE_TWINS:-$MISS4}; do
+        TALLOW_PDL=0 timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 33 --decode 8 --sequence \
+          > $OUT/profile_${t}_nopdl.txt 2>&1; grep "last replay" $OUT/profile_${t}_nopdl.txt | sed "s/^/$t no PDL: /" | tee -a $OUT/steps.log
+        timeout 120 python3 scripts/gpu_profile.py /root/twins/$t.gguf --prefill 33 --decode 8 --sequence \
+          > $OUT/profile_${t}_pdl.txt 2>&1; grep "last replay" $OUT/profile_${t}_pdl.txt | sed "s/^/$t PDL: /" | tee -a $OUT/steps.log
+      done ;;
+    nan) say "nan"
+      for t in ${NAN_TWINS:-mamba-1.4b falcon-h1-3b}; do
+        timeout ${NAN_S:-150} python3 scripts/gpu_nan_hunt.py /root/twins/$t.gguf --tokens 200 --devices ${NAN_DEVICES:-cuda,cpu} \
+          2>&1 | grep -v Warning | tee $OUT/nan_$t.txt | head -60; done ;;
+    llama-wait) say "llama-wait"; wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log
+      [ -x $LLAMA ] || { tail -30 $OUT/llama_build.log $OUT/llama_cmake.log; } ;;
+    base) say "base: tg64 at 0,1024,4096, tallow then llama-bench"
+      for t in ${BASE_TWINS:-$MISS4}; do
+        echo "== $t" | tee -a $OUT/table.log; state
+        timeout 90 python3 -m tallow.cli bench -m /root/twins/$t.gguf --device cuda -p 0 -n 64 -d ${BASE_DEPTHS:-0,1024,4096} -r 3 \
+          2>&1 | grep "^  \|rror" | tee -a $OUT/table.log
+        llama $t -p 0 -n 64 -d ${BASE_DEPTHS:-0,1024,4096} -r 5; done; state ;;
+    ab) say "ab: default, $AB, default; tg64 at ${AB_DEPTHS:-0,1024,4096}"; state
+      timeout ${AB_S:-300} python3 scripts/gpu_ab.py --work /root/twins --twins $(echo ${AB_TWINS:-$MISS4} | tr ' ' ,) \
+        --tests "-p 0 -n 64 -d ${AB_DEPTHS:-0,1024,4096} -r 3" base $AB base 2>&1 | tee -a $OUT/ab.txt; state ;;
+    check) say "check: tiny models through the graphs vs llama.cpp's fixtures; the switches' bits"
+      timeout ${CHECK_S:-100} python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 > $OUT/ssm_check.txt
+      echo "ssmgpu check: $(grep -c PASS $OUT/ssm_check.txt) PASS, $(grep -c FAIL $OUT/ssm_check.txt) FAIL" | tee -a $OUT/steps.log
+      grep -v PASS $OUT/ssm_check.txt | tail -5
+      for sw in TALLOW_HYBRID_STACK_IN TALLOW_GEMV_ADD_EPILOGUE; do
+        timeout 90 python3 scripts/gpu_ssm_epilogue.py falcon-h1 $sw --no-kernel 2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt; done
+      timeout 100 python3 scripts/gpu_switch_bits.py /root/twins/qwen25-1.5b.gguf TALLOW_GEMV_ADD_EPILOGUE TALLOW_GPU_ARGMAX \
+        2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt
+      timeout 100 python3 scripts/gpu_switch_bits.py /root/twins/falcon-h1-0.5b.gguf TALLOW_HYBRID_STACK_IN TALLOW_GEMV_ADD_EPILOGUE \
+        2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt ;;
+    ab2) say "ab2: each change off against the default, tg64, one process per setting"; state
+      for spec in "qwen25-1.5b|0|TALLOW_GEMV_ADD_EPILOGUE=0 TALLOW_GPU_ARGMAX=0" \
+                  "falcon-h1-0.5b|1024|TALLOW_HYBRID_STACK_IN=0 TALLOW_GEMV_ADD_EPILOGUE=0 TALLOW_GPU_ARGMAX=0" \
+                  "falcon-h1-1.5b-deep|1024|TALLOW_HYBRID_STACK_IN=0" "mamba-1.4b|0|TALLOW_GPU_ARGMAX=0"; do
+        IFS='|' read -r t d variants <<< "$spec"
+        timeout 150 python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 64 -d $d -r 3" \
+          base $variants base 2>&1 | tee -a $OUT/ab.txt; done; state ;;
+    study) say "study: gpu_study.sh over the six twins, llama-bench right after tallow on each file"; state
+      ONLY="$TWINS6" PER_MODEL_S=${PER_MODEL_S:-80} TOTAL_S=${TOTAL_S:-280} CHECK_TOKENS=200 WORK=/root \
+        timeout ${STUDY_S:-340} bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -E "PASS|FAIL|DIFF|SKIP" | head -12
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -A40 "== the table"; state ;;
+    pack) say "pack"; [ -x $LLAMA ] && { strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT; } ;;
+    tar) say "tar"; (cd $OUT && tar czf /tmp/logs.tgz --exclude 'llama-bench.xz.*' . && rm -f $(ls | grep -v '^llama-bench.xz') \
+      && mv /tmp/logs.tgz .) ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+say "done"
