@@ -135,3 +135,21 @@ def test_query_rows_equal_one_token_calls(window: int, n_slots: int) -> None:
     assert torch.equal(rows, torch.stack(singles))
     ref = decode_attention_reference(q[4], k, v, 41, 0.125, window)
     assert (rows[4] - ref).norm() / ref.norm() < 2e-3
+
+
+@pytest.mark.parametrize("seq_len", [1, 40, 200])
+def test_empty_splits_skipped_give_the_same_bits(seq_len: int, monkeypatch) -> None:
+    """TALLOW_ATTN_SKIP_EMPTY: splits a short span leaves empty write only their max and sum, and
+    the merge reads their partial rows as 0 (scratch poisoned with NaN first, so an unwritten row
+    that were read would show): the output equals the every-row form bit for bit."""
+    g = torch.Generator().manual_seed(seq_len)
+    q = torch.randn(6, 64, generator=g)
+    k = torch.randn(2, 256, 64, generator=g).half()
+    v = torch.randn(2, 256, 64, generator=g).half()
+    outs = []
+    for skip in ("1", "0"):
+        monkeypatch.setenv("TALLOW_ATTN_SKIP_EMPTY", skip)
+        scratch = tuple(t.fill_(float("nan")) for t in make_scratch(6, 16, 64, "cpu"))
+        outs.append(decode_attention(q, k, v, torch.tensor([seq_len], dtype=torch.int32), 0.125, n_splits=16,
+                                     scratch=scratch, block_t=32))
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])

@@ -59,7 +59,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
                   stride_qr, stride_qh, n_heads, stride_kh, stride_kt, stride_vh, stride_vt, stride_sh,
                   qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_T: tl.constexpr, SCALED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+                  SKIP_EMPTY: tl.constexpr):
     pdl.wait(PDL)
     kvh = tl.program_id(0)
     s = tl.program_id(1)
@@ -110,14 +111,21 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
         m_i = m_new
 
     row = (r * n_heads + head).to(tl.int64) * n_splits + s  # (GP,) partial slot of each head
-    tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None])
+    # An empty split (a short span: its share starts past L) writes only max = -inf and sum 0, which
+    # the merge reads as "no partial": with 128 splits over a 32k cache at depth 0, 127 of every head's
+    # partial rows would otherwise be zeros written here and read back there (TALLOW_ATTN_SKIP_EMPTY)
+    if SKIP_EMPTY:
+        tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None] & (hi > lo))
+    else:
+        tl.store(part_ptr + row[:, None] * BLOCK_D + dd[None, :], acc, mask=hmask[:, None])
     tl.store(ml_ptr + row * 2, m_i, mask=hmask)
     tl.store(ml_ptr + row * 2 + 1, l_i, mask=hmask)
 
 
 @triton.jit
 def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
-                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+                  SKIP_EMPTY: tl.constexpr):
     pdl.wait(PDL)
     r = tl.program_id(1).to(tl.int64)
     out_ptr += r * stride_or
@@ -129,7 +137,11 @@ def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
     l = tl.load(ml_ptr + (h * NS + si) * 2 + 1)
     m_max = tl.max(m, axis=0)
     w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
-    acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
+    if SKIP_EMPTY:  # an empty split's row was not written: read as 0, what it weighs anyway (0 * 0)
+        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :], mask=(m != float("-inf"))[:, None],
+                      other=0.0)
+    else:
+        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(out_ptr + hh * stride_oh + dd, o, mask=dd < D)
 
@@ -192,6 +204,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     out3 = out if out.dim() == 3 else out.unsqueeze(0)
     ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)  # unused pointers when not scaled
+    skip = switches.enabled("TALLOW_ATTN_SKIP_EMPTY")
     _split_kernel[(n_kv, n_splits, n_rows)](
         q3, k_cache, v_cache, ks, vs, seq_len, part, ml,
         q3.stride(0), q3.stride(1), n_heads, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -199,9 +212,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
         SCALED=scaled, STAGES=2 if switches.enabled("TALLOW_ATTN_PIPELINE") else 1, num_warps=num_warps,
-        **pdl.launch(q.device))
+        SKIP_EMPTY=skip, **pdl.launch(q.device))
     _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
-                                     BLOCK_D=block_d, num_warps=4, **pdl.launch(q.device))
+                                     BLOCK_D=block_d, num_warps=4, SKIP_EMPTY=skip, **pdl.launch(q.device))
     return out
 
 
