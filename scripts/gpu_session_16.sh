@@ -15,7 +15,8 @@
 #             fixtures); scripts/gpu_ssm_epilogue.py's tiny wide falcon-h1 with TALLOW_HYBRID_STACK_IN and
 #             TALLOW_GEMV_ADD_EPILOGUE on / off / the CPU; scripts/gpu_switch_bits.py on the qwen and falcon-h1-0.5b twins
 #   ab2       session 16's A/B: each change's switch off against the default (gpu_ab.py, tg64 -r 3)
-#   study     scripts/gpu_study.sh over the six twins (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
+#   skip      TALLOW_ATTN_SKIP_EMPTY: gpu_switch_bits.py and gpu_ab.py on the qwen twin, depths 0/1024/32256 (a 32k cache)
+#   study     scripts/gpu_study.sh over the six twins or STUDY_ONLY (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
 #   pack      llama-bench xz-split into $OUT (a later lease carries .llbin)
 #   tar       every log in $OUT into one archive (the tool returns a limited count of files)
 set -o pipefail
@@ -98,10 +99,17 @@ for step in "$@"; do
         timeout 150 python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 64 -d $d -r 3" \
           base $variants base 2>&1 | tee -a $OUT/ab.txt; done; state ;;
     study) say "study: gpu_study.sh over the six twins, llama-bench right after tallow on each file"; state
-      ONLY="$TWINS6" PER_MODEL_S=${PER_MODEL_S:-80} TOTAL_S=${TOTAL_S:-280} CHECK_TOKENS=200 WORK=/root \
+      ONLY="${STUDY_ONLY:-$TWINS6}" PER_MODEL_S=${PER_MODEL_S:-80} TOTAL_S=${TOTAL_S:-280} CHECK_TOKENS=200 WORK=/root \
         timeout ${STUDY_S:-340} bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
       grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -E "PASS|FAIL|DIFF|SKIP" | head -12
       grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -A40 "== the table"; state ;;
+    skip) say "skip: TALLOW_ATTN_SKIP_EMPTY's bits and A/B on qwen at a 32k-slot cache"; state
+      timeout 100 python3 scripts/gpu_switch_bits.py /root/twins/qwen25-1.5b.gguf TALLOW_ATTN_SKIP_EMPTY \
+        2>&1 | grep -v Warning | tail -2 | tee -a $OUT/bits.txt
+      timeout 150 python3 scripts/gpu_ab.py --work /root/twins --twins qwen25-1.5b --tests "-p 0 -n 64 -d 0,1024,32256 -r 3" \
+        base TALLOW_ATTN_SKIP_EMPTY=0 base 2>&1 | tee -a $OUT/ab.txt; state
+      for t in falcon-h1-0.5b falcon-h1-1.5b-deep falcon-h1-1.5b falcon-h1-3b; do
+        timeout 60 python3 scripts/gpu_stack_bits.py /root/twins/$t.gguf 2>&1 | grep -v Warning | tail -2 | tee -a $OUT/bits.txt; done ;;
     pack) say "pack"; [ -x $LLAMA ] && { strip $LLAMA; xz -T16 -6 -c $LLAMA | split -b 15M -d -a 1 - $OUT/llama-bench.xz.; ls -la $OUT; } ;;
     tar) say "tar"; (cd $OUT && tar czf /tmp/logs.tgz --exclude 'llama-bench.xz.*' . && rm -f $(ls | grep -v '^llama-bench.xz') \
       && mv /tmp/logs.tgz .) ;;
