@@ -51,6 +51,17 @@ def prefill_attention_enabled() -> bool:
 
 
 @triton.jit
+def _block_keys(start, pid_m, lo, window, n_q, span, BLOCK_M: tl.constexpr):
+    """The keys block pid_m of queries can see, [k_lo, k_hi): from its first query's window edge to
+    its last query; and how many span-key ranges they make (a split block's). The split kernel and
+    its merge must agree on both."""
+    first = start + pid_m * BLOCK_M
+    k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
+    k_hi = tl.minimum(first + BLOCK_M, start + n_q)
+    return k_lo, k_hi, (k_hi - k_lo + span - 1) // span
+
+
+@triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, start_ptr, part_ptr, ml_ptr, n_q, start, lo, n_slots,
                     window, span, qk_scale, softcap, sq_t, sq_h, sk_h, sk_t, sv_h, sv_t, ss_h, so_t,
                     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -66,14 +77,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, start_ptr, part_
     m_ok = m < n_q
     d_ok = d < D
     q_pos = start + m
-    # Keys this block of queries can see: from its first query's window edge to its last query.
-    first = start + pid_m * BLOCK_M
-    k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
-    k_hi = tl.minimum(first + BLOCK_M, start + n_q)
+    k_lo, k_hi, n_ranges = _block_keys(start, pid_m, lo, window, n_q, span, BLOCK_M)
     q_ok = m_ok
     if SPLIT:  # this program's range of the block's keys; one range: the whole, written directly
         sid = tl.program_id(2)
-        n_ranges = (k_hi - k_lo + span - 1) // span
         direct = n_ranges <= 1
         k_lo = k_lo + sid * span
         k_hi = tl.minimum(k_hi, k_lo + span)
@@ -131,10 +138,7 @@ def _merge_kernel(part_ptr, ml_ptr, o_ptr, start_ptr, n_q, start, lo, window, sp
     pid_m, h = tl.program_id(0), tl.program_id(1)
     if START_ON_DEVICE:
         start = tl.load(start_ptr).to(tl.int32)
-    first = start + pid_m * BLOCK_M
-    k_lo = tl.maximum(lo, tl.where(window > 0, first - window + 1, lo))
-    k_hi = tl.minimum(first + BLOCK_M, start + n_q)
-    n_ranges = (k_hi - k_lo + span - 1) // span
+    _, _, n_ranges = _block_keys(start, pid_m, lo, window, n_q, span, BLOCK_M)
     i = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     i_ok = i < n_q
     d = tl.arange(0, BLOCK_D)
