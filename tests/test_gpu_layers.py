@@ -129,11 +129,11 @@ def test_the_add_epilogue_is_the_separate_add(kernel, rows, split):
     from tallow.kernels.triton.planes import pack_planes
     from tallow.kernels.triton.quant_gemv import quant_gemv
 
-    raw = random_rows(QT.Q4_K, 24, 512, seed=11)
+    raw = random_rows(QT.Q4_K, 8, 512, seed=11)  # two 4-row tiles, two K blocks (a split of 2)
     w = pack_planes(torch.from_numpy(raw.copy()), QT.Q4_K, 512)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 512, generator=g)
-    bias, addend = torch.randn(24, generator=g), torch.randn(rows, 24, generator=g)
+    bias, addend = torch.randn(8, generator=g), torch.randn(rows, 8, generator=g)
     if kernel == "mmvq":
         def run(add=None):
             return mmvq(x, w, config=(4, 1, 1, 1, split, False), add=add)
@@ -143,7 +143,7 @@ def test_the_add_epilogue_is_the_separate_add(kernel, rows, split):
     assert torch.equal(run(bias), run() + bias)
     assert torch.equal(run(addend), addend + run())
     with pytest.raises(ValueError):
-        run(torch.randn(rows + 1, 24))
+        run(torch.randn(rows + 1, 8))
 
 
 def test_the_add_epilogue_switch(monkeypatch):
