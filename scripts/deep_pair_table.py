@@ -1,8 +1,10 @@
 """The deep pairs' results (scripts/deep_pair_run.sh OUT_DIR ...) as one table and one plot:
 
-    python scripts/deep_pair_table.py OUT_DIR [PLOT.png]
+    python scripts/deep_pair_table.py SOURCE... [PLOT.png] [--save ROWS.json]
 
-(OUT_DIR/NAME-redo, where a depth of NAME was timed again on its fill's files: its rows replace NAME's.)
+A SOURCE is a run's OUT_DIR or a ROWS.json an earlier call saved (the logs live in /tmp and do not outlast the
+machine; the rows do, in docs/architectures_cpu_rows.json). A later source's row for a (model, depth) replaces an
+earlier one's, and so does OUT_DIR/NAME-redo's for NAME (a depth timed again on its fill's files).
 
 Per model and depth: llama.cpp's tg64 before and after tallow's in the same hold (llama-server's own
 predicted_per_second), tallow's tg64 (samples hydrated from the fill's file at that depth), the ratio of tallow's
@@ -64,14 +66,24 @@ def fmt(x, spec=".1f"):
 
 
 def main() -> None:
-    out = sys.argv[1]
-    rows = {}  # (model, depth): a directory NAME-redo re-times depths of NAME on its files, and its rows replace NAME's
-    for d in sorted(os.listdir(out)):
-        if os.path.exists(os.path.join(out, d, "pair.log")):
-            for r in model_rows(os.path.join(out, d)):
-                r["model"] = r["model"].removesuffix("-redo")
-                rows[r["model"], r["depth"]] = r
+    args = sys.argv[1:]
+    save = args.pop(args.index("--save") + 1) if "--save" in args else None
+    args = [a for a in args if a != "--save"]
+    plot = next((a for a in args if a.endswith(".png")), None)
+    rows = {}  # (model, depth) -> row; later sources replace earlier ones
+    for src in (a for a in args if a != plot):
+        if src.endswith(".json"):
+            found = json.load(open(src))
+        else:
+            found = [dict(r, source=os.path.basename(src.rstrip("/"))) for d in sorted(os.listdir(src))
+                     if os.path.exists(os.path.join(src, d, "pair.log")) for r in model_rows(os.path.join(src, d))]
+        for r in found:
+            r["model"] = r["model"].removesuffix("-redo")
+            rows[r["model"], r["depth"]] = r
     rows = [rows[k] for k in sorted(rows)]
+    if save:
+        with open(save, "w") as f:
+            json.dump(rows, f, indent=1)
     print("| twin | depth | llama.cpp before / after | tallow (samples) | ratio | fill tok/s llama.cpp / tallow | plan MiB (KV + state) | hold end, load |")
     print("|---|---:|---:|---|---:|---:|---:|---|")
     for r in rows:
@@ -80,8 +92,7 @@ def main() -> None:
         print(f"| {r['model']} | {r['depth']} | {fmt(r['llama_before'])} / {fmt(r['llama_after'])} | "
               f"{r['tallow']:.1f} ({', '.join(f'{s:.1f}' for s in r['tallow_samples'])}) | **{fmt(r['ratio'], '.2f')}×** | "
               f"{fmt(r['llama_fill'], '.0f')} / {fmt(r['tallow_fill'], '.0f')} | {mem} | {r['end']}, {r['load']:.1f} |")
-    print("ROWS_JSON " + json.dumps(rows))
-    if len(sys.argv) > 2:
+    if plot:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -102,7 +113,7 @@ def main() -> None:
             ax.grid(alpha=0.3)
         ax_tg.legend(fontsize=6)
         fig.tight_layout()
-        fig.savefig(sys.argv[2], dpi=80)
+        fig.savefig(plot, dpi=80)
 
 
 if __name__ == "__main__":
