@@ -286,6 +286,19 @@ def _split_merge(part_ptr, y_ptr, stride_ym, N, rows, row_ok, r: tl.constexpr, R
 
 
 @triton.jit
+def _store_rows(y_ptr, stride_ym, rows, row_ok, y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, add_ptr, stride_addm,
+                ADD: tl.constexpr):
+    _store_row(y_ptr, stride_ym, rows, row_ok, y0, 0, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y1, 1, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y2, 2, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y3, 3, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y4, 4, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y5, 5, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y6, 6, ROWS, add_ptr, stride_addm, ADD)
+    _store_row(y_ptr, stride_ym, rows, row_ok, y7, 7, ROWS, add_ptr, stride_addm, ADD)
+
+
+@triton.jit
 def _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_ok,
                  y0, y1, y2, y3, y4, y5, y6, y7, ROWS: tl.constexpr, SPLIT: tl.constexpr,
                  add_ptr, stride_addm, ADD: tl.constexpr):
@@ -295,24 +308,10 @@ def _finish_rows(y_ptr, stride_ym, part_ptr, ticket_ptr, pid, ks, N, rows, row_o
     addend add[r, rows] as it is stored (a bias, stride_addm 0; another branch's output), after
     the split merge where there is one."""
     if SPLIT == 1:
-        _store_row(y_ptr, stride_ym, rows, row_ok, y0, 0, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y1, 1, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y2, 2, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y3, 3, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y4, 4, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y5, 5, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y6, 6, ROWS, add_ptr, stride_addm, ADD)
-        _store_row(y_ptr, stride_ym, rows, row_ok, y7, 7, ROWS, add_ptr, stride_addm, ADD)
+        _store_rows(y_ptr, stride_ym, rows, row_ok, y0, y1, y2, y3, y4, y5, y6, y7, ROWS, add_ptr, stride_addm, ADD)
     else:
-        out = part_ptr + ks * (ROWS * N)
-        _store_row(out, N, rows, row_ok, y0, 0, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y1, 1, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y2, 2, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y3, 3, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y4, 4, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y5, 5, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y6, 6, ROWS, add_ptr, stride_addm, False)
-        _store_row(out, N, rows, row_ok, y7, 7, ROWS, add_ptr, stride_addm, False)
+        _store_rows(part_ptr + ks * (ROWS * N), N, rows, row_ok, y0, y1, y2, y3, y4, y5, y6, y7, ROWS, add_ptr,
+                    stride_addm, False)
     if SPLIT > 1:
         tl.debug_barrier()  # every thread's partial stored before the ticket releases them
         ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
