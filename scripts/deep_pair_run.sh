@@ -12,6 +12,7 @@ echo 19 > /proc/$$/autogroup   # this session's group (the fills, the server bet
 for spec in "$@"; do
   m=${spec%%:*}; depths=${spec#*:}; name=$(basename "$m" .gguf)
   dir=$out/$name; mkdir -p "$dir"; rm -f "$dir/filled.json" "$dir/tokens.json"
+  printf '{"model": "%s"}\n' "$(realpath "$m")" > "$dir/model.json"  # for deep_pair_table.py's plan column
   echo "### $name $depths $(date -u +%H:%M:%S)"
   DIR=$dir MODEL=$m DEPTHS=$depths OMP_NUM_THREADS=2 PYTHONPATH=$PWD nice -n 19 python scripts/deep_pair_tallow.py fill > "$dir/fill.log" 2>&1
   echo "### $name tallow filled $(date -u +%H:%M:%S)"
