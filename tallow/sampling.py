@@ -237,16 +237,15 @@ def greedy(logits: torch.Tensor) -> int:
     if logits.is_cuda and logits.dim() == 1 and switches.enabled("TALLOW_GPU_ARGMAX"):
         from .kernels.triton.argmax import argmax, make_argmax_scratch
 
-        key = (logits.device, logits.shape[0])
-        if key not in _ARGMAX:  # reused: the id is read back (a sync) before the next call
-            _ARGMAX[key] = (torch.empty(1, dtype=torch.int64, device=logits.device),
-                            make_argmax_scratch(1, 256, logits.device))
-        out, scratch = _ARGMAX[key]
+        if logits.device not in _ARGMAX:  # reused: the id is read back (a sync) before the next call
+            _ARGMAX[logits.device] = (torch.empty(1, dtype=torch.int64, device=logits.device),
+                                      make_argmax_scratch(1, 256, logits.device))
+        out, scratch = _ARGMAX[logits.device]
         return int(argmax(logits, out=out, scratch=scratch))
     return int(torch.argmax(logits))  # torch documents first occurrence of the maximum
 
 
-_ARGMAX: dict[tuple[torch.device, int], tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
+_ARGMAX: dict[torch.device, tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}  # per device: nothing in it depends on the vocabulary
 
 
 def masked_greedy_enabled() -> bool:

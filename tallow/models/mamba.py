@@ -140,7 +140,7 @@ class MambaModel(DecoderModel):
     def _out(self, w: LayerWeights, y, addend: torch.Tensor | None) -> torch.Tensor:
         if addend is None:
             return w.ssm_out(y)
-        if self.device.type == "cuda":
+        if self.place.on_gpu:
             return w.ssm_out(y, addend=addend)  # gpu/linear.GPULinear: the add in the GEMV's epilogue
         return addend + w.ssm_out(y)
 
