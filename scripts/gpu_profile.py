@@ -1,6 +1,6 @@
 """Top CUDA kernels of one prefill or decode call (torch.profiler), on a GPU.
 
-    python scripts/gpu_profile.py MODEL [--prefill 512] [--decode 16] [--sequence]
+    python scripts/gpu_profile.py MODEL [--prefill 512] [--decode 16] [--sequence] [--ctx N]
 
 --sequence also prints the last decode step's kernels in launch order with their times (the
 kernels of one CUDA-graph replay share the launch's correlation id), which says which GEMV is
@@ -25,10 +25,11 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=0)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--sequence", action="store_true")
+    ap.add_argument("--ctx", type=int, default=0, help="the cache's slots (default: the prefill and decode's tokens + 16)")
     args = ap.parse_args()
     import tallow
 
-    llm = tallow.LLM(args.model, ctx=max(args.prefill, 1) + args.decode + 16, device="cuda")
+    llm = tallow.LLM(args.model, ctx=args.ctx or max(args.prefill, 1) + args.decode + 16, device="cuda")
     ids = torch.randint(0, llm.spec.vocab_size, (args.prefill,), generator=torch.Generator().manual_seed(0)).tolist()
     for _ in range(2):  # warm-up: JIT, cuBLAS heuristics, graph capture
         llm.engine.reset()

@@ -153,3 +153,32 @@ def test_empty_splits_skipped_give_the_same_bits(seq_len: int, monkeypatch) -> N
         outs.append(decode_attention(q, k, v, torch.tensor([seq_len], dtype=torch.int32), 0.125, n_splits=16,
                                      scratch=scratch, block_t=32))
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("seq_len, window, rows", [(1, 0, 1), (100, 0, 3), (200, 50, 1), (200, 0, 2)])
+def test_the_live_merge_is_a_small_launchs_merge(seq_len: int, window: int, rows: int, monkeypatch) -> None:
+    """TALLOW_ATTN_LIVE_MERGE (its tile made 4 rows here): while the splits with keys fit the tile, a
+    16-split launch merges them as a 4-split launch does (the same bits: a small cache's); past it
+    (200 keys: 7 live splits) the merge is the full tile's as without the switch (the same bits)."""
+    from tallow.kernels.triton import decode_attention as module
+    monkeypatch.setattr(module, "LIVE_ROWS", 4)
+    g = torch.Generator().manual_seed(seq_len + rows)
+    q = torch.randn(rows, 6, 64, generator=g)
+    k = torch.randn(2, 256, 64, generator=g).half()
+    v = torch.randn(2, 256, 64, generator=g).half()
+    length = torch.tensor([seq_len], dtype=torch.int32)
+
+    def run(live: str, n_splits: int) -> torch.Tensor:
+        monkeypatch.setenv("TALLOW_ATTN_LIVE_MERGE", live)
+        scratch = tuple(t.fill_(float("nan")) for t in make_scratch(rows * 6, n_splits, 64, "cpu"))
+        return decode_attention(q, k, v, length, 0.125, window, n_splits=n_splits, scratch=scratch, block_t=32)
+
+    live, off = run("1", 16), run("0", 16)
+    assert torch.isfinite(live).all()
+    if seq_len + rows - 1 - (max(0, seq_len + rows - 1 - window) if window else 0) <= 4 * 32:
+        assert torch.equal(live, run("0", 4))
+        assert (live - off).abs().max() <= 1e-6 * off.abs().max()
+    else:
+        assert torch.equal(live, off)
+    ref = decode_attention_reference(q[-1], k, v, seq_len + rows - 1, 0.125, window)
+    assert (live[-1] - ref).norm() / ref.norm() < 2e-3

@@ -52,6 +52,8 @@ from ...memory.kv_format import storage_is_scaled
 __all__ = ["decode_attention", "decode_attention_reference", "default_splits"]
 
 _LOG2E = 1.4426950408889634
+# The merge's tile while a short span's splits fit it (TALLOW_ATTN_LIVE_MERGE): up to 2048 keys at 64 a split.
+LIVE_ROWS = 32
 
 
 @triton.jit
@@ -60,7 +62,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
                   qk_scale, window, n_splits, ring,
                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_T: tl.constexpr, SCALED: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
-                  SKIP_EMPTY: tl.constexpr):
+                  SKIP_EMPTY: tl.constexpr, LIVE_MERGE: tl.constexpr):
     pdl.wait(PDL)
     kvh = tl.program_id(0)
     s = tl.program_id(1)
@@ -76,7 +78,10 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
     hmask = gi < GROUP
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + head[:, None] * stride_qh + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q_mask = hmask[:, None] & dmask[None, :]
+    if LIVE_MERGE:
+        q_mask = q_mask & (hi > lo)  # an empty split never uses q (the key loop does not run)
+    q = tl.load(q_ptr + r.to(tl.int64) * stride_qr + head[:, None] * stride_qh + dd[None, :], mask=q_mask, other=0.0)
     if SCALED:
         q = q.to(tl.float16)  # int8/fp8 codes are exact in fp16; their scales multiply the scores
     else:
@@ -123,26 +128,48 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, len_ptr, part_ptr, ml_ptr
 
 
 @triton.jit
-def _merge_kernel(part_ptr, ml_ptr, out_ptr, stride_or, stride_oh, n_heads,
-                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-                  SKIP_EMPTY: tl.constexpr):
+def _merge_rows(part_ptr, ml_ptr, h, n_live, NS: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                SKIP_EMPTY: tl.constexpr):
+    """Head h's output from the first n_live of its NS partial rows, merged as a (ROWS, BLOCK_D) tile."""
+    si = tl.arange(0, ROWS)
+    live = si < n_live
+    dd = tl.arange(0, BLOCK_D)
+    m = tl.load(ml_ptr + (h * NS + si) * 2, mask=live, other=float("-inf"))  # (ROWS,)
+    l = tl.load(ml_ptr + (h * NS + si) * 2 + 1, mask=live, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
+    if SKIP_EMPTY:  # an empty split's row was not written: read as 0, what it weighs anyway (0 * 0)
+        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :], mask=(live & (m != float("-inf")))[:, None],
+                      other=0.0)
+    else:
+        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :], mask=live[:, None], other=0.0)
+    return tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+
+
+@triton.jit
+def _merge_kernel(part_ptr, ml_ptr, out_ptr, len_ptr, stride_or, stride_oh, n_heads, window,
+                  NS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                  PDL: tl.constexpr, SKIP_EMPTY: tl.constexpr, LIVE: tl.constexpr):
     pdl.wait(PDL)
     r = tl.program_id(1).to(tl.int64)
     out_ptr += r * stride_or
     hh = tl.program_id(0).to(tl.int64)
     h = r * n_heads + hh
-    si = tl.arange(0, NS)
     dd = tl.arange(0, BLOCK_D)
-    m = tl.load(ml_ptr + (h * NS + si) * 2)  # (NS,)
-    l = tl.load(ml_ptr + (h * NS + si) * 2 + 1)
-    m_max = tl.max(m, axis=0)
-    w = tl.exp2(m - m_max)  # empty splits: exp2(-inf) = 0
-    if SKIP_EMPTY:  # an empty split's row was not written: read as 0, what it weighs anyway (0 * 0)
-        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :], mask=(m != float("-inf"))[:, None],
-                      other=0.0)
+    if LIVE < NS:
+        # The splits that hold keys, counted as the split kernel cuts the span: while they fit LIVE rows, merge
+        # a LIVE-row tile (what a LIVE-split launch merges: the same bits as a cache of LIVE * BLOCK_T slots)
+        # instead of the NS-row one whose other rows are empty (TALLOW_ATTN_LIVE_MERGE)
+        L = tl.load(len_ptr).to(tl.int32) + r.to(tl.int32)
+        span = L - tl.where(window > 0, tl.maximum(L - window, 0), 0)
+        per = tl.maximum(tl.cdiv(tl.cdiv(span, NS), BLOCK_T) * BLOCK_T, BLOCK_T)
+        n_live = tl.cdiv(span, per)
+        if n_live <= LIVE:
+            o = _merge_rows(part_ptr, ml_ptr, h, n_live, NS, LIVE, BLOCK_D, SKIP_EMPTY)
+        else:
+            o = _merge_rows(part_ptr, ml_ptr, h, NS, NS, NS, BLOCK_D, SKIP_EMPTY)
     else:
-        acc = tl.load(part_ptr + (h * NS + si)[:, None] * BLOCK_D + dd[None, :])  # (NS, BLOCK_D)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        o = _merge_rows(part_ptr, ml_ptr, h, NS, NS, NS, BLOCK_D, SKIP_EMPTY)
     tl.store(out_ptr + hh * stride_oh + dd, o, mask=dd < D)
 
 
@@ -205,6 +232,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out3 = out if out.dim() == 3 else out.unsqueeze(0)
     ks, vs = (k_scale, v_scale) if scaled else (k_cache, v_cache)  # unused pointers when not scaled
     skip = switches.enabled("TALLOW_ATTN_SKIP_EMPTY")
+    live_merge = switches.enabled("TALLOW_ATTN_LIVE_MERGE")
     _split_kernel[(n_kv, n_splits, n_rows)](
         q3, k_cache, v_cache, ks, vs, seq_len, part, ml,
         q3.stride(0), q3.stride(1), n_heads, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -212,9 +240,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(scale) * _LOG2E, int(window), n_splits, n_ctx,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_D=block_d, BLOCK_T=block_t,
         SCALED=scaled, STAGES=2 if switches.enabled("TALLOW_ATTN_PIPELINE") else 1, num_warps=num_warps,
-        SKIP_EMPTY=skip, **pdl.launch(q.device))
-    _merge_kernel[(n_heads, n_rows)](part, ml, out3, out3.stride(0), out3.stride(1), n_heads, NS=n_splits, D=d,
-                                     BLOCK_D=block_d, num_warps=4, SKIP_EMPTY=skip, **pdl.launch(q.device))
+        SKIP_EMPTY=skip, LIVE_MERGE=live_merge, **pdl.launch(q.device))
+    _merge_kernel[(n_heads, n_rows)](part, ml, out3, seq_len, out3.stride(0), out3.stride(1), n_heads, int(window),
+                                     NS=n_splits, D=d, BLOCK_D=block_d, BLOCK_T=block_t, num_warps=4, SKIP_EMPTY=skip,
+                                     LIVE=min(n_splits, LIVE_ROWS) if live_merge else n_splits, **pdl.launch(q.device))
     return out
 
 

@@ -1,0 +1,85 @@
+#!/bin/bash
+# Session 17's H200 calls (issue 17): the decode merge sized from the live depth, then the final study.
+#   bash scripts/gpu_session_17.sh STEP...      (carry .whl, .twins2x, .llbin; logs in $OUT)
+# Steps:
+#   setup     the wheels into /tmp/site, the twin headers unpacked, llama-bench b11434 from .llbin's pieces (in the
+#             background), the six twins written
+#   profile   one decode step of qwen25-1.5b over a 32k-slot cache (scripts/gpu_profile.py --ctx 32768 --sequence),
+#             TALLOW_ATTN_LIVE_MERGE=1 and =0: the merge kernel's time
+#   bits      TALLOW_ATTN_LIVE_MERGE on the qwen twin over a 32k-slot cache (scripts/gpu_switch_bits.py): against a
+#             2k-slot cache (the same bits expected) and against the switch off
+#   ab        gpu_ab.py, tg64 -r 3: TALLOW_ATTN_LIVE_MERGE=1 / off / =1 on qwen (depths 0,1024,4096,32256: a 32k
+#             cache) and falcon-h1-0.5b (0,1024,15872: its 16k cache)
+#   check     scripts/gpu_ssmgpu.py check (tiny mamba / mamba2 / falcon-h1 through the graphs against llama.cpp's
+#             fixtures) with the default
+#   study     scripts/gpu_study.sh over the six twins or STUDY_ONLY (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
+#   tar       every log in $OUT into one archive (the tool returns a limited count of files)
+set -o pipefail
+OUT=${OUT:-/tmp/out}; export OUT; mkdir -p $OUT /root/twins
+export PYTHONUNBUFFERED=1
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+T0=$SECONDS
+LLAMA=/root/llama/bin/llama-bench
+TWINS6="qwen25-1.5b mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b"
+MISS4="mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b-deep qwen25-1.5b"
+say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
+build_llama() {
+  [ -x $LLAMA ] && return 0
+  if ls .llbin/llama-bench.xz.* > /dev/null 2>&1; then
+    mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA && return 0
+  fi
+  rm -rf /root/llsrc && mkdir -p /root/llsrc && tar xJf .llsrc/llsrc.tar.xz -C /root/llsrc || return 1
+  cmake -S /root/llsrc -B /root/llbuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > $OUT/llama_cmake.log 2>&1 || return 1
+  cmake --build /root/llbuild -j${LLAMA_JOBS:-12} --target llama-bench > $OUT/llama_build.log 2>&1 || return 1
+  mkdir -p /root/llama/bin && cp /root/llbuild/bin/llama-bench $LLAMA
+}
+llama() {  # twin, llama-bench tests: its steady repetitions
+  timeout ${LLAMA_S:-60} $LLAMA -m /root/twins/$1.gguf -ngl 99 -fa 1 "${@:2}" -o jsonl 2>/dev/null \
+    | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py | tee -a $OUT/table.log
+}
+for step in "$@"; do
+  case $step in
+    setup) say "setup"
+      if [ ! -f .twins2/make_twin.py ]; then
+        mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
+          xz -dc $f > .twins2/$(basename $f .xz); done
+      fi
+      (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 &
+      python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1 || say "ssm twins FAILED"
+      python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1 \
+        || say "qwen twin FAILED"
+      ls -la /root/twins | tee -a $OUT/steps.log; state ;;
+    profile) say "profile: qwen over a 32k-slot cache, the live merge on and off"
+      for v in 1 0; do
+        TALLOW_ATTN_LIVE_MERGE=$v timeout 120 python3 scripts/gpu_profile.py /root/twins/qwen25-1.5b.gguf --ctx 32768 \
+          --prefill 33 --decode 8 --sequence > $OUT/profile_qwen_live$v.txt 2>&1
+        grep -E "last replay|_merge_kernel|_split_kernel" $OUT/profile_qwen_live$v.txt | head -4 | sed "s/^/live=$v: /" \
+          | tee -a $OUT/steps.log; done ;;
+    bits) say "bits: the live merge over a 32k cache against a 2k cache and against the switch off"
+      TALLOW_ATTN_LIVE_MERGE=1 timeout 150 python3 scripts/gpu_switch_bits.py /root/twins/qwen25-1.5b.gguf --ctx 32768 \
+        ctx=2048 TALLOW_ATTN_LIVE_MERGE=0 2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt ;;
+    ab) say "ab: TALLOW_ATTN_LIVE_MERGE=1 / off / =1, tg64 -r 3"; state
+      for spec in "qwen25-1.5b|0,1024,4096,32256" "falcon-h1-0.5b|0,1024,15872"; do
+        IFS='|' read -r t d <<< "$spec"
+        timeout ${AB_S:-200} python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 64 -d $d -r 3" \
+          TALLOW_ATTN_LIVE_MERGE=1 TALLOW_ATTN_LIVE_MERGE=0 TALLOW_ATTN_LIVE_MERGE=1 2>&1 | tee -a $OUT/ab.txt; done; state ;;
+    check) say "check: tiny models through the graphs vs llama.cpp's fixtures"
+      timeout ${CHECK_S:-100} python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 > $OUT/ssm_check.txt
+      echo "ssmgpu check: $(grep -c PASS $OUT/ssm_check.txt) PASS, $(grep -c FAIL $OUT/ssm_check.txt) FAIL" | tee -a $OUT/steps.log
+      grep -v PASS $OUT/ssm_check.txt | tail -5 ;;
+    study) say "study: gpu_study.sh over the six twins, llama-bench right after tallow on each file"; state
+      wait; cat $OUT/llama_bg.log | tee -a $OUT/steps.log
+      ONLY="${STUDY_ONLY:-$TWINS6}" PER_MODEL_S=${PER_MODEL_S:-80} TOTAL_S=${TOTAL_S:-280} CHECK_TOKENS=200 WORK=/root \
+        timeout ${STUDY_S:-340} bash scripts/gpu_study.sh $LLAMA > /dev/null 2>&1
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -E "PASS|FAIL|DIFF|SKIP" | head -12
+      grep -v "^ROWS_JSON" $OUT/gpu_study.log | grep -A40 "== the table"; state ;;
+    tar) say "tar"; (cd $OUT && tar czf /tmp/logs.tgz . && rm -f $(ls) && mv /tmp/logs.tgz .) ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+say "done"
