@@ -37,9 +37,10 @@ def test_forward_step_equals_forward(arch, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(step_kv.k, eager_kv.k))
 
 
-def check_rows_equal_steps(arch: str, tmp_path, ops=None) -> None:
+def check_rows_equal_steps(arch: str, tmp_path, ops=None, passes=(1, 3, 5, 2, 7, 6)) -> None:
     """m consecutive tokens in one pass (speculative verification) give bit for bit the logits and
-    the cache of m decode steps, with quantized (row-exact) matrices; gemma3 past its window."""
+    the cache of m decode steps, with quantized (row-exact) matrices; gemma3 past its window (the
+    default passes cover 24 tokens, which wrap its rings)."""
     from gguf import GGMLQuantizationType
 
     gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=GGMLQuantizationType.Q8_0))
@@ -49,7 +50,7 @@ def check_rows_equal_steps(arch: str, tmp_path, ops=None) -> None:
         model.ops = ops
     for table in model.rope.values():
         table.ensure(64)
-    ids = tiny_prompt(24)
+    ids = tiny_prompt(sum(passes))
     # max_chunk 8: gemma3's sliding-window layers are rings of window + 7 slots, which the
     # 24 tokens wrap (passes of at most 8 tokens, as speculation caps them)
     step_kv, rows_kv = KVPool(spec, 64, max_chunk=8), KVPool(spec, 64, max_chunk=8)
@@ -59,7 +60,7 @@ def check_rows_equal_steps(arch: str, tmp_path, ops=None) -> None:
 
     steps = torch.cat([step(step_kv, t, i) for i, t in enumerate(ids)])
     got, i = [], 0
-    for m in (1, 3, 5, 2, 7, 6):  # 24 tokens in passes of several sizes
+    for m in passes:
         got.append(step(rows_kv, ids[i], i) if m == 1 else model.run(Step(
             VERIFY, torch.tensor(ids[i : i + m]), torch.arange(i, i + m), torch.tensor([i]),
             torch.arange(i + 1, i + m + 1, dtype=torch.int32), logits=ALL), rows_kv))
