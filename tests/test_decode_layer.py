@@ -241,10 +241,11 @@ def _numerics(monkeypatch, ggml: bool) -> None:
 
 
 def _ggml_model(path, monkeypatch):
-    """The same file loaded under TALLOW_NUMERICS=ggml (the composed blocks with ggml's ops), its C step declined."""
+    """The same file loaded under TALLOW_NUMERICS=ggml, its C step taken away: the composed blocks with ggml's ops."""
     _numerics(monkeypatch, True)
     model = _model(path)[0]
-    assert model.c_decode is None
+    assert model.c_decode is not None and model.c_decode.numerics_ggml
+    model.c_decode = None
     _numerics(monkeypatch, False)
     return model
 
@@ -286,6 +287,36 @@ def test_ggml_step_is_ggml_numerics(arch, qtype, chunk, tmp_path, monkeypatch):
         assert torch.equal(a, b)
     torch_step, _ = steps(model, False)
     assert any(not torch.equal(a, b) for a, b in zip(torch_step, ref))
+
+
+@needs_c
+@pytest.mark.parametrize("arch,chunk", [("qwen2", 0), ("gemma3", 4)])
+def test_ggml_numerics_decodes_in_the_c_step(arch, chunk, tmp_path, monkeypatch):
+    """Under TALLOW_NUMERICS=ggml the C step is taken, in ggml's arithmetic whatever TALLOW_CPU_GGML_STEP says,
+    and its decode steps are the composed blocks' bit for bit (logits and K/V); Falcon-H1's C step, which has
+    no ggml arithmetic, is declined there."""
+    from tallow.memory.kv_pool import KVPool
+    from tiny_models import write_tiny_model, write_tiny_ssm
+
+    monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "0")
+    path = write_tiny_model(arch, tmp_path / "m.gguf", qtype=QT.Q8_0)
+    composed = _ggml_model(path, monkeypatch)
+    _numerics(monkeypatch, True)
+    model = _model(path)[0]
+    assert model.c_decode is not None and model.c_decode.ggml_on()
+    calls = _count_runs(monkeypatch)
+    outs = []
+    for stepper in (model, composed):
+        kv = KVPool(model.spec, 64, max_chunk=chunk) if chunk else KVPool(model.spec, 64, "f16")
+        stepper.forward(IDS[:6], 0, kv)
+        outs.append(([stepper.forward([t], 6 + i, kv) for i, t in enumerate(IDS[6:])], [k.clone() for k in kv.k]))
+    assert len(calls) == len(IDS) - 6
+    for a, b in zip(outs[0][0] + outs[0][1], outs[1][0] + outs[1][1]):
+        assert torch.equal(a, b)
+    hybrid = write_tiny_ssm("falcon-h1", tmp_path / "h.gguf", qtype=QT.Q8_0)
+    assert _model(hybrid)[0].c_decode is None
+    _numerics(monkeypatch, False)
+    assert _model(hybrid)[0].c_decode is not None
 
 
 @needs_c
@@ -338,7 +369,7 @@ def test_real_models_ggml_step_is_ggml_numerics(name, prompt, ctx, monkeypatch):
     monkeypatch.setenv("TALLOW_CPU_GGML_STEP", "1")
     _numerics(monkeypatch, True)
     reference = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
-    assert reference.model.c_decode is None
+    reference.model.c_decode = None  # the composed blocks
     _numerics(monkeypatch, False)
     engine = tallow.LLM(str(path), ctx=ctx, device="cpu").engine
     assert engine.model.c_decode is not None

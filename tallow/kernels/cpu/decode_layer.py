@@ -241,6 +241,7 @@ class DecodeLayers:
         # TALLOW_NUMERICS=ggml ops were checked against llama.cpp; not Gemma 4 or Falcon-H1 (their verification
         # rows and other blocks would keep torch's arithmetic).
         self.ggml_capable = not gemma4 and not self.mixers
+        self.numerics_ggml = False  # TALLOW_NUMERICS=ggml at load: ggml's arithmetic whatever TALLOW_CPU_GGML_STEP says
         self.ggml_mask = GGML_ALL  # which ops take ggml's arithmetic when it is on (scripts measure them one by one)
         m.prescaled_q = int(model.ggml_prescaled_q)
         self.ggml_tables: dict = {}  # rope key -> RotaryTables with ggml's angles, made at the first ggml step
@@ -260,15 +261,25 @@ class DecodeLayers:
     @classmethod
     def for_model(cls, model) -> "DecodeLayers | None":
         """The C step for a model whose every layer decode_layer.c computes: the llama block (llama, qwen2,
-        qwen3), gemma3's or dense Gemma 4's, unchanged; all products in the C kernel; the default numerics;
-        else None."""
+        qwen3), gemma3's or dense Gemma 4's, unchanged; all products in the C kernel; else None. Under
+        TALLOW_NUMERICS=ggml only where it computes in ggml's arithmetic (the llama block and gemma3's), and
+        then always in it: its decode step is that path's composed step bit for bit, in one call."""
+        from ...numerics import ggml_enabled
+
+        if model.place.on_gpu or not ggml_dot.usable() or not usable():
+            return None
+        layers = cls._for_blocks(model)
+        if layers is not None and ggml_enabled():
+            layers.numerics_ggml = True
+            return layers if layers.ggml_capable else None
+        return layers
+
+    @classmethod
+    def _for_blocks(cls, model) -> "DecodeLayers | None":
         from ...models.falcon_h1 import FalconH1Model
         from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
-        from ...numerics import ggml_enabled
 
-        if model.place.on_gpu or ggml_enabled() or not ggml_dot.usable() or not usable():
-            return None
         kind = type(model)
         llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
         gemma3 = kind.block is Gemma3Model.block
@@ -387,8 +398,9 @@ class DecodeLayers:
         return bound or self._bind(kv)
 
     def ggml_on(self) -> bool:
-        """Whether this step runs ggml's elementwise arithmetic (TALLOW_CPU_GGML_STEP, read per step)."""
-        return self.ggml_capable and switches.enabled("TALLOW_CPU_GGML_STEP")
+        """Whether this step runs ggml's elementwise arithmetic (TALLOW_NUMERICS=ggml at load, else
+        TALLOW_CPU_GGML_STEP, read per step)."""
+        return self.ggml_capable and (self.numerics_ggml or switches.enabled("TALLOW_CPU_GGML_STEP"))
 
     def _rows_ok(self, m: int) -> bool:
         if self.ggml_on() and self.ggml_mask & GGML_GLU:  # ggml's GLU goes row by row: no thread split to match
