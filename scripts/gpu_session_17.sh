@@ -8,8 +8,9 @@
 #             TALLOW_ATTN_LIVE_MERGE=1 and =0: the merge kernel's time
 #   bits      TALLOW_ATTN_LIVE_MERGE on the qwen twin over a 32k-slot cache (scripts/gpu_switch_bits.py): against a
 #             2k-slot cache (the same bits expected) and against the switch off
+#   shortk    TALLOW_GEMV_SHORT_K on the mamba twin's own dt projections (scripts/gpu_short_k.py: both GEMVs against fp64)
 #   ab        gpu_ab.py, tg64 -r 3: TALLOW_ATTN_LIVE_MERGE=1 / off / =1 on qwen (depths 0,1024,4096,32256: a 32k
-#             cache) and falcon-h1-0.5b (0,1024,15872: its 16k cache)
+#             cache) and falcon-h1-0.5b (0,1024,15872: its 16k cache); TALLOW_GEMV_SHORT_K=1 / off / =1 on mamba-1.4b
 #   check     scripts/gpu_ssmgpu.py check (tiny mamba / mamba2 / falcon-h1 through the graphs against llama.cpp's
 #             fixtures) with the default
 #   study     scripts/gpu_study.sh over the six twins or STUDY_ONLY (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
@@ -63,7 +64,11 @@ for step in "$@"; do
     bits) say "bits: the live merge over a 32k cache against a 2k cache and against the switch off"
       TALLOW_ATTN_LIVE_MERGE=1 timeout 150 python3 scripts/gpu_switch_bits.py /root/twins/qwen25-1.5b.gguf --ctx 32768 \
         ctx=2048 TALLOW_ATTN_LIVE_MERGE=0 2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt ;;
-    ab) say "ab: TALLOW_ATTN_LIVE_MERGE=1 / off / =1, tg64 -r 3"; state
+    shortk) say "shortk: the mamba dt projections' two GEMVs against fp64"
+      timeout 100 python3 scripts/gpu_short_k.py /root/twins/mamba-1.4b.gguf 2>&1 | grep -v Warning | tail -3 | tee -a $OUT/bits.txt ;;
+    ab) say "ab: TALLOW_ATTN_LIVE_MERGE=1 / off / =1, TALLOW_GEMV_SHORT_K=1 / off / =1, tg64 -r 3"; state
+      timeout ${AB_S:-200} python3 scripts/gpu_ab.py --work /root/twins --twins mamba-1.4b --tests "-p 0 -n 64 -d 0,1024,4096 -r 3" \
+        TALLOW_GEMV_SHORT_K=1 TALLOW_GEMV_SHORT_K=0 TALLOW_GEMV_SHORT_K=1 2>&1 | tee -a $OUT/ab.txt
       for spec in "qwen25-1.5b|0,1024,4096,32256" "falcon-h1-0.5b|0,1024,15872"; do
         IFS='|' read -r t d <<< "$spec"
         timeout ${AB_S:-200} python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 64 -d $d -r 3" \

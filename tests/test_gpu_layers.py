@@ -89,6 +89,20 @@ def test_linear_group_of_mixed_types_writes_each_part_in_place(tmp_path, rows):
     assert torch.equal(LinearGroup(parts)(x), expected)
 
 
+def test_the_short_k_switch_sends_only_mamba_dt_projections_to_the_fp32_gemv(monkeypatch):
+    """TALLOW_GEMV_SHORT_K: a wide matrix over <= 256 columns and < 2M weights (Mamba-1.4B's dt
+    projection, 4096 x 128) leaves the integer-dot GEMV; the wide matrices of the transformers
+    (Qwen2.5-1.5B's gate+up and output projection, a 4096 x 4096) and FalconMamba-7B's dt
+    projection (8192 x 256, 2M weights) keep it."""
+    from tallow.kernels.gpu.linear import mmvq_wins
+
+    keep = [("Q4_K", 17920, 1536), ("Q6_K", 151936, 1536), ("Q4_K", 4096, 4096), ("Q5_0", 8192, 256)]
+    monkeypatch.setenv("TALLOW_GEMV_SHORT_K", "0")
+    assert mmvq_wins("Q5_0", 4096, 128) and all(mmvq_wins(*s) for s in keep)
+    monkeypatch.setenv("TALLOW_GEMV_SHORT_K", "1")
+    assert not mmvq_wins("Q5_0", 4096, 128) and all(mmvq_wins(*s) for s in keep)
+
+
 def test_mmvq_switch_routes_wide_matrices_to_the_integer_gemv(monkeypatch):
     """By default a matrix mmvq_wins picks decodes through mmvq (its own numbers, x rounded to
     Q8_1) and says so in its kind; a stacked layer decides again for its own shape;

@@ -36,6 +36,9 @@ NARROW_MIN_WEIGHTS = 1 << 21  # a narrow product (N < 4096 or N < K) takes the i
 # this many weights when N > K (Q+K), from 4x that otherwise (o, down): below, both kernels sit at the
 # ~3 µs launch floor (o 1536x2048: 3.4 µs either way) and x's own Q8_1 launch would cost more than the
 # integer dots save (scripts/gpu_gemv_table.py, session 11)
+SHORT_K = 256  # a wide product over at most this many columns and under NARROW_MIN_WEIGHTS weights reads x
+# as it is through the fp32 GEMV (TALLOW_GEMV_SHORT_K): both GEMVs sit at the launch floor there, and the
+# integer-dot one needs x's Q8_1 launch first
 PROLOGUE_MAX_N = 16384  # above this (vocabulary projections) every program re-reading x costs more than a launch
 
 
@@ -52,6 +55,8 @@ def mmvq_wins(qtype: str, n: int, k: int) -> bool:
     group's parts, the norm or GLU before it folded into the quantization)."""
     if qtype not in MMVQ_TYPES:
         return False
+    if k <= SHORT_K and n * k < NARROW_MIN_WEIGHTS and _switch_on("TALLOW_GEMV_SHORT_K"):
+        return False  # Mamba's dt projection (4096 x dt_rank 128): x's own Q8_1 launch is most of its cost
     narrow = (n > k and n * k >= NARROW_MIN_WEIGHTS) or n * k >= 4 * NARROW_MIN_WEIGHTS
     return (n >= 4096 and n >= k) or (narrow and _switch_on("TALLOW_MMVQ_NARROW"))
 
