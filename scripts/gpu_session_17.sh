@@ -11,6 +11,8 @@
 #   shortk    TALLOW_GEMV_SHORT_K on the mamba twin's own dt projections (scripts/gpu_short_k.py: both GEMVs against fp64)
 #   ab        gpu_ab.py, tg64 -r 3: TALLOW_ATTN_LIVE_MERGE=1 / off / =1 on qwen (depths 0,1024,4096,32256: a 32k
 #             cache) and falcon-h1-0.5b (0,1024,15872: its 16k cache); TALLOW_GEMV_SHORT_K=1 / off / =1 on mamba-1.4b
+#   confirm   gpu_ab.py on mamba-1.4b at 1024,4096: the default / TALLOW_GEMV_SHORT_K=0 / the default (after the default
+#             turned on)
 #   check     scripts/gpu_ssmgpu.py check (tiny mamba / mamba2 / falcon-h1 through the graphs against llama.cpp's
 #             fixtures) with the default
 #   study     scripts/gpu_study.sh over the six twins or STUDY_ONLY (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
@@ -73,6 +75,9 @@ for step in "$@"; do
         IFS='|' read -r t d <<< "$spec"
         timeout ${AB_S:-200} python3 scripts/gpu_ab.py --work /root/twins --twins $t --tests "-p 0 -n 64 -d $d -r 3" \
           TALLOW_ATTN_LIVE_MERGE=1 TALLOW_ATTN_LIVE_MERGE=0 TALLOW_ATTN_LIVE_MERGE=1 2>&1 | tee -a $OUT/ab.txt; done; state ;;
+    confirm) say "confirm: the default / TALLOW_GEMV_SHORT_K=0 / the default on mamba-1.4b"; state
+      timeout 150 python3 scripts/gpu_ab.py --work /root/twins --twins mamba-1.4b --tests "-p 0 -n 64 -d 1024,4096 -r 3" \
+        base TALLOW_GEMV_SHORT_K=0 base 2>&1 | tee -a $OUT/ab.txt ;;
     check) say "check: tiny models through the graphs vs llama.cpp's fixtures"
       timeout ${CHECK_S:-100} python3 scripts/gpu_ssmgpu.py check --work /tmp/ssmgpu 2>&1 | tail -40 > $OUT/ssm_check.txt
       echo "ssmgpu check: $(grep -c PASS $OUT/ssm_check.txt) PASS, $(grep -c FAIL $OUT/ssm_check.txt) FAIL" | tee -a $OUT/steps.log
