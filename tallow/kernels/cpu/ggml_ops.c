@@ -169,6 +169,7 @@ typedef struct {
     const uint16_t *k, *v;           /* f16 cache bases */
     int64_t skh, skt, svh, svt;      /* strides (elements) */
     int64_t cap, lo, n, start, window; /* key i: position lo + i, slot (lo + i) % cap; row r: position start + r */
+    int64_t lo_slot;                 /* lo % cap (key i's slot: lo_slot + i, less cap past the end; i < n <= cap) */
     int n_q, n_heads, group, dk, dv, lanes;
     float scale;
     float *out;                      /* (n_q, n_heads, dv) */
@@ -186,7 +187,8 @@ static inline float lanes_sum(const float *acc, int64_t stride, int lanes) {
 }
 
 static inline const uint16_t *key_row(const go_attn_t *a, const uint16_t *base, int64_t st, int64_t i) {
-    return base + ((a->lo + i) % a->cap) * st;
+    const int64_t slot = a->lo_slot + i;
+    return base + (slot < a->cap ? slot : slot - a->cap) * st;
 }
 
 /* the keys row r sees: [*i0, *i1) of the view (the causal edge, and a window's) */
@@ -266,64 +268,6 @@ GO_TGT static void softmax_f16_avx512(float *p, int64_t n16) {
         _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv), _MM_FROUND_TO_NEAREST_INT)));
 }
 
-/* one (row, head), AVX-512 (dk, dv multiples of 16); q16: dk floats of scratch */
-GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float *acc, float *q16) {
-    int64_t i0, i1;
-    visible(a, r, &i0, &i1);
-    const int64_t n16 = (i1 + 15) / 16 * 16;
-    const int g = h / a->group, lanes = a->lanes, nacc = lanes / 16;
-    const float *q = a->q + r * a->sqr + h * a->sqh;
-    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
-    for (int d = 0; d < a->dk; d += 16) /* Q to f16 and back, once */
-        _mm512_storeu_ps(q16 + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
-    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
-    for (int64_t i = i0; i < i1; i++) {
-        const uint16_t *kr = key_row(a, kb, a->skt, i);
-        __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (int d = 0; d < a->dk; d += 16) {
-            const __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + d)));
-            s[(d / 16) % nacc] = _mm512_fmadd_ps(_mm512_loadu_ps(q16 + d), kv, s[(d / 16) % nacc]);
-        }
-        const __m512 t = nacc == 4 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])) : s[0];
-        p[i] = hsum16(t) * a->scale;
-    }
-    softmax_f16_avx512(p, n16);
-    /* V: lane i % lanes of every output column accumulates key i's product; lanes at or past `used`
-     * take no key and stay +0, so they are neither cleared nor read (adding +0 changes no sum here:
-     * a lane's sum starts at +0 and so is never -0) */
-    const int used = i1 < lanes ? (int)i1 : lanes;
-    memset(acc, 0, sizeof(float) * (size_t)used * a->dv);
-    for (int64_t i = i0; i < i1; i++) {
-        const __m512 w = _mm512_set1_ps(p[i]);
-        const uint16_t *vr = key_row(a, vb, a->svt, i);
-        float *ac = acc + (i % lanes) * a->dv;
-        for (int d = 0; d < a->dv; d += 16)
-            _mm512_storeu_ps(ac + d, _mm512_fmadd_ps(w, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + d))), _mm512_loadu_ps(ac + d)));
-    }
-    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
-    for (int d = 0; d < a->dv; d += 16) { /* the lane reduction for 16 columns at once */
-        __m512 c[16];
-        const float *col = acc + d;
-#define GO_LANE(j) ((j) < used ? _mm512_loadu_ps(col + (j) * a->dv) : _mm512_setzero_ps())
-        for (int l = 0; l < 16; l++)
-            c[l] = lanes == 64 ? _mm512_add_ps(_mm512_add_ps(GO_LANE(l), GO_LANE(32 + l)), _mm512_add_ps(GO_LANE(16 + l), GO_LANE(48 + l)))
-                               : GO_LANE(l);
-#undef GO_LANE
-        for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
-        for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
-        _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
-    }
-}
-#endif
-
-#if GO_X86
-/* One query row (a decode step), heads h0..h1-1 of one KV group, AVX-512: each head's arithmetic is head_avx512's
- * for one row, operation for operation, only the loops are turned: keys go in blocks of GO_KEY_BLOCK, and a block's
- * K rows (then V rows), read from memory once, serve every head of the range from the L1 cache. Head by head the
- * group's cache was read once per query head (6 times on qwen2.5): at a depth of 4096 that cost more than the step's
- * products. p: (h1 - h0) * n16 floats, acc: (h1 - h0) * 64 * dv, q16: (h1 - h0) * dk. */
-#define GO_KEY_BLOCK 32 /* a multiple of 16 */
-
 /* hsum16 of 16 vectors at once, result k = hsum16(t[k]): the same adds in the same tree (halves, quarters, pairs:
  * (l + l+8), then (+4), then (0+2) + (1+3)), 16 keys per add by shuffling the vectors' halves against each other
  * instead of one key's halves within one register. */
@@ -340,6 +284,67 @@ GO_TGT static inline __m512 hsum16x16(const __m512 *t) {
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(order, r);
 }
+
+/* one (row, head) of a prompt (tinyBLAS's 16 lanes), AVX-512 (dk, dv multiples of 16); q16: dk floats of scratch */
+GO_TGT static void head_avx512(const go_attn_t *a, int r, int h, float *p, float *q16) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int d = 0; d < a->dk; d += 16) /* Q to f16 and back, once */
+        _mm512_storeu_ps(q16 + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + d), _MM_FROUND_TO_NEAREST_INT)));
+    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (int64_t c0 = i0; c0 < i1; c0 += 16) { /* 16 keys at a time, each one accumulator (tinyBLAS's 16 lanes) */
+        const int nk = i1 - c0 < 16 ? (int)(i1 - c0) : 16;
+        const uint16_t *kr[16];
+        for (int k = 0; k < 16; k++) kr[k] = key_row(a, kb, a->skt, c0 + (k < nk ? k : 0)); /* past nk: masked below */
+        __m512 t[16];
+        for (int k = 0; k < 16; k++) t[k] = _mm512_setzero_ps();
+        for (int d = 0; d < a->dk; d += 16) { /* the 16 chains interleaved: independent, they overlap */
+            const __m512 qd = _mm512_loadu_ps(q16 + d);
+#define GO_K(l) t[l] = _mm512_fmadd_ps(qd, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr[l] + d))), t[l]);
+            GO_K(0) GO_K(1) GO_K(2) GO_K(3) GO_K(4) GO_K(5) GO_K(6) GO_K(7)
+            GO_K(8) GO_K(9) GO_K(10) GO_K(11) GO_K(12) GO_K(13) GO_K(14) GO_K(15)
+#undef GO_K
+        }
+        /* each key's hsum16 (hsum16x16 keeps the keys apart: element k sums t[k] alone) */
+        _mm512_mask_storeu_ps(p + c0, (__mmask16)((1u << nk) - 1), _mm512_mul_ps(hsum16x16(t), scale));
+    }
+    softmax_f16_avx512(p, n16);
+    /* V, 16 output columns at a time: lane l of them sums the products of the keys i with i % 16 == l, in key
+     * order, from +0 (a lane no key reaches stays +0, which adds nothing: a lane's sum is never -0); the 16
+     * lanes stay in registers over all keys, then reduce as tinyBLAS's tree (halves, quarters, (0+2) + (1+3)) */
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
+    const int64_t first = i0 / 16 * 16;
+    for (int d = 0; d < a->dv; d += 16) {
+        __m512 c[16];
+        for (int l = 0; l < 16; l++) c[l] = _mm512_setzero_ps();
+        for (int64_t b = first; b < i1; b += 16) {
+#define GO_V(l)                                                                                                        \
+    if (b + (l) >= i0 && b + (l) < i1)                                                                                 \
+        c[l] = _mm512_fmadd_ps(_mm512_set1_ps(p[b + (l)]),                                                             \
+                               _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(key_row(a, vb, a->svt, b + (l)) + d))), c[l]);
+            GO_V(0) GO_V(1) GO_V(2) GO_V(3) GO_V(4) GO_V(5) GO_V(6) GO_V(7)
+            GO_V(8) GO_V(9) GO_V(10) GO_V(11) GO_V(12) GO_V(13) GO_V(14) GO_V(15)
+#undef GO_V
+        }
+        for (int l = 0; l < 8; l++) c[l] = _mm512_add_ps(c[l], c[l + 8]);
+        for (int l = 0; l < 4; l++) c[l] = _mm512_add_ps(c[l], c[l + 4]);
+        _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])));
+    }
+}
+#endif
+
+#if GO_X86
+/* One query row (a decode step), heads h0..h1-1 of one KV group, AVX-512: each head's arithmetic is head_portable's
+ * for one row (ggml_vec_dot_f16's 64 lanes), operation for operation, only the loops are turned: keys go in blocks of GO_KEY_BLOCK, and a block's
+ * K rows (then V rows), read from memory once, serve every head of the range from the L1 cache. Head by head the
+ * group's cache was read once per query head (6 times on qwen2.5): at a depth of 4096 that cost more than the step's
+ * products. p: (h1 - h0) * n16 floats, acc: (h1 - h0) * 64 * dv, q16: (h1 - h0) * dk. */
+#define GO_KEY_BLOCK 32 /* a multiple of 16 */
 
 GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16, float *kf) {
     int64_t i0, i1;
@@ -452,7 +457,7 @@ static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
 int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, int n_kv, int dk, int dv, const uint16_t *k,
               const uint16_t *v, int64_t skh, int64_t skt, int64_t svh, int64_t svt, int64_t cap, int64_t lo, int64_t n,
               int64_t start, int64_t window, float scale, float *out, int nthreads) {
-    go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window,
+    go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window, lo % cap,
                    n_q, n_heads, n_heads / n_kv, dk, dv, n_q > 1 ? 16 : 64, scale, out};
     const int simd = GO_X86 && go_simd() && dk % 16 == 0 && dv % 16 == 0;
     const int64_t n16 = (n + 15) / 16 * 16, per = n16 + 64 * (int64_t)dv + dk;
@@ -472,7 +477,7 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
         const int r = (int)(it / n_heads), h = (int)(it % n_heads);
 #if GO_X86
         if (simd) {
-            head_avx512(&a, r, h, s, s + n16, s + n16 + 64 * (int64_t)dv);
+            head_avx512(&a, r, h, s, s + n16);
             continue;
         }
 #endif
