@@ -265,6 +265,27 @@ def test_greedy_output_identical_with_and_without_speculation(name, n, monkeypat
     assert plain_stats.draft_tokens == 0 and stats.accepted_tokens > 0  # the copy was drafted
 
 
+def test_exact_path_speculates_through_the_c_step(monkeypatch, always_draft):
+    """Under TALLOW_NUMERICS=ggml speculation is on by default where the one-call C step verifies (its rows are its
+    decode steps bit for bit) and off where the composed blocks would (TALLOW_CPU_C_LAYER=0); the greedy tokens and
+    the pool afterwards are plain decoding's."""
+    import tallow
+    from tallow.engine.speculate import speculation_enabled
+
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    monkeypatch.delenv("TALLOW_SPECULATE")
+    llm = tallow.LLM(require_model("smollm2-135m"), ctx=512)
+    model, kv = llm.engine.model, llm.engine.kv
+    assert speculation_enabled(model, kv)
+    monkeypatch.setenv("TALLOW_CPU_C_LAYER", "0")
+    assert not speculation_enabled(model, kv)
+    monkeypatch.delenv("TALLOW_CPU_C_LAYER")
+    plain, plain_stats, plain_pool = _chat_tokens(llm, monkeypatch, "0", 40)
+    tokens, stats, pool = _chat_tokens(llm, monkeypatch, "1", 40)
+    assert tokens == plain and pool == plain_pool
+    assert plain_stats.draft_tokens == 0 and stats.accepted_tokens > 0
+
+
 def test_sampled_output_identical_per_seed_on_smollm2(smollm2, monkeypatch, always_draft):
     llm = smollm2
     for seed in (1, 2):

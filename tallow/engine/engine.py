@@ -256,7 +256,7 @@ class Engine:
         history = list(prompt)
         stats.finish_reason = "length"
         # Whether the memory can roll back a rejected draft (a recurrent one: memory/recurrent.py).
-        speculative = speculation_enabled(self.model) and self.kv.can_rollback
+        speculative = speculation_enabled(self.model, self.kv) and self.kv.can_rollback
         speculation = Speculation(self, stats, getattr(sampler, "constraint", None)) if speculative else None
         t_decode = time.perf_counter()
         try:

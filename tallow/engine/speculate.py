@@ -117,12 +117,16 @@ def rows_are_exact(model) -> bool:
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
 
 
-def speculation_enabled(model) -> bool:
+def speculation_enabled(model, kv=None) -> bool:
     """TALLOW_SPECULATE=0 off, =1 on; by default on where verification is bit-exact: row-exact
-    kernels, on the CPU or the GPU (see the module doc)."""
+    kernels, on the CPU or the GPU (see the module doc); under TALLOW_NUMERICS=ggml where every
+    verification pass over kv runs in the one-call C step (kernels/cpu/decode_layer.py)."""
     forced = switches.value("TALLOW_SPECULATE")  # None: auto
     if forced is not None:
         return forced
+    if ggml_enabled() and model.device.type == "cpu":
+        c_step = getattr(model, "c_decode", None)  # (the families with a C step)
+        return kv is not None and c_step is not None and c_step.verifies_in_ggml(K_MAX + 1, kv)
     return rows_are_exact(model)  # a walk over ~200 layer objects: microseconds per request
 
 

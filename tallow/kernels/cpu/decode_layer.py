@@ -382,20 +382,32 @@ class DecodeLayers:
         products' MAX_ROWS, where torch's SiLU computes each row's values as one row's), from a host start;
         switches as the composed path needs them to give these bits (C norms and C attention on, fast
         layers on); and kv bindable."""
-        from ...layers import c_attention_enabled, fast_paths_enabled
         from ...models.step import DECODE, VERIFY
 
         m = step.ids.shape[0]
         if not step.on_host or not (step.phase == DECODE and m == 1 or step.phase == VERIFY and self._rows_ok(m)):
             return False
-        if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
-                and fast_paths_enabled() and c_attention_enabled()):
-            return False
         if self.mixers and (m != 1 or kv.keeping_rows or step.scratch.get("n_valid") is not None
                             or not (c_ssm.usable() and c_ssm.mixer_on())):
             return False  # Falcon-H1: one decode row, where the composed block takes its C mixer
+        return self._ready(kv)
+
+    def _ready(self, kv) -> bool:
+        """The switches on that the composed path needs for these bits (C norms and C attention, fast layers), and kv
+        bindable."""
+        from ...layers import c_attention_enabled, fast_paths_enabled
+
+        if not (switches.enabled("TALLOW_CPU_C_LAYER") and switches.enabled("TALLOW_CPU_C_NORM")
+                and fast_paths_enabled() and c_attention_enabled()):
+            return False
         bound = self.pool is not None and self.pool() is kv and kv.k[0].data_ptr() == self.k0
         return bound or self._bind(kv)
+
+    def verifies_in_ggml(self, rows: int, kv) -> bool:
+        """Under TALLOW_NUMERICS=ggml, whether a verification of `rows` rows over kv runs here, where its rows are its
+        decode steps bit for bit (the composed ggml blocks' are not: more than one row sums as tinyBLAS does, and
+        the products take the tiled order from 8 rows): what speculation needs there."""
+        return self.numerics_ggml and self._rows_ok(rows) and self._ready(kv)
 
     def ggml_on(self) -> bool:
         """Whether this step runs ggml's elementwise arithmetic (TALLOW_NUMERICS=ggml at load, else
