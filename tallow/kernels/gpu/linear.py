@@ -5,8 +5,8 @@ once. Prefill dequantizes the weight to bf16 in one scratch buffer shared by all
 cuBLAS (measured 3-5x faster than the fused tensor-core kernel on the H200, see
 docs/performance.md). Types without a Triton kernel are dequantized once at load to fp16.
 
-The decode products `mmvq_wins` picks (the wide matrices, and from session 11 the narrow ones
-above a size) take the integer-dot GEMV (kernels/triton/mmvq.py: x rounded to Q8_1 as llama.cpp's
+The decode products `mmvq_wins` picks (the wide matrices but the short ones of TALLOW_GEMV_SHORT_K,
+and from session 11 the narrow ones above a size) take the integer-dot GEMV (kernels/triton/mmvq.py: x rounded to Q8_1 as llama.cpp's
 CUDA build does, then int8 dot products; TALLOW_GEMV_MMVQ=0: the fp32 GEMV): other numbers than
 the fp32 GEMV's, so these layers say kind "mmvq_*". x is quantized once per input (SharedQ8,
 LazyInput.q8), with a pending norm or GLU applied inside the quantization. Its rows are bit for bit its one-row products (scripts/gpu_speculate.py on the
