@@ -17,46 +17,10 @@
 #             fixtures) with the default
 #   study     scripts/gpu_study.sh over the six twins or STUDY_ONLY (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
 #   tar       every log in $OUT into one archive (the tool returns a limited count of files)
-set -o pipefail
-OUT=${OUT:-/tmp/out}; export OUT; mkdir -p $OUT /root/twins
-export PYTHONUNBUFFERED=1
-[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-T0=$SECONDS
-LLAMA=/root/llama/bin/llama-bench
-TWINS6="qwen25-1.5b mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b falcon-h1-1.5b-deep falcon-h1-3b"
-MISS4="mamba-1.4b falcon-h1-0.5b falcon-h1-1.5b-deep qwen25-1.5b"
-say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
-state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/state.txt; }
-build_llama() {
-  [ -x $LLAMA ] && return 0
-  if ls .llbin/llama-bench.xz.* > /dev/null 2>&1; then
-    mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA && return 0
-  fi
-  rm -rf /root/llsrc && mkdir -p /root/llsrc && tar xJf .llsrc/llsrc.tar.xz -C /root/llsrc || return 1
-  cmake -S /root/llsrc -B /root/llbuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > $OUT/llama_cmake.log 2>&1 || return 1
-  cmake --build /root/llbuild -j${LLAMA_JOBS:-12} --target llama-bench > $OUT/llama_build.log 2>&1 || return 1
-  mkdir -p /root/llama/bin && cp /root/llbuild/bin/llama-bench $LLAMA
-}
-llama() {  # twin, llama-bench tests: its steady repetitions
-  timeout ${LLAMA_S:-60} $LLAMA -m /root/twins/$1.gguf -ngl 99 -fa 1 "${@:2}" -o jsonl 2>/dev/null \
-    | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py | tee -a $OUT/table.log
-}
+. "$(dirname "$0")/gpu_lib.sh" || exit 1
 for step in "$@"; do
   case $step in
-    setup) say "setup"
-      if [ ! -f .twins2/make_twin.py ]; then
-        mkdir -p .twins2 && cp .twins2x/*.py .twins2x/*.json .twins2/ && for f in .twins2x/*.hdr.xz; do
-          xz -dc $f > .twins2/$(basename $f .xz); done
-      fi
-      (t=$SECONDS; build_llama; echo "llama build rc $? in $((SECONDS - t)) s") > $OUT/llama_bg.log 2>&1 &
-      python3 scripts/make_ssm_twin.py all /root/twins > $OUT/twins.log 2>&1 || say "ssm twins FAILED"
-      python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1 \
-        || say "qwen twin FAILED"
-      ls -la /root/twins | tee -a $OUT/steps.log; state ;;
+    setup) say "setup"; setup_twins ;;
     profile) say "profile: qwen over a 32k-slot cache, the live merge on and off"
       for v in 1 0; do
         TALLOW_ATTN_LIVE_MERGE=$v timeout 120 python3 scripts/gpu_profile.py /root/twins/qwen25-1.5b.gguf --ctx 32768 \
