@@ -5,6 +5,7 @@ Per model (qwen3moe and the Gemma 4 26B-A4B-style gemma4-moe, several expert typ
   1. teacher-forced, token by token (every product a GEMV): each layer's chosen experts identical
      to the CPU reference linears' (linear_mode="reference"), logits max |diff| / max |logit|;
   2. a prompt prefilled in one chunk (the grouped path) then decode: the same, with the bf16 bound;
+     and again with TALLOW_MOE_GROUPED_PREFILL=0 (the dequantize-all grouped path);
   3. greedy through the engine (tallow.load on cuda: CUDA-graph decode) = greedy on the CPU's
      reference linears;
   4. TALLOW_MOE_TRITON=0 (torch reference on the GPU): routing identical, logits within 1e-4;
@@ -142,6 +143,19 @@ def check_file(a, tmp: Path, arch: str, qt) -> None:
         check(worst <= 2.0, f"{name}: prefill (grouped) routing differs in {len(ref2_ids) - same}/{len(ref2_ids)} "
               f"calls, each a near-tie (the two experts' logit gap <= {worst:.2f} x the router-logit drift; bound 2); "
               f"logits {err2:.2e} after it")
+    # the same prefill with TALLOW_MOE_GROUPED_PREFILL=0 (each stacked weight dequantized whole to
+    # bf16, its products' outputs rounded to bf16): the same bound; which path 2. took is printed
+    fused = gpu.layers[0].ffn_experts._fused()
+    os.environ["TALLOW_MOE_GROUPED_PREFILL"] = "0"
+    switches.refresh()
+    got5, got5_ids = routed(gpu, spec, chunked)
+    del os.environ["TALLOW_MOE_GROUPED_PREFILL"]
+    switches.refresh()
+    err5 = float((got5 - ref2).abs().max()) / float(ref2.abs().max())
+    same5 = sum(x == y for x, y in zip(got5_ids, ref2_ids))
+    check(err5 <= 3e-2, f"{name}: prefill with TALLOW_MOE_GROUPED_PREFILL=0 + decode logits {err5:.2e} (bound 3e-2), "
+          f"routing as the CPU's in {same5}/{len(ref2_ids)} calls; check 2 took the "
+          f"{'grouped tensor-core kernel' if fused else 'dequantize-all path'}")
     os.environ["TALLOW_MOE_TRITON"] = "0"
     switches.refresh()
     got3, got3_ids = routed(gpu, spec, one_by_one)

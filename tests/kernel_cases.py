@@ -234,6 +234,27 @@ register(op="moe_mmvq", impl="tallow.kernels.triton.moe_mmvq:moe_mmvq", needs="t
                                                         out=torch.full((a["ids"].numel(), a["w"].rows), float("nan")),
                                                         scale=a["scale"]),
          reference=lambda a: _triton("moe_mmvq", "moe_mmvq_reference")(a["xq"], a["w"], a["ids"], a["x_div"], a["scale"]))
+# The routed experts' grouped prefill product (pairs sorted by expert, bf16 tiles rebuilt in
+# registers, tensor-core sums): x and each weight rounded to bf16 as the reference does, so only
+# the fp32 summation order differs; x gathered by token and the output scattered back to pair
+# order in one launch (the bank uses each side alone: tests/test_moe_gpu.py).
+def _moe_grouped_run(a):
+    gp = _triton("moe_grouped", "group_pairs")(a["ids"], a["w"].n_experts, 16)
+    out = torch.full((a["ids"].numel(), a["w"].rows), float("nan"))
+    return _triton("moe_grouped", "moe_grouped")(a["x"], a["w"], gp, a["x_div"], out, True, True, scale=a["scale"])
+
+
+def _moe_grouped_inputs(shape, dtype, g):
+    a = _moe_inputs(shape, dtype, g)
+    a["scale"] = torch.rand(shape[1], 2, generator=g) + 0.5 if shape[-1] > 1 else None
+    return a
+
+
+register(op="moe_grouped", impl="tallow.kernels.triton.moe_grouped:moe_grouped", needs="triton", tol=1e-6,
+         inputs=_moe_grouped_inputs, shapes=(("Q4_K", 4, 24, 512, 21, 3), ("Q6_K", 3, 20, 256, 18, 1),
+                                             ("Q8_0", 4, 24, 64, 40, 2), (40, 3, 20, 128, 20, 2)),
+         run=_moe_grouped_run,
+         reference=lambda a: _triton("moe_grouped", "moe_grouped_reference")(a["x"], a["w"], a["ids"], a["x_div"], a["scale"]))
 # Every FP4 value times its scale is a bf16 number: exact.
 register(op="fp4_dequantize_to", impl="tallow.kernels.triton.moe_gemv:fp4_dequantize_to", needs="triton",
          metric="exact", inputs=_fp4_inputs, shapes=((39, 20, 96, 1), (40, 17, 128, 1)),
@@ -812,7 +833,10 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.triton.quant_gemv:epilogue_addend",  # a launch's addend arguments (tests/test_gpu_layers.py's epilogue cases)
     "tallow.kernels.triton.mmvq:Q8Act", "tallow.kernels.triton.mmvq:quantize_q8_1_reference",
     "tallow.kernels.triton.mmvq:mmvq_reference", "tallow.kernels.triton.mmvq:mmvq_config",
-    "tallow.kernels.triton.moe_mmvq:moe_mmvq_reference", "tallow.kernels.triton.moe_mmvq:moe_mmvq_config",
+    "tallow.kernels.triton.moe_mmvq:moe_mmvq_reference", "tallow.kernels.triton.moe_grouped:moe_grouped_reference",
+    "tallow.kernels.triton.moe_grouped:group_pairs", "tallow.kernels.triton.moe_grouped:moe_grouped_ok",
+    "tallow.kernels.triton.moe_grouped:grouped_block_m", "tallow.kernels.triton.moe_grouped:moe_grouped_config",
+    "tallow.kernels.triton.moe_grouped:GroupedPairs", "tallow.kernels.triton.moe_mmvq:moe_mmvq_config",
     "tallow.kernels.triton.moe_mmvq:moe_mmvq_ok", "tallow.kernels.triton.mmvq:nv_order_reference",
     # NVML/CPU readings printed beside bench figures, not kernels
     "tallow.kernels.gpu.machine_state:cpu_state", "tallow.kernels.gpu.machine_state:describe",

@@ -23,6 +23,12 @@ Switches: TALLOW_MOE_MMVQ=0 takes the fp32 expert GEMV for every type; TALLOW_MO
 the per-expert scales by torch ops instead of in the integer-dot launches; TALLOW_MOE_TRITON=0 replaces the Triton GEMV by the torch reference (the chosen experts'
 matrices gathered and dequantized in torch, fp32 products), for every chunk size;
 TALLOW_MOE_GROUPED=0 runs a prefill chunk through the decode path, GEMV_MAX_ROWS tokens at a time.
+
+Since session 17 the prefill of Q4_K / Q6_K / Q8_0 / NVFP4 experts takes moe_grouped
+(kernels/triton/moe_grouped.py) instead: one launch per projection over the pairs sorted by
+expert, each touched expert's quantized bytes read once and its bf16 tiles rebuilt in registers for
+the tensor cores (the same bf16 weights and activations as the dequantize-all path, fp32 sums);
+TALLOW_MOE_GROUPED_PREFILL=0 takes the dequantize-all path.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from ..triton.dequant import dequantize_to
 from ..cpu import moe as cpu_moe
 from ..triton.mmvq import quantize_q8_1
 from ..triton.moe_gemv import ExpertWeights, fp4_dequantize_to, moe_gemv, moe_gemv_reference
+from ..triton.moe_grouped import group_pairs, moe_grouped, moe_grouped_ok
 from ..triton.moe_mmvq import moe_mmvq, moe_mmvq_ok
 from ..triton.moe_route import moe_route
 from ..triton.planes import QTYPES, pack_planes
@@ -220,9 +227,36 @@ class GPUExpertBank:
             start += c
 
     def _grouped_on_device(self, device: torch.device) -> bool:
-        """Whether the grouped path runs without a host sync: every weight dequantizable in one
-        launch and torch._grouped_mm working here."""
-        return all(w.has_kernel for w in (*self.gate_up, self.down)) and _grouped_mm_available(device)
+        """Whether the grouped path runs without a host sync: the grouped tensor-core kernel for
+        every weight, or every weight dequantizable in one launch and torch._grouped_mm working here."""
+        return self._fused() or (all(w.has_kernel for w in (*self.gate_up, self.down)) and _grouped_mm_available(device))
+
+    def _fused(self) -> bool:
+        """Whether the prefill takes moe_grouped (only the touched experts' quantized bytes, read once)."""
+        return (all(moe_grouped_ok(w) for w in (*self.gate_up, self.down)) and triton_enabled()
+                and switches.enabled("TALLOW_MOE_GROUPED_PREFILL"))
+
+    def _grouped_fused(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> tuple[torch.Tensor, bool]:
+        """The grouped prefill through moe_grouped: gate/up rows in expert order (x gathered by
+        token), the GLU on them, down's rows written back in pair order. Returns (pairs' outputs in
+        pair order, whether the per-expert output scale is applied)."""
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        gp = group_pairs(flat, self.n_experts)
+        fold = switches.enabled("TALLOW_MOE_SCALE_FOLD")
+        gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
+        col = 0
+        for i, w in enumerate(self.gate_up):
+            scale = self._gate_up_scales[i] if fold and self._gate_up_scales is not None else None
+            moe_grouped(h, w, gp, k, gu[:, col : col + w.rows], gather=True, scatter=False, scale=scale)
+            col += w.rows
+        a = glu(gu if fold else self._scale_gate_up(gu, flat[gp.order]))
+        if isinstance(a, LazyInput):
+            a = a.materialize()
+        y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
+        out_scale = self._out_scale if fold else None
+        moe_grouped(a.contiguous(), self.down, gp, 1, y, gather=False, scatter=True, scale=out_scale)
+        return y, out_scale is not None
 
     def _grouped(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> torch.Tensor:
         n, k = ids.shape
@@ -268,6 +302,8 @@ class GPUExpertBank:
             else:
                 parts = [self._pairs(h[t : t + GEMV_MAX_ROWS], ids[t : t + GEMV_MAX_ROWS], glu) for t in range(0, n, GEMV_MAX_ROWS)]
                 out, scaled = torch.cat([p[0] for p in parts]), parts[0][1]
+        elif self._fused():
+            out, scaled = self._grouped_fused(h.contiguous(), ids, glu)
         else:
             out = self._grouped(h, ids, glu)
         out = out.view(n, k, self.dim)

@@ -1,0 +1,266 @@
+"""Routed experts' prefill product: the (token, slot) pairs sorted by expert, one launch per
+projection that reads each touched expert's quantized bytes once and multiplies on tensor cores.
+
+The earlier grouped prefill dequantized every expert of a layer to bf16 in a scratch buffer and ran
+torch._grouped_mm over it: 2 bytes written and read per weight of all 128 experts whatever the
+prompt's length (1.2 GB a layer on Qwen3-30B-A3B). Here the weight tile is rebuilt in registers,
+exactly as dequant.py / fp4_dequantize_to write it (fp32 value rounded once to bf16), and x's rows
+are rounded to bf16 as that path did, so only the fp32 accumulation order differs from it.
+
+Layout (`group_pairs`): `order` the pairs sorted by expert (stable, so pair order within an
+expert), `offsets[e]` where expert e's run starts (E + 1 entries), and each expert's run cut into
+blocks of BLOCK_M pairs: `bstart[e]` the first block of expert e, `bcum[e]` one past its last.
+The grid has cdiv(P, BLOCK_M) + min(E, P) blocks (every expert adds at most one partial block),
+a bound known on the host without reading the routing, so nothing waits for the host and a
+prefill chunk stays one CUDA graph; blocks past the last expert's end return at once. A program
+finds its expert by counting the experts whose blocks end at or before it (one vector load).
+
+x rows: GATHER (gate/up) reads token order[s] // X_DIV for sorted position s; otherwise row s
+(down's input, the GLU of the sorted gate/up rows). Output rows: SCATTER writes pair order[s]
+(down: back in pair order for the weighted sum), otherwise row s.
+Switch: TALLOW_MOE_GROUPED_PREFILL=0 (kernels/gpu/moe.py) takes the dequantize-all path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRETED
+from .fp4_gemv import NVFP4, _e2m1_doubled
+from .moe_gemv import ExpertWeights, expert_matrices
+
+__all__ = ["GroupedPairs", "group_pairs", "moe_grouped", "moe_grouped_ok", "moe_grouped_reference", "grouped_block_m"]
+
+_QT = {"Q4_K": 0, "Q6_K": 1, "Q8_0": 2}  # plane types with a tile here; NVFP4 raw blocks: 3
+
+
+def moe_grouped_ok(w: ExpertWeights) -> bool:
+    """Whether this stacked expert weight has a grouped tensor-core kernel here."""
+    return (w.planes is not None and w.planes.qtype in _QT) or (w.raw is not None and w.qtype == NVFP4)
+
+
+@dataclass
+class GroupedPairs:
+    order: torch.Tensor  # (P,) int64: pair indices sorted by expert
+    offsets: torch.Tensor  # (E + 1,) int32
+    bstart: torch.Tensor  # (E,) int32: first block of each expert
+    bcum: torch.Tensor  # (E,) int32: one past each expert's last block
+    block_m: int
+    max_blocks: int
+
+
+def grouped_block_m(pairs: int, n_experts: int) -> int:
+    """Rows of a block: about the pairs an expert gets on average (tl.dot wants 16 at least)."""
+    avg = pairs / max(n_experts, 1)
+    return 16 if avg <= 16 else (32 if avg <= 40 else 64)
+
+
+def group_pairs(flat_ids: torch.Tensor, n_experts: int, block_m: int | None = None) -> GroupedPairs:
+    """The sort and the block table of the (pairs,) expert ids, by device ops only (no host sync)."""
+    p = flat_ids.numel()
+    bm = block_m or grouped_block_m(p, n_experts)
+    order = torch.argsort(flat_ids, stable=True)
+    # (torch.bincount reads its input's max on the host: a sync a prefill graph cannot capture)
+    counts = torch.zeros(n_experts, dtype=torch.int32, device=flat_ids.device).index_add_(
+        0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
+    offsets = torch.nn.functional.pad(torch.cumsum(counts, 0, dtype=torch.int32), (1, 0))
+    blocks = (counts + (bm - 1)) // bm
+    bcum = torch.cumsum(blocks, 0, dtype=torch.int32)
+    return GroupedPairs(order, offsets, bcum - blocks, bcum, bm, triton.cdiv(p, bm) + min(n_experts, p))
+
+
+@triton.jit
+def _q4k_tiles(p0, p1, p2, rows, b, c, nb, j):
+    """Q4_K super-block b, 64-element chunk c: the (BN, 32) tiles of elements 64c + j (low nibbles,
+    sub-block 2c) and 64c + 32 + j (high, 2c + 1), fp32 as dequant.py computes them."""
+    q = tl.load(p2 + rows[:, None] * (nb * 128) + b * 128 + c * 32 + j[None, :]).to(tl.int32)
+    d = tl.load(p0 + rows * (nb * 2) + b * 2).to(tl.float32)
+    dmin = tl.load(p0 + rows * (nb * 2) + b * 2 + 1).to(tl.float32)
+    sb = p1 + rows * (nb * 12) + b * 12
+    lo = _q4k_sub(sb, 2 * c, d, dmin, q & 15)
+    hi = _q4k_sub(sb, 2 * c + 1, d, dmin, q >> 4)
+    return lo, hi
+
+
+@triton.jit
+def _q4k_sub(sb, s, d, dmin, q):
+    """Sub-block s's values d * scale * q - dmin * min: sub-blocks 0..3 keep their 6-bit scale and
+    min in bytes s and s + 4; 4..7 their low 4 bits in byte s + 4, the high 2 in the top bits of
+    bytes s - 4 (scale) and s (min)."""
+    low = s < 4
+    a = tl.load(sb + s).to(tl.int32)
+    bb = tl.load(sb + s + 4).to(tl.int32)
+    c = tl.load(sb + tl.where(low, s, s - 4)).to(tl.int32)
+    sc = tl.where(low, a & 63, (bb & 15) | ((c >> 6) << 4))
+    mn = tl.where(low, bb & 63, (bb >> 4) | ((a >> 6) << 4))
+    return q.to(tl.float32) * (d * sc.to(tl.float32))[:, None] - (dmin * mn.to(tl.float32))[:, None]
+
+
+@triton.jit
+def _q6k_tile(q4, qh, sc_ptr, d, rows, b, nb, g, r, j):
+    """Q6_K super-block b, half g, part r (q4 its 4 low bits): the (BN, 32) tile of elements 128g + 32r + j."""
+    q = (q4 | (((qh >> (2 * r)) & 3) << 4)) - 32
+    sc = tl.load(sc_ptr + rows[:, None] * (nb * 16) + b * 16 + g * 8 + 2 * r + j[None, :] // 16).to(tl.float32)
+    return (d[:, None] * sc) * q.to(tl.float32)
+
+
+@triton.jit
+def _bf16(v, EMU: tl.constexpr):
+    """v rounded to bf16 (to nearest even). EMU (Triton's interpreter, whose casts truncate and
+    whose bf16 dot is wrong): the same rounding by bit operations, kept in fp32."""
+    if EMU:
+        b = v.to(tl.int32, bitcast=True)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _mma(x, w, acc, EMU: tl.constexpr):
+    """acc + x @ w^T: bf16 tensor cores, or (EMU) exact fp32 products of the same bf16 values."""
+    if EMU:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
+def _xtile(x_ptr, xrow, col, m_ok, EMU: tl.constexpr):
+    """(BM, 32) x rows `xrow` (element offsets), columns `col`, in bf16 as the dequantize-all path rounded them."""
+    return _bf16(tl.load(x_ptr + xrow[:, None] + col[None, :], mask=m_ok[:, None], other=0.0), EMU)
+
+
+@triton.jit
+def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, bcum_ptr, y_ptr, sc_ptr,
+                        N, K, E, stride_xm, stride_ym, X_DIV, PART_ROWS, QT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, E_POW2: tl.constexpr, GATHER: tl.constexpr, SCATTER: tl.constexpr,
+                        PARTS: tl.constexpr, EMU: tl.constexpr):
+    blk = tl.program_id(0)
+    ev = tl.arange(0, E_POW2)
+    ends = tl.load(bcum_ptr + ev, mask=ev < E, other=0x7FFFFFFF)
+    e = tl.sum((ends <= blk).to(tl.int32))  # the expert whose blocks hold this one
+    if e >= E:
+        return  # past the last block of the routing
+    start = tl.load(off_ptr + e) + (blk - tl.load(bstart_ptr + e)) * BLOCK_M
+    end = tl.load(off_ptr + e + 1)
+    s = start + tl.arange(0, BLOCK_M)
+    m_ok = s < end
+    s = tl.minimum(s, end - 1)
+    if GATHER:
+        xrow = (tl.load(order_ptr + s) // X_DIV).to(tl.int32) * stride_xm
+    else:
+        xrow = s * stride_xm
+    local = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = local < N
+    rows = tl.minimum(local, N - 1)  # rows of expert e's matrix: each plane's pointer moved to its first row
+    first = e.to(tl.int64) * N  # (int64: 128 experts' planes may pass 2^31 bytes; offsets within one do not)
+    j = tl.arange(0, 32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if QT == 0:  # Q4_K (dm, scales, qs), a 64-element chunk an iteration
+        nb = K // 256
+        p0 += first * (nb * 2)
+        p1 += first * (nb * 12)
+        p2 += first * (nb * 128)
+        for u in range(nb * 4):
+            b = u // 4
+            c = u % 4
+            lo, hi = _q4k_tiles(p0, p1, p2, rows, b, c, nb, j)
+            acc = _mma(_xtile(x_ptr, xrow, b * 256 + c * 64 + j, m_ok, EMU), _bf16(lo, EMU), acc, EMU)
+            acc = _mma(_xtile(x_ptr, xrow, b * 256 + c * 64 + 32 + j, m_ok, EMU), _bf16(hi, EMU), acc, EMU)
+    elif QT == 1:  # Q6_K (ql, qh, sc, d): an iteration one 32-byte run of ql, parts r and r + 2
+        nb = K // 256
+        p0 += first * (nb * 128)
+        p1 += first * (nb * 64)
+        p2 += first * (nb * 16)
+        p3 += first * nb
+        for u in range(nb * 4):
+            b = u // 4
+            g = (u // 2) % 2
+            r = u % 2
+            d = tl.load(p3 + rows * nb + b).to(tl.float32)
+            ql = tl.load(p0 + rows[:, None] * (nb * 128) + b * 128 + g * 64 + r * 32 + j[None, :]).to(tl.int32)
+            qh = tl.load(p1 + rows[:, None] * (nb * 64) + b * 64 + g * 32 + j[None, :]).to(tl.int32)
+            col = b * 256 + g * 128 + r * 32 + j
+            w = _q6k_tile(ql & 15, qh, p2, d, rows, b, nb, g, r, j)
+            acc = _mma(_xtile(x_ptr, xrow, col, m_ok, EMU), _bf16(w, EMU), acc, EMU)
+            w = _q6k_tile(ql >> 4, qh, p2, d, rows, b, nb, g, r + 2, j)
+            acc = _mma(_xtile(x_ptr, xrow, col + 64, m_ok, EMU), _bf16(w, EMU), acc, EMU)
+    elif QT == 2:  # Q8_0: d, qs
+        nb = K // 32
+        p0 += first * nb
+        p1 += first * K
+        for b in range(nb):
+            q = tl.load(p1 + rows[:, None] * K + b * 32 + j[None, :]).to(tl.float32)
+            w = q * tl.load(p0 + rows * nb + b).to(tl.float32)[:, None]
+            acc = _mma(_xtile(x_ptr, xrow, b * 32 + j, m_ok, EMU), _bf16(w, EMU), acc, EMU)
+    else:  # NVFP4 raw blocks of 36 bytes: 4 UE4M3 scales, then per 16-element sub-block 8 code bytes
+        nb = K // 64
+        p0 += first * (nb * 36)
+        sub = j // 8  # code byte t = 8 * sub + i: element 16 * sub + i (low nibble), + 8 (high)
+        col = 16 * sub + j % 8
+        for b in range(nb):
+            base = p0 + rows[:, None] * (nb * 36) + b * 36
+            dd = tl.load(base + sub[None, :]).to(tl.int32)
+            ex, man = (dd >> 3) & 15, (dd & 7).to(tl.float32)
+            pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)
+            raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
+            scale = tl.where((dd == 0) | (dd == 0x7F), 0.0, raw * 0.5)
+            q = tl.load(base + 4 + j[None, :]).to(tl.int32)
+            acc = _mma(_xtile(x_ptr, xrow, b * 64 + col, m_ok, EMU), _bf16(_e2m1_doubled(q & 15) * scale, EMU), acc, EMU)
+            acc = _mma(_xtile(x_ptr, xrow, b * 64 + 8 + col, m_ok, EMU), _bf16(_e2m1_doubled(q >> 4) * scale, EMU), acc, EMU)
+    if PARTS > 0:  # the expert's scale of the part (gate / up) each output column lies in
+        acc = acc * tl.load(sc_ptr + e * PARTS + rows // PART_ROWS)[None, :]
+    if SCATTER:
+        yrow = tl.load(order_ptr + s).to(tl.int64)
+    else:
+        yrow = s.to(tl.int64)
+    tl.store(y_ptr + yrow[:, None] * stride_ym + local[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def moe_grouped_config(pairs_per_block: int, rows: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages)."""
+    return (64, 4, 2) if pairs_per_block <= 16 else (128, 4, 2)
+
+
+def moe_grouped(x: torch.Tensor, w: ExpertWeights, gp: GroupedPairs, x_div: int, out: torch.Tensor, gather: bool,
+                scatter: bool, scale: torch.Tensor | None = None, config=None) -> torch.Tensor:
+    """out[row] = x's bf16 row times the pair's expert's bf16 matrix (fp32 sums) for every pair:
+    x rows order[s] // x_div (gather) or s; out rows order[s] (scatter) or s, s the sorted position.
+    `scale` (n_experts, parts) fp32 as moe_mmvq's: each output column times its expert's part scale."""
+    if not moe_grouped_ok(w):
+        raise ValueError(f"moe_grouped: no grouped kernel for this expert weight ({w.kind}).")
+    if x.shape[1] != w.k or x.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError(f"moe_grouped: x {tuple(x.shape)} (K={w.k}) and out must be row-major.")
+    parts = 0 if scale is None else scale.shape[1]
+    sc = scale if scale is not None else out
+    block_n, warps, stages = tuple(config) if config is not None else moe_grouped_config(gp.block_m, w.rows)
+    grid = (gp.max_blocks, triton.cdiv(w.rows, block_n))
+    if w.raw is not None:
+        qt, planes = 3, [w.raw] * 4
+    else:
+        qt = _QT[w.planes.qtype]
+        names = {0: ("dm", "scales", "qs"), 1: ("ql", "qh", "sc", "d"), 2: ("d", "qs")}[qt]
+        planes = [w.planes.planes[n] for n in names]
+        planes += [planes[0]] * (4 - len(planes))
+    _moe_grouped_kernel[grid](x, *planes, gp.order, gp.offsets, gp.bstart, gp.bcum, out, sc, w.rows, w.k, w.n_experts,
+                              x.stride(0), out.stride(0), x_div, w.rows // max(parts, 1), QT=qt, BLOCK_M=gp.block_m,
+                              BLOCK_N=block_n, E_POW2=triton.next_power_of_2(w.n_experts), GATHER=gather,
+                              SCATTER=scatter, PARTS=parts, EMU=INTERPRETED, num_warps=warps, num_stages=stages)
+    return out
+
+
+def moe_grouped_reference(x: torch.Tensor, w: ExpertWeights, ids: torch.Tensor, x_div: int,
+                          scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Per pair in pair order: x row p // x_div in bf16 times expert ids[p]'s matrix dequantized to
+    bf16, in float64 -> float32 (P, rows); times `scale` as moe_grouped applies it."""
+    ids = ids.reshape(-1)
+    xs = x.bfloat16().double().repeat_interleave(x_div, dim=0) if x_div > 1 else x.bfloat16().double()
+    y = torch.bmm(expert_matrices(w, ids).bfloat16().double(), xs.unsqueeze(-1)).squeeze(-1)
+    if scale is not None:
+        parts = scale.shape[1]
+        y = (y.view(y.shape[0], parts, -1) * scale[ids.long()].double().view(-1, parts, 1)).view_as(y)
+    return y.float()
