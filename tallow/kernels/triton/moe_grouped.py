@@ -222,8 +222,9 @@ def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, b
 
 
 def moe_grouped_config(pairs_per_block: int, rows: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages)."""
-    return (64, 4, 2) if pairs_per_block <= 16 else (128, 4, 2)
+    """(BLOCK_N, num_warps, num_stages): 64 output rows a program (ptxas for sm_90a: the Q4_K tile of
+    128 rows spills at any warp count, 64 rows of a 64-pair block fits 8 warps without spills)."""
+    return (64, 8, 2) if pairs_per_block >= 64 else (64, 4, 2)
 
 
 def moe_grouped(x: torch.Tensor, w: ExpertWeights, gp: GroupedPairs, x_div: int, out: torch.Tensor, gather: bool,
