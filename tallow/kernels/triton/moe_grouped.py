@@ -74,38 +74,67 @@ def group_pairs(flat_ids: torch.Tensor, n_experts: int, block_m: int | None = No
 
 
 @triton.jit
-def _q4k_tiles(p0, p1, p2, rows, b, c, nb, j):
+def _bytes4(v0, v1, v2, v3):
+    """Four (BN, W) tiles, the values of byte k of W words -> (BN, 4W) in byte order (4w + k)."""
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (v0.shape[0], 4 * v0.shape[1]))
+
+
+@triton.jit
+def _q4k_tiles(p0, p1, p2, rows, b, c, nb, w):
     """Q4_K super-block b, 64-element chunk c: the (BN, 32) tiles of elements 64c + j (low nibbles,
-    sub-block 2c) and 64c + 32 + j (high, 2c + 1), fp32 as dequant.py computes them."""
-    q = tl.load(p2 + rows[:, None] * (nb * 128) + b * 128 + c * 32 + j[None, :]).to(tl.int32)
+    sub-block 2c) and 64c + 32 + j (high, 2c + 1), fp32 as dequant.py computes them. The 32 code
+    bytes a row are read as 8 words (w): a thread holds a few rows, not one byte of each."""
+    q = tl.load(p2 + rows[:, None] * (nb * 32) + b * 32 + c * 8 + w[None, :])  # int32 words
     d = tl.load(p0 + rows * (nb * 2) + b * 2).to(tl.float32)
     dmin = tl.load(p0 + rows * (nb * 2) + b * 2 + 1).to(tl.float32)
     sb = p1 + rows * (nb * 12) + b * 12
-    lo = _q4k_sub(sb, 2 * c, d, dmin, q & 15)
-    hi = _q4k_sub(sb, 2 * c + 1, d, dmin, q >> 4)
+    dl0, ml0 = _q4k_sub(sb, 2 * c, d, dmin)
+    dl1, ml1 = _q4k_sub(sb, 2 * c + 1, d, dmin)
+    lo = _bytes4(((q & 15).to(tl.float32) * dl0[:, None] - ml0[:, None]),
+                 (((q >> 8) & 15).to(tl.float32) * dl0[:, None] - ml0[:, None]),
+                 (((q >> 16) & 15).to(tl.float32) * dl0[:, None] - ml0[:, None]),
+                 (((q >> 24) & 15).to(tl.float32) * dl0[:, None] - ml0[:, None]))
+    hi = _bytes4((((q >> 4) & 15).to(tl.float32) * dl1[:, None] - ml1[:, None]),
+                 (((q >> 12) & 15).to(tl.float32) * dl1[:, None] - ml1[:, None]),
+                 (((q >> 20) & 15).to(tl.float32) * dl1[:, None] - ml1[:, None]),
+                 (((q >> 28) & 15).to(tl.float32) * dl1[:, None] - ml1[:, None]))
     return lo, hi
 
 
 @triton.jit
-def _q4k_sub(sb, s, d, dmin, q):
-    """Sub-block s's values d * scale * q - dmin * min: sub-blocks 0..3 keep their 6-bit scale and
-    min in bytes s and s + 4; 4..7 their low 4 bits in byte s + 4, the high 2 in the top bits of
-    bytes s - 4 (scale) and s (min)."""
+def _q4k_sub(sb, s, d, dmin):
+    """Sub-block s's (d * scale, dmin * min): sub-blocks 0..3 keep their 6-bit scale and min in
+    bytes s and s + 4; 4..7 their low 4 bits in byte s + 4, the high 2 in the top bits of bytes
+    s - 4 (scale) and s (min)."""
     low = s < 4
     a = tl.load(sb + s).to(tl.int32)
     bb = tl.load(sb + s + 4).to(tl.int32)
     c = tl.load(sb + tl.where(low, s, s - 4)).to(tl.int32)
     sc = tl.where(low, a & 63, (bb & 15) | ((c >> 6) << 4))
     mn = tl.where(low, bb & 63, (bb >> 4) | ((a >> 6) << 4))
-    return q.to(tl.float32) * (d * sc.to(tl.float32))[:, None] - (dmin * mn.to(tl.float32))[:, None]
+    return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
 
 
 @triton.jit
-def _q6k_tile(q4, qh, sc_ptr, d, rows, b, nb, g, r, j):
-    """Q6_K super-block b, half g, part r (q4 its 4 low bits): the (BN, 32) tile of elements 128g + 32r + j."""
-    q = (q4 | (((qh >> (2 * r)) & 3) << 4)) - 32
-    sc = tl.load(sc_ptr + rows[:, None] * (nb * 16) + b * 16 + g * 8 + 2 * r + j[None, :] // 16).to(tl.float32)
-    return (d[:, None] * sc) * q.to(tl.float32)
+def _q6k_tile(ql, qh, sc_ptr, d, rows, b, nb, g, r, w, HIGH: tl.constexpr):
+    """Q6_K super-block b, half g, part r (+ 2 if HIGH: the code bytes' high nibbles): the
+    (BN, 32) tile of elements 128g + 32r + j, from the (BN, 8) words of the 32-byte ql and qh runs."""
+    sc = tl.load(sc_ptr + rows[:, None] * (nb * 16) + b * 16 + g * 8 + 2 * r + 4 * HIGH + w[None, :] // 4).to(tl.float32)
+    dl = d[:, None] * sc
+    sh: tl.constexpr = 4 * HIGH
+    v0 = ((((ql >> sh) & 15) | (((qh >> (2 * r + sh)) & 3) << 4)) - 32).to(tl.float32) * dl
+    v1 = ((((ql >> (8 + sh)) & 15) | (((qh >> (8 + 2 * r + sh)) & 3) << 4)) - 32).to(tl.float32) * dl
+    v2 = ((((ql >> (16 + sh)) & 15) | (((qh >> (16 + 2 * r + sh)) & 3) << 4)) - 32).to(tl.float32) * dl
+    v3 = ((((ql >> (24 + sh)) & 15) | (((qh >> (24 + 2 * r + sh)) & 3) << 4)) - 32).to(tl.float32) * dl
+    return _bytes4(v0, v1, v2, v3)
+
+
+@triton.jit
+def _nvfp4_tile(q, scale, SH: tl.constexpr):
+    """The (BN, 32) tile of an NVFP4 block's nibbles at bit SH of each code byte (0: low, 4: high),
+    in code-byte order, from its (BN, 8) code words and their sub-blocks' scales."""
+    return _bytes4(_e2m1_doubled((q >> SH) & 15) * scale, _e2m1_doubled((q >> (8 + SH)) & 15) * scale,
+                   _e2m1_doubled((q >> (16 + SH)) & 15) * scale, _e2m1_doubled((q >> (24 + SH)) & 15) * scale)
 
 
 @triton.jit
@@ -164,54 +193,58 @@ def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, b
         nb = K // 256
         p0 += first * (nb * 2)
         p1 += first * (nb * 12)
-        p2 += first * (nb * 128)
+        p2 += first * (nb * 32)  # qs as int32 words
+        w = tl.arange(0, 8)
         for u in range(nb * 4):
             b = u // 4
             c = u % 4
-            lo, hi = _q4k_tiles(p0, p1, p2, rows, b, c, nb, j)
+            lo, hi = _q4k_tiles(p0, p1, p2, rows, b, c, nb, w)
             acc = _mma(_xtile(x_ptr, xrow, b * 256 + c * 64 + j, m_ok, EMU), _bf16(lo, EMU), acc, EMU)
             acc = _mma(_xtile(x_ptr, xrow, b * 256 + c * 64 + 32 + j, m_ok, EMU), _bf16(hi, EMU), acc, EMU)
-    elif QT == 1:  # Q6_K (ql, qh, sc, d): an iteration one 32-byte run of ql, parts r and r + 2
+    elif QT == 1:  # Q6_K (ql, qh as words, sc, d): an iteration one 32-byte run of ql, parts r and r + 2
         nb = K // 256
-        p0 += first * (nb * 128)
-        p1 += first * (nb * 64)
+        p0 += first * (nb * 32)
+        p1 += first * (nb * 16)
         p2 += first * (nb * 16)
         p3 += first * nb
+        w = tl.arange(0, 8)
         for u in range(nb * 4):
             b = u // 4
             g = (u // 2) % 2
             r = u % 2
             d = tl.load(p3 + rows * nb + b).to(tl.float32)
-            ql = tl.load(p0 + rows[:, None] * (nb * 128) + b * 128 + g * 64 + r * 32 + j[None, :]).to(tl.int32)
-            qh = tl.load(p1 + rows[:, None] * (nb * 64) + b * 64 + g * 32 + j[None, :]).to(tl.int32)
+            ql = tl.load(p0 + rows[:, None] * (nb * 32) + b * 32 + g * 16 + r * 8 + w[None, :])
+            qh = tl.load(p1 + rows[:, None] * (nb * 16) + b * 16 + g * 8 + w[None, :])
             col = b * 256 + g * 128 + r * 32 + j
-            w = _q6k_tile(ql & 15, qh, p2, d, rows, b, nb, g, r, j)
-            acc = _mma(_xtile(x_ptr, xrow, col, m_ok, EMU), _bf16(w, EMU), acc, EMU)
-            w = _q6k_tile(ql >> 4, qh, p2, d, rows, b, nb, g, r + 2, j)
-            acc = _mma(_xtile(x_ptr, xrow, col + 64, m_ok, EMU), _bf16(w, EMU), acc, EMU)
-    elif QT == 2:  # Q8_0: d, qs
+            acc = _mma(_xtile(x_ptr, xrow, col, m_ok, EMU), _bf16(_q6k_tile(ql, qh, p2, d, rows, b, nb, g, r, w, 0), EMU), acc, EMU)
+            acc = _mma(_xtile(x_ptr, xrow, col + 64, m_ok, EMU), _bf16(_q6k_tile(ql, qh, p2, d, rows, b, nb, g, r, w, 1), EMU), acc, EMU)
+    elif QT == 2:  # Q8_0 (d, qs as words)
         nb = K // 32
         p0 += first * nb
-        p1 += first * K
+        p1 += first * (K // 4)
+        w = tl.arange(0, 8)
         for b in range(nb):
-            q = tl.load(p1 + rows[:, None] * K + b * 32 + j[None, :]).to(tl.float32)
-            w = q * tl.load(p0 + rows * nb + b).to(tl.float32)[:, None]
-            acc = _mma(_xtile(x_ptr, xrow, b * 32 + j, m_ok, EMU), _bf16(w, EMU), acc, EMU)
-    else:  # NVFP4 raw blocks of 36 bytes: 4 UE4M3 scales, then per 16-element sub-block 8 code bytes
+            q = tl.load(p1 + rows[:, None] * (K // 4) + b * 8 + w[None, :])
+            dd = tl.load(p0 + rows * nb + b).to(tl.float32)[:, None]
+            tile = _bytes4(((q << 24) >> 24).to(tl.float32) * dd, ((q << 16) >> 24).to(tl.float32) * dd,
+                           ((q << 8) >> 24).to(tl.float32) * dd, (q >> 24).to(tl.float32) * dd)
+            acc = _mma(_xtile(x_ptr, xrow, b * 32 + j, m_ok, EMU), _bf16(tile, EMU), acc, EMU)
+    else:  # NVFP4 raw blocks as 9 words: the 4 UE4M3 scale bytes, then 8 code words (code byte t:
+        # element 16 * (t // 8) + t % 8 at its low nibble, + 8 at its high one)
         nb = K // 64
-        p0 += first * (nb * 36)
-        sub = j // 8  # code byte t = 8 * sub + i: element 16 * sub + i (low nibble), + 8 (high)
-        col = 16 * sub + j % 8
+        p0 += first * (nb * 9)
+        w = tl.arange(0, 8)
+        col = 16 * (j // 8) + j % 8
         for b in range(nb):
-            base = p0 + rows[:, None] * (nb * 36) + b * 36
-            dd = tl.load(base + sub[None, :]).to(tl.int32)
+            base = p0 + rows * (nb * 9) + b * 9
+            dd = (tl.load(base)[:, None] >> (8 * (w[None, :] // 2))) & 255  # each code word's sub-block scale
             ex, man = (dd >> 3) & 15, (dd & 7).to(tl.float32)
             pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)
             raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
             scale = tl.where((dd == 0) | (dd == 0x7F), 0.0, raw * 0.5)
-            q = tl.load(base + 4 + j[None, :]).to(tl.int32)
-            acc = _mma(_xtile(x_ptr, xrow, b * 64 + col, m_ok, EMU), _bf16(_e2m1_doubled(q & 15) * scale, EMU), acc, EMU)
-            acc = _mma(_xtile(x_ptr, xrow, b * 64 + 8 + col, m_ok, EMU), _bf16(_e2m1_doubled(q >> 4) * scale, EMU), acc, EMU)
+            q = tl.load(base[:, None] + 1 + w[None, :])
+            acc = _mma(_xtile(x_ptr, xrow, b * 64 + col, m_ok, EMU), _bf16(_nvfp4_tile(q, scale, 0), EMU), acc, EMU)
+            acc = _mma(_xtile(x_ptr, xrow, b * 64 + 8 + col, m_ok, EMU), _bf16(_nvfp4_tile(q, scale, 4), EMU), acc, EMU)
     if PARTS > 0:  # the expert's scale of the part (gate / up) each output column lies in
         acc = acc * tl.load(sc_ptr + e * PARTS + rows // PART_ROWS)[None, :]
     if SCATTER:
@@ -222,8 +255,8 @@ def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, b
 
 
 def moe_grouped_config(pairs_per_block: int, rows: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages): 64 output rows a program (ptxas for sm_90a: the Q4_K tile of
-    128 rows spills at any warp count, 64 rows of a 64-pair block fits 8 warps without spills)."""
+    """(BLOCK_N, num_warps, num_stages): 64 output rows a program, 8 warps for 64-pair blocks (ptxas -v
+    for sm_90a, every type: 96-191 registers, no spills; 128 rows spill)."""
     return (64, 8, 2) if pairs_per_block >= 64 else (64, 4, 2)
 
 
@@ -241,11 +274,13 @@ def moe_grouped(x: torch.Tensor, w: ExpertWeights, gp: GroupedPairs, x_div: int,
     block_n, warps, stages = tuple(config) if config is not None else moe_grouped_config(gp.block_m, w.rows)
     grid = (gp.max_blocks, triton.cdiv(w.rows, block_n))
     if w.raw is not None:
-        qt, planes = 3, [w.raw] * 4
+        qt, planes = 3, [w.raw.view(torch.int32)] * 4  # rows of 36-byte blocks: whole words
     else:
         qt = _QT[w.planes.qtype]
         names = {0: ("dm", "scales", "qs"), 1: ("ql", "qh", "sc", "d"), 2: ("d", "qs")}[qt]
         planes = [w.planes.planes[n] for n in names]
+        words = {0: (2,), 1: (0, 1), 2: (1,)}[qt]  # the code planes, read as int32 words
+        planes = [t.view(torch.int32) if i in words else t for i, t in enumerate(planes)]
         planes += [planes[0]] * (4 - len(planes))
     _moe_grouped_kernel[grid](x, *planes, gp.order, gp.offsets, gp.bstart, gp.bcum, out, sc, w.rows, w.k, w.n_experts,
                               x.stride(0), out.stride(0), x_div, w.rows // max(parts, 1), QT=qt, BLOCK_M=gp.block_m,
