@@ -46,7 +46,7 @@ from ..triton.dequant import dequantize_to
 from ..cpu import moe as cpu_moe
 from ..triton.mmvq import quantize_q8_1
 from ..triton.moe_gemv import ExpertWeights, fp4_dequantize_to, moe_gemv, moe_gemv_reference
-from ..triton.moe_grouped import group_pairs, moe_grouped, moe_grouped_ok
+from ..triton.moe_grouped import group_pairs, grouped_block_m, moe_grouped, moe_grouped_ok
 from ..triton.moe_mmvq import moe_mmvq, moe_mmvq_ok
 from ..triton.moe_route import moe_route
 from ..triton.planes import QTYPES, pack_planes
@@ -237,25 +237,34 @@ class GPUExpertBank:
                 and switches.enabled("TALLOW_MOE_GROUPED_PREFILL"))
 
     def _grouped_fused(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> tuple[torch.Tensor, bool]:
-        """The grouped prefill through moe_grouped: gate/up rows in expert order (x gathered by
-        token), the GLU on them, down's rows written back in pair order. Returns (pairs' outputs in
-        pair order, whether the per-expert output scale is applied)."""
+        """The grouped prefill through moe_grouped: x gathered in expert order and rounded to bf16
+        (one launch), gate/up rows in that order, the GLU on them, down's rows written back in pair
+        order. Returns (pairs' outputs in pair order, whether the per-expert output scale is applied)."""
         n, k = ids.shape
         flat = ids.reshape(-1)
-        gp = group_pairs(flat, self.n_experts)
+        plans: dict[int, object] = {}  # pairs a block -> the block table (the sort is the same for every size)
+
+        def plan(w):
+            bm = grouped_block_m(w, n * k, self.n_experts)
+            if bm not in plans:
+                plans[bm] = group_pairs(flat, self.n_experts, bm)
+            return plans[bm]
+
+        gp = plan(self.gate_up[0])
+        xs = h.index_select(0, gp.order // k).bfloat16()
         fold = switches.enabled("TALLOW_MOE_SCALE_FOLD")
         gu = torch.empty((n * k, self.width2), dtype=torch.float32, device=h.device)
         col = 0
         for i, w in enumerate(self.gate_up):
             scale = self._gate_up_scales[i] if fold and self._gate_up_scales is not None else None
-            moe_grouped(h, w, gp, k, gu[:, col : col + w.rows], gather=True, scatter=False, scale=scale)
+            moe_grouped(xs, w, plan(w), 1, gu[:, col : col + w.rows], gather=False, scatter=False, scale=scale)
             col += w.rows
         a = glu(gu if fold else self._scale_gate_up(gu, flat[gp.order]))
         if isinstance(a, LazyInput):
             a = a.materialize()
         y = torch.empty((n * k, self.dim), dtype=torch.float32, device=h.device)
         out_scale = self._out_scale if fold else None
-        moe_grouped(a.contiguous(), self.down, gp, 1, y, gather=False, scatter=True, scale=out_scale)
+        moe_grouped(a.bfloat16(), self.down, plan(self.down), 1, y, gather=False, scatter=True, scale=out_scale)
         return y, out_scale is not None
 
     def _grouped(self, h: torch.Tensor, ids: torch.Tensor, glu: Callable) -> torch.Tensor:

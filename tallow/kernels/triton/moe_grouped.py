@@ -15,9 +15,10 @@ a bound known on the host without reading the routing, so nothing waits for the 
 prefill chunk stays one CUDA graph; blocks past the last expert's end return at once. A program
 finds its expert by counting the experts whose blocks end at or before it (one vector load).
 
-x rows: GATHER (gate/up) reads token order[s] // X_DIV for sorted position s; otherwise row s
-(down's input, the GLU of the sorted gate/up rows). Output rows: SCATTER writes pair order[s]
-(down: back in pair order for the weighted sum), otherwise row s.
+x rows: GATHER reads row order[s] // X_DIV for sorted position s; otherwise row s (the bank passes
+x gathered in expert order and rounded to bf16 already -- one launch -- so the tiles are plain
+loads into the tensor cores). Output rows: SCATTER writes pair order[s] (down: back in pair order
+for the weighted sum), otherwise row s.
 Switch: TALLOW_MOE_GROUPED_PREFILL=0 (kernels/gpu/moe.py) takes the dequantize-all path.
 """
 
@@ -53,16 +54,17 @@ class GroupedPairs:
     max_blocks: int
 
 
-def grouped_block_m(pairs: int, n_experts: int) -> int:
-    """Rows of a block: about the pairs an expert gets on average (tl.dot wants 16 at least)."""
-    avg = pairs / max(n_experts, 1)
-    return 16 if avg <= 16 else (32 if avg <= 40 else 64)
+def grouped_block_m(w: ExpertWeights, pairs: int, n_experts: int) -> int:
+    """Pairs a block (tl.dot wants 16 at least): 16 for the plane types, and for NVFP4 up to 16 pairs
+    an expert on average, else 32 (the H200 sweep of scripts/gpu_moe_grouped.py, docs/performance.md
+    session 17: 16-pair blocks of 2 warps fastest for the K-quants and Q8_0 at 33 and 512 tokens)."""
+    return 16 if w.raw is None or pairs <= 16 * n_experts else 32
 
 
 def group_pairs(flat_ids: torch.Tensor, n_experts: int, block_m: int | None = None) -> GroupedPairs:
     """The sort and the block table of the (pairs,) expert ids, by device ops only (no host sync)."""
     p = flat_ids.numel()
-    bm = block_m or grouped_block_m(p, n_experts)
+    bm = block_m or 16
     order = torch.argsort(flat_ids, stable=True)
     # (torch.bincount reads its input's max on the host: a sync a prefill graph cannot capture)
     counts = torch.zeros(n_experts, dtype=torch.int32, device=flat_ids.device).index_add_(
@@ -159,8 +161,10 @@ def _mma(x, w, acc, EMU: tl.constexpr):
 
 @triton.jit
 def _xtile(x_ptr, xrow, col, m_ok, EMU: tl.constexpr):
-    """(BM, 32) x rows `xrow` (element offsets), columns `col`, in bf16 as the dequantize-all path rounded them."""
-    return _bf16(tl.load(x_ptr + xrow[:, None] + col[None, :], mask=m_ok[:, None], other=0.0), EMU)
+    """(BM, 32) x rows `xrow` (element offsets), columns `col`, in bf16 as the dequantize-all path rounded
+    them (x bf16 already, as the bank passes it: the load feeds the tensor cores as it is)."""
+    v = tl.load(x_ptr + xrow[:, None] + col[None, :], mask=m_ok[:, None], other=0.0)
+    return _bf16(v.to(tl.float32), EMU) if EMU else v.to(tl.bfloat16)
 
 
 @triton.jit
@@ -254,10 +258,10 @@ def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, b
     tl.store(y_ptr + yrow[:, None] * stride_ym + local[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
-def moe_grouped_config(pairs_per_block: int, rows: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages): 64 output rows a program, 8 warps for 64-pair blocks (ptxas -v
-    for sm_90a, every type: 96-191 registers, no spills; 128 rows spill)."""
-    return (64, 8, 2) if pairs_per_block >= 64 else (64, 4, 2)
+def moe_grouped_config(pairs_per_block: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages): 64 output rows a program, a warp per 8 pairs of the block
+    (ptxas -v for sm_90a, every type: no spills; 128 rows spill; the H200 sweep's best, session 17)."""
+    return 64, max(2, pairs_per_block // 8), 2
 
 
 def moe_grouped(x: torch.Tensor, w: ExpertWeights, gp: GroupedPairs, x_div: int, out: torch.Tensor, gather: bool,
@@ -271,7 +275,7 @@ def moe_grouped(x: torch.Tensor, w: ExpertWeights, gp: GroupedPairs, x_div: int,
         raise ValueError(f"moe_grouped: x {tuple(x.shape)} (K={w.k}) and out must be row-major.")
     parts = 0 if scale is None else scale.shape[1]
     sc = scale if scale is not None else out
-    block_n, warps, stages = tuple(config) if config is not None else moe_grouped_config(gp.block_m, w.rows)
+    block_n, warps, stages = tuple(config) if config is not None else moe_grouped_config(gp.block_m)
     grid = (gp.max_blocks, triton.cdiv(w.rows, block_n))
     if w.raw is not None:
         qt, planes = 3, [w.raw.view(torch.int32)] * 4  # rows of 36-byte blocks: whole words
