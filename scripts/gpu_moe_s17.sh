@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
         echo "twin $name rc $? in $((SECONDS - t)) s" ) > $OUT/twin_$name.log 2>&1 &
       WRITERS+=($!) ;;
     wait-twins) for p in "${WRITERS[@]}"; do wait $p; done; WRITERS=(); cat $OUT/twin_*.log | tail -4 | tee -a $OUT/steps.log ;;
-    grouped) say "grouped"; timeout ${GROUPED_S:-150} python3 scripts/gpu_moe_grouped.py ${GROUPED_ARGS:---sweep} 2>&1 | grep -v Warning | tee $OUT/grouped.txt | tail -30 ;;
+    grouped) say "grouped"; timeout ${GROUPED_S:-150} python3 scripts/gpu_moe_grouped.py ${GROUPED_ARGS---sweep} 2>&1 | grep -v Warning | tee $OUT/grouped.txt | tail -30 ;;
     check) say "check"; timeout 100 python3 scripts/gpu_moe_check.py --device cuda --quick 2>&1 | tail -14 | tee $OUT/moe_check.txt ;;
     ab) name=$1; shift; say "ab $name"; state
       timeout 300 python3 scripts/gpu_ab.py --work $TW --twins $name --tests "-p 33,512 -n 128 -r 3" base TALLOW_MOE_GROUPED_PREFILL=0 2>&1 | tee -a $OUT/ab.txt; state ;;
