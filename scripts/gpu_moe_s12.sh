@@ -23,38 +23,17 @@
 #   profile NAME     scripts/gpu_profile.py --prefill 33 --decode 8 --sequence ($ENV_T applied)
 #   rm NAME          delete a twin (RAM)
 # Everything is tee'd into $OUT (steps.log and one file per step).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-TW=/dev/shm/twins; mkdir -p $TW
-LLAMA=/root/llama/bin/llama-bench
-[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-T0=$SECONDS
-say() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0)) s] $*" | tee -a $OUT/steps.log; }
-state() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv,noheader | tee -a $OUT/state.txt; }
-llama_json() {  # model, tests...
-  local m=$1; shift
-  $LLAMA -m $m -ngl 99 -fa 1 "$@" -o jsonl 2> $OUT/llama_err.txt | tee -a $OUT/llama_samples.jsonl | python3 scripts/llama_samples.py
-  local rc=$?; [ -s $OUT/llama_err.txt ] && grep -i "error\|unsupported\|fail\|nvfp4\|fallback" $OUT/llama_err.txt | head -5; return $rc
-}
-WRITERS=()
+. "$(dirname "$0")/gpu_moe_lib.sh" || exit 1
 set -- "$@"
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     setup) say "setup"
-      if [ ! -x $LLAMA ]; then mkdir -p /root/llama/bin && cat .llbin/llama-bench.xz.* | xz -dc > $LLAMA && chmod +x $LLAMA; fi
-      $LLAMA --version 2>&1 | tail -2 | tee -a $OUT/steps.log
-      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $OUT/steps.log; state
+      setup_llama
       python3 scripts/gpu_copy_bandwidth.py 2>&1 | tee -a $OUT/steps.log
       ;;
-    bg-twin) name=$1; shift; say "twin $name (background)"
-      ( t=$SECONDS; [ -s $TW/$name.gguf ] || { python3 scripts/make_moe_twin.py $name $TW/$name.gguf.tmp && mv $TW/$name.gguf.tmp $TW/$name.gguf; }
-        echo "twin $name rc $? in $((SECONDS - t)) s" ) > $OUT/twin_$name.log 2>&1 &
-      WRITERS+=($!) ;;
-    wait-twins) for p in "${WRITERS[@]}"; do wait $p; done; WRITERS=(); cat $OUT/twin_*.log | tail -4 | tee -a $OUT/steps.log; ls -la $TW ;;
+    bg-twin) name=$1; shift; say "twin $name (background)"; bg_twin $name ;;
+    wait-twins) wait_twins; ls -la $TW ;;
     kernels) say "kernels"; timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep 2>&1 | grep -v Warning | tee $OUT/kernels.txt | tail -16 ;;
     kernels-nv) say "kernels-nv: NVFP4 swept, the K-quant defaults"
       timeout ${KERNELS_S:-200} python3 scripts/gpu_moe_mmvq.py --sweep --only NVFP4 2>&1 | grep -v Warning | tee $OUT/kernels_nv.txt | tail -8
