@@ -8,6 +8,9 @@ context (llama-bench's -d), and the memory the engine holds there, part by part:
   state     the recurrent layers' live state plus the checkpoints held right then (allocated)
   scratch   the plan's prefill scratch at that context
   measured  the process's resident size (CPU) or the allocated GPU memory, right after the test
+Each depth loads the model with a pool sized for D + N tokens, as llama-bench sizes its context per test
+(n_prompt + n_gen + depth), so the pool's size is the depth's, as in the memory column; --one-pool loads
+once for the largest depth instead (a server's fixed pool).
 The depth's tokens are prefilled once, untimed; every repetition rewinds the memory to them
 (a truncation, or for a recurrent state the checkpoint kept there) and runs the test again.
 Each test runs once to warm up and then `-r` times; the table gives the mean.
@@ -169,13 +172,24 @@ def study_model(path: Path, depths: list[int], pp: int, tg: int, reps: int, args
     from .registry import display_name
 
     n = max(pp, tg)
-    llm = load(str(path), ctx=max(16, max(depths) + n), mem_budget=getattr(args, "mem_budget", None),
-               reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
-               kv_dtype=getattr(args, "kv_dtype", None), progress=False)
+
+    def loaded(ctx: int):
+        return load(str(path), ctx=max(16, ctx), mem_budget=getattr(args, "mem_budget", None),
+                    reserve=getattr(args, "reserve", None), device=getattr(args, "device", None),
+                    kv_dtype=getattr(args, "kv_dtype", None), progress=False)
+
+    # As llama-bench sizes its context per test (n_prompt + n_gen + depth), each depth gets a pool sized
+    # for it, which is also what the memory column accounts; --one-pool loads once for the largest depth.
+    one_pool = getattr(args, "one_pool", False)
+    llm = loaded(max(depths) + n) if one_pool else None
     g = torch.Generator().manual_seed(0)
-    vocab = llm.spec.vocab_size
     rows = []
     for depth in depths:
+        if not one_pool:
+            llm = None  # the previous depth's model and pool go before the next load
+            _free_memory()
+            llm = loaded(depth + n)
+        vocab = llm.spec.vocab_size
         context = torch.randint(0, vocab, (depth,), generator=g).tolist()
         prompt = torch.randint(0, vocab, (pp,), generator=g).tolist()
         first = int(torch.randint(0, vocab, (1,), generator=g))
@@ -195,10 +209,15 @@ def study_model(path: Path, depths: list[int], pp: int, tg: int, reps: int, args
         print(f"  {row['model']} d{depth}: pp{pp} {row[f'pp{pp}']:.1f} tok/s, tg{tg} {row[f'tg{tg}']:.1f} tok/s, "
               f"{mem['total'] / MIB:.0f} MiB in the account, {mem['measured'] / MIB:.0f} MiB measured", file=sys.stderr)
     del llm  # the next model's measured figure must not include this one's memory
+    _free_memory()
+    return rows
+
+
+def _free_memory() -> None:
+    """Give back what dropped models held (the next load's measured figure must not include it)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return rows
 
 
 # ------------------------------------------------------------------------------ output

@@ -447,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-bench", default=None, metavar="PATH", help="with --depths: run this llama-bench on the same files, its figures beside")
     p.add_argument("--llama-args", default=None, metavar="ARGS", help="extra llama-bench arguments, e.g. '-ngl 99'")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="with --depths: tok/s and MiB against depth, one line per model (needs matplotlib)")
+    p.add_argument("--one-pool", action="store_true", help="with --depths: load each model once, its pool sized for the "
+                   "largest depth (default: a pool sized for each depth, as llama-bench sizes its context per test)")
     p.add_argument("--json", action="store_true")
     _add_memory_args(p)
     _add_device_arg(p)

@@ -54,6 +54,15 @@ def test_json_rows_and_memory_per_depth(tiny, capsys):
     assert by[("llama", 48)]["memory"]["state"] == 0
 
 
+def test_a_pool_per_depth_as_llama_bench_sizes_its_context(tiny, capsys):
+    """Each depth runs on a pool sized for depth + the test's tokens (llama-bench's n_ctx per test), as the memory
+    column accounts; --one-pool loads once, for the largest depth."""
+    for flags, want in (((), {0: 16, 48: 56}), (("--one-pool",), {0: 56, 48: 56})):
+        code, out, err = _run(capsys, "--depths", "0,48", "-p", "8", "-n", "2", "-r", "1", "--json", *flags, tiny["llama"])
+        assert code == 0, err
+        assert {r["depth"]: r["ctx_loaded"] for r in json.loads(out)} == want, flags
+
+
 def test_table_and_fake_llama_bench(tiny, capsys, tmp_path):
     """llama-bench's steady speed (repetitions after the first) beside tallow's, per depth."""
     fake = tmp_path / "llama-bench"
