@@ -264,29 +264,21 @@ class DecodeLayers:
         qwen3), gemma3's or dense Gemma 4's, unchanged; all products in the C kernel; else None. Under
         TALLOW_NUMERICS=ggml only where it computes in ggml's arithmetic (the llama block and gemma3's), and
         then always in it: its decode step is that path's composed step bit for bit, in one call."""
+        from ...models.falcon_h1 import FalconH1Model
+        from ...models.gemma3 import Gemma3Model
+        from ...models.llama import LlamaModel
         from ...numerics import ggml_enabled
 
         if model.place.on_gpu or not ggml_dot.usable() or not usable():
             return None
-        layers = cls._for_blocks(model)
-        if layers is not None and ggml_enabled():
-            layers.numerics_ggml = True
-            return layers if layers.ggml_capable else None
-        return layers
-
-    @classmethod
-    def _for_blocks(cls, model) -> "DecodeLayers | None":
-        from ...models.falcon_h1 import FalconH1Model
-        from ...models.gemma3 import Gemma3Model
-        from ...models.llama import LlamaModel
-
         kind = type(model)
         llama = kind.block is LlamaModel.block and kind.mlp is LlamaModel.mlp
         gemma3 = kind.block is Gemma3Model.block
         gemma4 = _is_gemma4(model)
         falcon = kind.block is FalconH1Model.block and kind.mixer is FalconH1Model.mixer
-        if not (llama or gemma3 or gemma4 or falcon):
-            return None
+        ggml = ggml_enabled()
+        if not (llama or gemma3 or gemma4 or falcon) or (ggml and not (llama or gemma3)):
+            return None  # (under TALLOW_NUMERICS=ggml: only the blocks the C step computes in ggml's arithmetic)
         if falcon:
             return cls._for_falcon(model)
         spec = model.spec
@@ -322,7 +314,9 @@ class DecodeLayers:
             linears.append(tuple(parts))
         if (gemma3 or gemma4) and any(p[3].in_features % 64 for p in linears):  # torch's fp16 GELU takes a scalar tail there
             return None
-        return cls(model, linears, geglu=gemma3 or gemma4)
+        layers = cls(model, linears, geglu=gemma3 or gemma4)
+        layers.numerics_ggml = ggml
+        return layers
 
     @classmethod
     def _for_falcon(cls, model) -> "DecodeLayers | None":

@@ -33,6 +33,16 @@ def _e2m1_doubled(c):
 
 
 @triton.jit
+def _ue4m3_half(d):
+    """NVFP4's UE4M3 scale bytes (int32) -> their float32 values halved (the codes' values are doubled);
+    0 and 0x7F mean 0."""
+    ex, man = (d >> 3) & 15, (d & 7).to(tl.float32)
+    pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)  # 2^(ex - 7)
+    raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
+    return tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)
+
+
+@triton.jit
 def _fp4_row_dot(x_row, w_ptr, rows, K, NV: tl.constexpr, BLOCK_N: tl.constexpr):
     """sum_k W[rows, k] * x_row[k] (BLOCK_N,) fp32 for the FP4 rows `rows` (int64) of the weight
     at w_ptr (array of blocks, rows of K values). Shared with the routed-expert GEMV (moe_gemv.py)."""
@@ -43,11 +53,7 @@ def _fp4_row_dot(x_row, w_ptr, rows, K, NV: tl.constexpr, BLOCK_N: tl.constexpr)
         j = tl.arange(0, 8)
         for b in range(nb):
             base = w_ptr + rows * (nb * 36) + b * 36
-            d = tl.load(base[:, None] + s[None, :]).to(tl.int32)  # (BN, 4)
-            ex, man = (d >> 3) & 15, (d & 7).to(tl.float32)
-            pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)  # 2^(ex - 7)
-            raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
-            scale = tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)
+            scale = _ue4m3_half(tl.load(base[:, None] + s[None, :]).to(tl.int32))  # (BN, 4)
             q = tl.load(base[:, None, None] + 4 + s[None, :, None] * 8 + j[None, None, :]).to(tl.int32)  # (BN, 4, 8)
             k0 = b * 64 + s[:, None] * 16 + j[None, :]  # (4, 8): the low nibbles' positions
             x_lo = tl.load(x_row + k0).to(tl.float32)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp4_gemv import NVFP4, _LAYOUT as _FP4_LAYOUT, _e2m1_doubled, _fp4_row_dot
+from .fp4_gemv import NVFP4, _LAYOUT as _FP4_LAYOUT, _e2m1_doubled, _fp4_row_dot, _ue4m3_half
 from .planes import PlaneWeight, dequantize_planes
 from .quant_gemv import _LAYOUT, _PLANES, _q4_k_tiles, _q4_x_tiles, _q6_k_tiles, _q8_0_tiles, gemv_config
 
@@ -185,11 +185,7 @@ def _fp4_dequant_kernel(w_ptr, out_ptr, N, K, NV: tl.constexpr, BLOCK_N: tl.cons
         s = tl.arange(0, 4)
         j = tl.arange(0, 8)
         base = w_ptr + rows * (nb * 36) + b * 36
-        d = tl.load(base[:, None] + s[None, :]).to(tl.int32)
-        ex, man = (d >> 3) & 15, (d & 7).to(tl.float32)
-        pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)
-        raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
-        scale = tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)[:, :, None]
+        scale = _ue4m3_half(tl.load(base[:, None] + s[None, :]).to(tl.int32))[:, :, None]
         q = tl.load(base[:, None, None] + 4 + s[None, :, None] * 8 + j[None, None, :]).to(tl.int32)
         o = out_ptr + rows[:, None, None] * K + b * 64 + s[None, :, None] * 16 + j[None, None, :]
         m = row_ok[:, None, None]

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import INTERPRETED
-from .fp4_gemv import NVFP4, _e2m1_doubled
+from .fp4_gemv import NVFP4, _e2m1_doubled, _ue4m3_half
 from .moe_gemv import ExpertWeights, expert_matrices
 
 __all__ = ["GroupedPairs", "group_pairs", "moe_grouped", "moe_grouped_ok", "moe_grouped_reference", "grouped_block_m"]
@@ -241,11 +241,7 @@ def _moe_grouped_kernel(x_ptr, p0, p1, p2, p3, order_ptr, off_ptr, bstart_ptr, b
         col = 16 * (j // 8) + j % 8
         for b in range(nb):
             base = p0 + rows * (nb * 9) + b * 9
-            dd = (tl.load(base)[:, None] >> (8 * (w[None, :] // 2))) & 255  # each code word's sub-block scale
-            ex, man = (dd >> 3) & 15, (dd & 7).to(tl.float32)
-            pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)
-            raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
-            scale = tl.where((dd == 0) | (dd == 0x7F), 0.0, raw * 0.5)
+            scale = _ue4m3_half((tl.load(base)[:, None] >> (8 * (w[None, :] // 2))) & 255)  # each code word's sub-block scale
             q = tl.load(base[:, None] + 1 + w[None, :])
             acc = _mma(_xtile(x_ptr, xrow, b * 64 + col, m_ok, EMU), _bf16(_nvfp4_tile(q, scale, 0), EMU), acc, EMU)
             acc = _mma(_xtile(x_ptr, xrow, b * 64 + 8 + col, m_ok, EMU), _bf16(_nvfp4_tile(q, scale, 4), EMU), acc, EMU)

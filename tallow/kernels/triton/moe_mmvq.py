@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import INTERPRETED, pdl
-from .fp4_gemv import NVFP4
+from .fp4_gemv import NVFP4, _ue4m3_half
 from .mmvq import (MMVQ_TYPES, Q8Act, _BLOCK, _G_PER, _PLANES, _WORDS, _dp4a, _q4k_step, _q4x_step, _q6k_step, _q80_step,
                    mmvq_config, mmvq_reference)
 from .moe_gemv import ExpertWeights
@@ -91,15 +91,6 @@ def _e2m1_words(w, ASM: tl.constexpr):
         return lo, hi
     else:
         return _e2m1_half(w & 0xFFFF), _e2m1_half((w >> 16) & 0xFFFF)
-
-
-@triton.jit
-def _ue4m3_half(d):
-    """UE4M3 scale bytes (int32) -> float32 value / 2, as fp4_gemv (0 and 0x7F mean 0)."""
-    ex, man = (d >> 3) & 15, (d & 7).to(tl.float32)
-    pow2 = ((ex + 120) << 23).to(tl.float32, bitcast=True)  # 2^(ex - 7)
-    raw = tl.where(ex == 0, man * 0.001953125, (1.0 + man * 0.125) * pow2)
-    return tl.where((d == 0) | (d == 0x7F), 0.0, raw * 0.5)
 
 
 @triton.jit
