@@ -4,7 +4,8 @@ here with each kernel's launch recorded instead of made (arguments, constexprs, 
 and of the working tree are compiled for every recorded launch and their PTX compared, debug sections and names
 left out. The kernel's parameters must be the same at REV.
 
-    python scripts/triton_ptx_same.py REV prefill_attention     # or: gemv (quant_gemv and mmvq)
+    python scripts/triton_ptx_same.py REV prefill_attention     # or: gemv (quant_gemv and mmvq), fp4 (the FP4 GEMV and
+                                                                #     the expert dequantization)
 
 Prints one line a launch: "same PTX", "same length" (the same instructions in another order or with other
 register numbers: the script prints the diff of the first such launch), or "DIFFERENT"."""
@@ -137,6 +138,22 @@ def gemv_launches():
     return "tallow.kernels.triton", out
 
 
+def fp4_launches():
+    """fp4_gemv on NVFP4 and MXFP4 weights, and moe_gemv's FP4 dequantization (the expert prefill's old path)."""
+    from gguf import GGMLQuantizationType as QT
+    from tallow.kernels.triton import fp4_gemv, moe_gemv
+
+    out = []
+    for qt, block in ((QT.NVFP4, 36), (QT.MXFP4, 17)):
+        per = 64 if qt == QT.NVFP4 else 32
+        raw = torch.zeros(8, 512 // per * block, dtype=torch.uint8)
+        out += [("fp4_gemv", *r) for r in recorded(fp4_gemv, ("_fp4_gemv_kernel",),
+                                                    lambda: fp4_gemv.fp4_gemv(torch.zeros(1, 512), raw, int(qt)))]
+        out += [("moe_gemv", *r) for r in recorded(moe_gemv, ("_fp4_dequant_kernel",),
+                                                    lambda: moe_gemv.fp4_dequantize_to(raw, int(qt), 512, torch.empty(8, 512)))]
+    return "tallow.kernels.triton", out
+
+
 def main() -> None:
     rev, which = sys.argv[1], sys.argv[2]
     shown = False
@@ -144,7 +161,7 @@ def main() -> None:
         name, launches = prefill_attention_launches()
         launches = [(name, k, l) for k, l in launches]
     else:
-        package, launches = gemv_launches()
+        package, launches = fp4_launches() if which == "fp4" else gemv_launches()
         launches = [(f"{package}.{mod}", k, l) for mod, k, l in launches]
     old = modules_at(rev, sorted({name for name, _, _ in launches}))
     for name, kernel, launch in launches:
