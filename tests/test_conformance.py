@@ -192,6 +192,9 @@ def test_teacher_forced_logits_match_llama_cpp(real):
 # every position on all three models, scripts/numerics_conformance.py --steps --live --ref-ubatch 1), so against the
 # fixture's 5 decimals only its rounding is left.
 DECODE_STEP_TOLERANCE = 1e-4
+# The first 192 positions of the fixture's 378-448: each position is a whole decode step of the model, and the suite
+# must stay under 10 minutes on 2 cores; what the later ones add is attention depth, not checked here.
+DECODE_STEP_POSITIONS = 192
 
 
 def test_decode_steps_match_llama_cpp(real, monkeypatch):
@@ -206,14 +209,14 @@ def test_decode_steps_match_llama_cpp(real, monkeypatch):
     if step is None or not step.ggml_on():
         pytest.skip("the C decode step in ggml's arithmetic is not in use here (library, switches or family)")
     data = json.loads((FIXTURES / f"conformance_{name}.json").read_text())
-    ids, fixture = data["teacher_forced"]["ids"], data["decode_steps"]
+    ids, fixture = data["teacher_forced"]["ids"][:DECODE_STEP_POSITIONS], data["decode_steps"]
     llm.engine.reset()
     kv = llm.engine.kv
     ours = torch.cat([llm.model.forward([tok], pos, kv) for pos, tok in enumerate(ids)]).cpu().float()[1:]
     llm.engine.reset()
     report = []
     for label, ref in (("llama.cpp decode steps", fixture), ("llama.cpp ubatch 512", data["teacher_forced"])):
-        top_ids, ref_top = torch.tensor(ref["top_ids"])[1:], torch.tensor(ref["top_logits"])[1:]
+        top_ids, ref_top = torch.tensor(ref["top_ids"])[1 : len(ids)], torch.tensor(ref["top_logits"])[1 : len(ids)]
         agree = (ours.argmax(-1) == top_ids[:, 0]).float().mean().item()
         delta = (ours.gather(1, top_ids) - ref_top).abs()
         report.append((agree, delta.max().item()))
