@@ -21,9 +21,9 @@ SSM_ARCHITECTURES = ("mamba", "mamba2")  # pure state-space: no attention layers
 HYBRID_ARCHITECTURES = ("falcon-h1",)  # attention and a Mamba-2 mixer side by side in every block
 
 STATE_BYTES = 4  # float32
-# Rows of a speculative verification pass (engine/speculate.K_MAX + 1; a test checks it): a
-# recurrent memory keeps the state after each of them to roll back to (memory/recurrent.py).
-VERIFY_ROWS = 8
+# Copies of the state a speculative verification pass holds beside the live one: the state at
+# the pass's start, from which a rollback re-folds the accepted rows (memory/recurrent.py).
+VERIFY_COPIES = 1
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from tiny_models import SSM_ARCHITECTURES, tiny_prompt, write_tiny_ssm
 
 import tallow
 from tallow.engine.engine import Engine, GenerationStats
-from tallow.engine.speculate import K_MAX
 from tallow.errors import ModelFileError
 from tallow.gguf_file import GGUFFile
 from tallow.kernels.cpu.ssm import causal_conv, selective_scan
@@ -27,7 +26,7 @@ from tallow.memory.recurrent import RecurrentMemory, make_memory
 from tallow.models import build_model
 from tallow.sampling import Sampler, SamplingParams
 from tallow.spec import layer_kind_lines, spec_from_gguf
-from tallow.ssm_spec import VERIFY_ROWS
+from tallow.ssm_spec import VERIFY_COPIES
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Measured max |Δlogit| against llama.cpp over the 40-token prompt: 1.4e-6 (mamba), 1.8e-6
@@ -173,9 +172,10 @@ def test_reuse_of_the_live_state_at_the_end_of_the_previous_sequence(arch, tiny,
 
 @pytest.mark.parametrize("arch", ("mamba2", "falcon-h1"))
 def test_speculation_rolls_the_state_back_exactly(arch, tmp_path, monkeypatch):
-    """Q8_0 (row-exact projections: speculation on by default): prompt-lookup drafts are verified
-    with each row's state kept, rejected ones rolled back to the state after the last accepted
-    row, and the greedy tokens and their logits are plain decoding's, bit for bit."""
+    """Q8_0 (row-exact projections: speculation on by default): prompt-lookup drafts are verified,
+    rejected ones rolled back to the state after the last accepted row (the pass's start with the
+    accepted rows folded again), and the greedy tokens and their logits are plain decoding's, bit
+    for bit."""
     from gguf import GGMLQuantizationType as QT
 
     monkeypatch.setenv("TALLOW_CPU_GGML_DOT", "0")  # the torch kernels the accepted drafts were measured with
@@ -235,7 +235,7 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     per_layer = ((ssm.d_conv - 1) * ssm.conv_channels + ssm.d_inner * ssm.d_state) * 4
     assert ssm.layer_state_bytes == per_layer and ssm.state_bytes == 2 * per_layer
     small, big = plan_memory(tiny[arch], n_ctx=32), plan_memory(tiny[arch], n_ctx=256)
-    assert small.state == big.state == ssm.state_bytes * 13  # live + 4 checkpoints + 8 rows, whatever the context
+    assert small.state == big.state == ssm.state_bytes * 6  # live + 4 checkpoints + a verification pass's start, whatever the context
     if spec.layers:  # falcon-h1: every layer's attention K/V beside its state
         assert 0 < small.kv < big.kv
     else:  # no attention layer: no KV, and past one prefill chunk no scratch that grows with it (no mask, no K/V views)
@@ -247,8 +247,7 @@ def test_the_plan_counts_the_fixed_state(arch, tiny):
     engine = _engine(model)
     _greedy(engine, _ref(arch)["ids"])  # 40 tokens in chunks of 8: 5 checkpoints, 4 kept
     assert engine.kv.checkpoint_bytes == 4 * ssm.state_bytes
-    assert engine.kv.state.nbytes + engine.kv.checkpoint_bytes + VERIFY_ROWS * ssm.state_bytes == small.state
-    assert VERIFY_ROWS == K_MAX + 1
+    assert engine.kv.state.nbytes + engine.kv.checkpoint_bytes + VERIFY_COPIES * ssm.state_bytes == small.state
     assert any("recurrent layers" in line for line in layer_kind_lines(spec))
 
 

@@ -533,11 +533,9 @@ class MemoryPlan:
             rings += (f"; {owners} of {len(self.spec.layers)} layers own a cache, the rest share one"
                       f" ({kv_bytes_per_token(self.spec, self.kv_dtype, shared=False)} bytes per token without sharing)")
         if self.spec is not None and self.spec.ssm is not None:
-            from ..ssm_spec import VERIFY_ROWS
-
             ssm = self.spec.ssm
             rings += (f"; {len(ssm.layers)} recurrent layers of {ssm.layer_state_bytes} state bytes each, fixed,"
-                      f" plus up to {_state_checkpoints()} checkpoints and {VERIFY_ROWS} verification rows of it")
+                      f" plus up to {_state_checkpoints()} checkpoints of it and one copy for a verification pass")
         where = f" in {self.device} memory" if self.device.startswith("cuda") else ""
         lines = [f"memory plan for {self.model}{where} at ctx {self.n_ctx} (KV {self.kv_dtype}: {self.kv_bytes_per_token}"
                  f" bytes per token over all layers{rings}):"]
@@ -655,14 +653,14 @@ def _state_checkpoints() -> int:
 
 
 def state_bytes(spec: ModelSpec) -> int:
-    """The recurrent layers' state (conv + SSM, float32), live plus its checkpoints plus the
-    per-row copies a speculative verification pass keeps (memory/recurrent.py): fixed, whatever
-    the context. 0 for a model without recurrent layers."""
+    """The recurrent layers' state (conv + SSM, float32), live plus its checkpoints plus the copy
+    a speculative verification pass keeps (memory/recurrent.py): fixed, whatever the context.
+    0 for a model without recurrent layers."""
     if spec.ssm is None:
         return 0
-    from ..ssm_spec import VERIFY_ROWS
+    from ..ssm_spec import VERIFY_COPIES
 
-    return spec.ssm.state_bytes * (1 + _state_checkpoints() + VERIFY_ROWS)
+    return spec.ssm.state_bytes * (1 + _state_checkpoints() + VERIFY_COPIES)
 
 
 # The KV dtype a model gets when none is asked for: int8 where greedy text on the conformance

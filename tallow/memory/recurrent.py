@@ -16,10 +16,13 @@ What that changes for the features built on truncatable positional K/V — each 
   longest checkpointed prefix <= n, and `truncate` restores that checkpoint (or empties the
   memory). The engine's prefill plan still decides which positions are canonical.
 - Speculation rollback (`can_rollback`): exact. A verification pass (the engine wraps it in
-  `rows_kept()`) runs each row's recurrent part as a one-token decode step would and keeps the
-  state after every row; truncating to any of those positions restores it. Verification is then
-  bit-exact wherever the projections are row-exact (engine/speculate.rows_are_exact), which is
-  when speculation is on by default.
+  `rows_kept()`) runs each row's recurrent part as a one-token decode step would; the memory
+  keeps the state at the pass's start and each layer's way to fold each row again (the row's
+  mixer input, a few KB). Truncating to a row's position restores the start and re-folds the
+  accepted rows, the same ops on the same inputs, so the same state: one copy of the state
+  held, not one per row (for Falcon-H1-1.5B 73 MiB, not 584). Verification is then bit-exact
+  wherever the projections are row-exact (engine/speculate.rows_are_exact), which is when
+  speculation is on by default.
 - Persistence: a conversation's file (memory/kv_store.py) holds, beside the
   tokens (and any attention K/V), the live state and the checkpoints: a restored conversation
   reuses what a resident one would.
@@ -35,6 +38,7 @@ What that changes for the features built on truncatable positional K/V — each 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -96,8 +100,9 @@ class RecurrentMemory(KVPool):
         self.can_rollback = torch.device(device).type == "cpu"  # the GPU's verification graphs keep no row states
         self.checkpoints: OrderedDict[int, list[torch.Tensor]] = OrderedDict()  # position -> state copies
         self.keep = max_checkpoints()
-        self.keeping_rows = False  # inside rows_kept(): the mixer keeps the state after each row
-        self.row_states: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # position -> layer -> states
+        self.keeping_rows = False  # inside rows_kept(): the mixer records how to fold each row again
+        self.pass_start: tuple[int, list[torch.Tensor]] | None = None  # a verification pass's start: position, state
+        self.refolds: dict[int, list[Callable[[], object]]] = {}  # layer -> its rows' re-folds, in row order
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +122,8 @@ class RecurrentMemory(KVPool):
             raise ValueError(f"the recurrent state holds {self.state.position} tokens; it cannot continue at position {start}")
         for p in [p for p in self.checkpoints if p > start]:
             del self.checkpoints[p]
-        self.row_states = {}
+        self.refolds = {}
+        self.pass_start = (start, self.state.snapshot()) if self.keeping_rows else None
 
     @contextmanager
     def folding(self, start: int, n: int):
@@ -134,17 +140,32 @@ class RecurrentMemory(KVPool):
 
     @contextmanager
     def rows_kept(self):
-        """Within: every forward pass of several rows keeps the state after each of its rows."""
+        """Within: a forward pass of several rows can be rolled back to after any of its rows."""
         self.keeping_rows = True
         try:
             yield
         finally:
             self.keeping_rows = False
 
-    def keep_row(self, layer: int, row: int) -> None:
-        """The mixer of `layer` has folded row `row` of this pass into its states: keep them."""
-        self.row_states.setdefault(self.state.position + row + 1, {})[layer] = (
-            self.state.conv[layer].clone(), self.state.scan[layer].clone())
+    def keep_row(self, layer: int, refold: Callable[[], object]) -> None:
+        """The mixer of `layer` has folded this pass's next row into its states; `refold()` folds
+        the same row into them again (its output unused)."""
+        self.refolds.setdefault(layer, []).append(refold)
+
+    def _rows_refoldable(self) -> int:
+        """How many rows of the last verification pass can be folded again in every layer."""
+        if self.pass_start is None:
+            return 0
+        return min((len(self.refolds.get(i, ())) for i in self.state.ssm.layers), default=0)
+
+    def _refold(self, n_tokens: int) -> None:
+        """The state after row n_tokens - start - 1 of the last pass: its start, rows re-folded."""
+        start, saved = self.pass_start
+        self.state.restore(saved, start)
+        for i in self.state.ssm.layers:
+            for refold in self.refolds[i][: n_tokens - start]:
+                refold()
+        self.state.position = n_tokens
 
     def advance(self, n: int) -> None:
         self.state.position += n
@@ -225,17 +246,18 @@ class RecurrentMemory(KVPool):
     def truncate(self, n_tokens: int) -> None:
         n_tokens = max(0, min(n_tokens, len(self.tokens)))
         if n_tokens != self.state.position:
-            rows = self.row_states.get(n_tokens, {})
+            start = self.pass_start[0] if self.pass_start is not None else -1
             if n_tokens in self.checkpoints and super().reusable(n_tokens) == n_tokens:
                 self.state.restore(self.checkpoints[n_tokens], n_tokens)
-            elif len(rows) == len(self.state.ssm.layers):  # a row of the last verification pass
-                self.state.restore([t for i in self.state.ssm.layers for t in rows[i]], n_tokens)
+            elif start <= n_tokens <= start + self._rows_refoldable():  # a row of the last verification pass
+                self._refold(n_tokens)
             else:
                 n_tokens = 0
         if n_tokens == 0:
             self.state.reset()
             self.checkpoints.clear()
-        self.row_states = {p: s for p, s in self.row_states.items() if p <= n_tokens}
+        if self.pass_start is not None and n_tokens < self.pass_start[0]:
+            self.pass_start, self.refolds = None, {}
         for p in [p for p in self.checkpoints if p > n_tokens]:
             del self.checkpoints[p]
         super().truncate(n_tokens)

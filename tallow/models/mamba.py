@@ -27,6 +27,8 @@ tensor (`n_valid`), so padding rows never advance a state.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import ModelFileError
@@ -128,12 +130,14 @@ class MambaModel(DecoderModel):
             proj = w.ssm_in(h).float()
         if memory.keeping_rows and n > 1:
             # A speculative verification pass (memory.rows_kept): each row runs the recurrent part
-            # as a one-token decode step does, and the memory keeps the state after it, so a
-            # rejected draft rolls back exactly. Only the in/out projections (row-exact) see all rows.
+            # as a one-token decode step does, and the memory can fold it again from the pass's
+            # start, so a rejected draft rolls back exactly. Only the in/out projections (row-exact)
+            # see all rows.
             rows = []
             for r in range(n):
-                rows.append(self._mix(w, proj[r : r + 1], memory, None))
-                memory.keep_row(w.index, r)
+                row = proj[r : r + 1].clone()
+                rows.append(self._mix(w, row, memory, None))
+                memory.keep_row(w.index, functools.partial(self._mix, w, row, memory, None))
             return self._out(w, torch.cat(rows), addend)
         return self._out(w, self._mix(w, proj, memory, n_valid, q8_out=True), addend)
 
