@@ -203,11 +203,11 @@ def attention_mask(q_positions: torch.Tensor, n_keys: int, window: int | None, k
     at its window's edge). Causal, and with a sliding window a query at p sees keys k with
     p - k < window (llama.cpp's standard SWA rule).
     """
-    k_pos = torch.arange(key_start, key_start + n_keys, device=q_positions.device)
-    diff = q_positions.unsqueeze(1) - k_pos.unsqueeze(0)  # (n_queries, n_keys)
-    visible = diff >= 0
+    k_pos = torch.arange(key_start, key_start + n_keys, device=q_positions.device).unsqueeze(0)
+    q_pos = q_positions.unsqueeze(1)
+    visible = k_pos <= q_pos  # compared straight into bools: no (n_queries, n_keys) int64 distances
     if window is not None:
-        visible &= diff < window
+        visible &= k_pos > q_pos - window
     return visible
 
 

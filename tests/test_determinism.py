@@ -190,3 +190,32 @@ def test_importing_tallow_keeps_bf16_gemms_row_invariant():
     out = subprocess.run([sys.executable, "-c", code], env={**env, "TALLOW_CPU_AMX": "1"}, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == "None"  # left to oneDNN (row-invariant or not, depending on the CPU)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's prefill attention")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_prefill_attention_in_query_tiles_is_the_same_bits(tmp_path, monkeypatch, arch):
+    """A long context's prefill attention runs its queries in tiles (budget.attention_query_rows) so the
+    mask stays small: the logits and the K/V written are those of one call per chunk, bit for bit
+    (gemma3: sliding-window layers too)."""
+    from gguf import GGMLQuantizationType as QT
+
+    from tallow.memory import budget
+
+    gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=QT.Q4_0))
+    spec = spec_from_gguf(gf)
+    model = build_model(gf, spec, device="cpu")
+    prompt = torch.randint(0, 256, (1100,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def prefill(tile_bytes: int):
+        monkeypatch.setattr(budget, "MASK_TILE_BYTES", tile_bytes)
+        engine = Engine(model, n_ctx=1152, prefill_chunk=512)
+        logits = answer(engine, prompt, 1)[0]
+        return logits, [t[:, :1100].clone() for t in engine.kv.k + engine.kv.v]
+
+    assert budget.attention_query_rows(1152) >= 512 and budget.MASK_TILE_BYTES // (5 * 1152) >= 512
+    one_call = prefill(budget.MASK_TILE_BYTES)
+    tiled = prefill(1)  # one 64-row query block a call
+    assert budget.attention_query_rows(1152) == 64
+    assert torch.equal(one_call[0], tiled[0])
+    assert all(torch.equal(a, b) for a, b in zip(one_call[1], tiled[1]))

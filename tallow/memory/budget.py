@@ -225,7 +225,8 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
       attention (none in a model without attention layers, Mamba):
                  q, k, v and their rotated copies                  2 · C · (H + 2·H_kv) · hd · 4
                  the pool's K/V up to N as fp32 (KVPool.view)      2 · H_kv · N · hd · 4
-                 the mask: int64 distances, bool, float for SDPA   C · N · (8 + 1 + 4)
+                 the mask: bool, SDPA's float copy, for the rows
+                 of one call (attention_query_rows: T <= C)        T · N · (1 + 4)
                  the output and its bf16 copy for attn_output      C · H · hd · (4 + 2)
       MLP:       gate, up, act(gate), the product (fp32) and the
                  bf16 kernel outputs / input copies                C · ffn · (4·4 + 2)
@@ -267,7 +268,8 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     hkv = max((layer.n_kv_heads for layer in spec.layers), default=0)
     hd = max((max(layer.head_dim, layer.v_head_dim) for layer in spec.layers), default=0)
     residual = 3 * c * spec.dim * 4
-    attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + c * n * (8 + 1 + 4) + c * h * hd * 6 if h else 0
+    mask_rows = min(-(-c // _QUERY_BLOCK) * _QUERY_BLOCK, attention_query_rows(n))
+    attention = 2 * c * (h + 2 * hkv) * hd * 4 + 2 * hkv * n * hd * 4 + mask_rows * n * (1 + 4) + c * h * hd * 6 if h else 0
     if h and kv_format(kv_dtype).scaled:
         attention += 2 * hkv * n * hd * 4
     mlp = c * spec.ffn_dim * (4 * 4 + 2)
@@ -276,6 +278,19 @@ def chunk_activation_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEF
     if spec.ssm is not None:
         mlp = max(mlp, spec.ssm.mixer_activation_bytes(c))
     return residual + max(attention, mlp)
+
+
+# The most bytes one SDPA call's mask may take in CPU prefill attention: a bool per (query, key)
+# and SDPA's float copy of it. A chunk of 512 queries over 32k keys would take 80 MiB a call.
+MASK_TILE_BYTES = 16 * MiB
+_QUERY_BLOCK = 64  # layers.QUERY_BLOCK (repeated so planning never imports torch; a test checks it)
+
+
+def attention_query_rows(n_keys: int) -> int:
+    """How many query rows one prefill attention call takes over n_keys keys (models/step.py):
+    as many whole query blocks as keep its mask within MASK_TILE_BYTES, at least one block."""
+    rows = MASK_TILE_BYTES // (5 * max(n_keys, 1))
+    return max(_QUERY_BLOCK, rows - rows % _QUERY_BLOCK)
 
 
 def logits_bytes(spec: ModelSpec) -> int:

@@ -38,6 +38,7 @@ import torch
 
 from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attention, attention_mask, ggml_c_ops,
                       block_aligned_keys_enabled, c_attention_enabled, decode_attention, fast_paths_enabled)
+from ..memory.budget import attention_query_rows
 from ..memory.kv_pool import KVPool
 from ..numerics import ggml_attention, ggml_enabled
 
@@ -142,8 +143,13 @@ class EagerAttention(Backend):
             extra = -n % QUERY_BLOCK
             qp = torch.cat([q, q[-1:].expand(extra, -1, -1)]) if extra else q
             rows = torch.cat([positions, positions[-1:].expand(extra)]) if extra else positions
-            mask = attention_mask(rows, b - a, layer.sliding_window, a)
-            return attention(qp.transpose(0, 1), keys, values, mask, spec.attn_scale)[:n]
+            # Rows are invariant to the query blocks around them, so a long context's queries go
+            # in tiles whose mask stays small (budget.attention_query_rows), with the same bits.
+            tile = attention_query_rows(b - a)
+            outs = [attention(qp[i : i + tile].transpose(0, 1), keys, values,
+                              attention_mask(rows[i : i + tile], b - a, layer.sliding_window, a), spec.attn_scale)
+                    for i in range(0, qp.shape[0], tile)]
+            return (outs[0] if len(outs) == 1 else torch.cat(outs))[:n]
         mask = attention_mask(positions, end - lo, layer.sliding_window, lo) if n > 1 or layer.sliding_window else None
         return attention(q.transpose(0, 1), keys, values, mask, spec.attn_scale, spec.attn_logit_softcap)
 
