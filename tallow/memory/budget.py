@@ -177,6 +177,24 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
     return total
 
 
+def dequantizes_for_prefill(header: GGUFFile, linear_mode: str | None = None) -> bool:
+    """Whether some weight prefills through a torch int4/int8 layer, whose products share the
+    dequantization tiles (PREFILL_DEQUANT_SCRATCH); not when the C kernel prefills every one."""
+    tied, roles = is_tied(header.tensors), model_roles(header.tensors)
+    for t in header.tensors.values():
+        role = roles.get(t.name)
+        if (role == TOKEN_EMBD and not tied) or role == PER_LAYER_TOKEN_EMBD or len(t.shape) < 2 or t.n_rows <= 1:
+            continue
+        if linear_kind(t.qtype, linear_mode) not in ("int4", "int4x2", "int8"):
+            continue
+        if len(t.shape) == 3:
+            return True  # routed experts: torch layers (kernels/cpu/moe.py)
+        c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD))
+        if c_bytes != t.n_bytes:  # a torch layer beside (or instead of) the C kernel's bytes
+            return True
+    return False
+
+
 def kv_dtype_arg(name: str | None) -> str | None:
     """A --kv-dtype value checked and made canonical (None: the model's default)."""
     if name is None:
@@ -216,7 +234,8 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "f16", shared: bool = Tr
                if layer.owns_kv or not shared)
 
 
-def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_dtype: str = "f16") -> int:
+def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, kv_dtype: str = "f16",
+                  dequant_tiles: bool = True) -> int:
     """Peak transient activations of one prefill chunk of C tokens whose keys reach position N.
 
     Blocks run one after another and free their temporaries, so the peak is the residual
@@ -232,6 +251,8 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
                  bf16 kernel outputs / input copies                C · ffn · (4·4 + 2)
                  int8/fp8 KV: the codes as fp32 before their scales  2 · H_kv · N · hd · 4
       logits:    the last position only, plus the sampler's sort   vocab · 4 · 4
+      the torch prefill's dequantization tiles, where a weight
+      prefills through a torch int4/int8 layer (dequantizes_for_prefill)  PREFILL_DEQUANT_SCRATCH
     Logits for every position (`forward(all_logits=True)`, used only by conformance tests)
     would add C · vocab · 4 and are not part of the engine's account.
 
@@ -247,8 +268,8 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
     in page faults, so the account counts the heap as it behaves by default.
     """
-    return (2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec) + PREFILL_DEQUANT_SCRATCH
-            + TORCH_CODE_PAGES)
+    return (2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
+            + (PREFILL_DEQUANT_SCRATCH if dequant_tiles else 0) + TORCH_CODE_PAGES)
 
 
 # torch's code paged into the process by loading and the first prefill (file-backed, counted in
@@ -646,7 +667,8 @@ def plan_memory(
         n_ctx=ctx,
         weights=gpu_weights_bytes(header) + gpu_rope_bytes(spec) if on_gpu else weights_bytes(header, linear_mode),
         kv=kv_bytes(spec, ctx, kv_dtype, prefill_chunk),
-        scratch=gpu_scratch_bytes(spec, header, ctx, prefill_chunk, kv_dtype) if on_gpu else scratch_bytes(spec, ctx, prefill_chunk, kv_dtype),
+        scratch=(gpu_scratch_bytes(spec, header, ctx, prefill_chunk, kv_dtype) if on_gpu else
+                 scratch_bytes(spec, ctx, prefill_chunk, kv_dtype, dequantizes_for_prefill(header, linear_mode))),
         prefix_cache=0 if on_gpu else prefix_cache_bytes(spec, ctx, kv_dtype),
         runtime=GPU_RUNTIME if on_gpu else runtime_bytes(header),
         reserve=reserve_bytes or 0,
