@@ -148,6 +148,31 @@ def test_prefill_dequant_tiles_large_matrices(monkeypatch: pytest.MonkeyPatch) -
     torch.testing.assert_close(q6(x), whole, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype,mode", [(QT.Q4_K, None), (QT.Q6_K, "int8g"), (QT.BF16, None)])
+def test_bf16_products_widened_to_fp32(qtype, mode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU has no native bf16 GEMM the bf16 operands are widened to fp32 (TALLOW_BF16_WIDEN):
+    exact products summed in fp32, so within one bf16 rounding of the fp64 product of the same bf16
+    operands, like torch's bf16 fallback; tiled (a weight larger than the scratch) with the same bits."""
+    monkeypatch.setattr(dequant_matmul, "_NATIVE_BF16_GEMM", False)
+    a = torch.randn(70, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
+    b = torch.randn(96, 130, generator=torch.Generator().manual_seed(2)).bfloat16()
+    exact = (a.double() @ b.double())
+    for widen in ("1", "0"):
+        monkeypatch.setenv("TALLOW_BF16_WIDEN", widen)
+        got = dequant_matmul.bf16_mm(a, b)
+        assert got.dtype == torch.bfloat16
+        assert ((got.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-6).all(), widen
+    monkeypatch.delenv("TALLOW_BF16_WIDEN")
+    assert dequant_matmul.widens_bf16()
+    lin = make_linear(fake_tensor(qtype, 320, 256, seed=8), mode=mode)
+    x = torch.randn(70, 256, generator=torch.Generator().manual_seed(0))
+    whole = lin(x)
+    monkeypatch.setattr(dequant_matmul, "SCRATCH_ELEMENTS", 3 * 128 * 256)  # widened: tiles of 128 rows
+    assert torch.equal(lin(x), whole), lin.kind
+    monkeypatch.setenv("TALLOW_BF16_WIDEN", "0")
+    assert rel_err(lin(x), whole) < BF16_TOL, lin.kind
+
+
 def test_fuse_switch_keeps_parts_separate(monkeypatch: pytest.MonkeyPatch) -> None:
     types, sizes, k = (QT.Q4_1, QT.Q4_1, QT.Q4_1), (192, 64, 64), 256
     monkeypatch.setenv("TALLOW_FUSE", "0")

@@ -162,10 +162,9 @@ class DenseLinear(Linear):
         return [self.weight, *super()._tensors()]
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
+        if self.dtype == torch.bfloat16:
+            return dequant_matmul.bf16_linear(xc, self.weight)
         return F.linear(xc, self.weight)
-
-    def _mm(self, x2: torch.Tensor) -> torch.Tensor:
-        return F.linear(x2.to(self.dtype), self.weight).float()
 
 
 class Int4Linear(Linear):
@@ -190,7 +189,7 @@ class Int4Linear(Linear):
     compute_dtype = torch.bfloat16
 
     def _mm_native(self, xc: torch.Tensor) -> torch.Tensor:
-        if (xc.shape[0] >= dequant_matmul.MIN_ROWS and self.packed.shape[0] % 64 == 0
+        if (xc.shape[0] >= dequant_matmul.MIN_ROWS and self.packed.shape[0] % dequant_matmul.PACK_BLOCK == 0
                 and dequant_matmul.enabled()):  # prefill: dense bf16 GEMM on a dequantized tile
             return dequant_matmul.int4_dequant_mm(xc, self.packed, self.scales_and_zeros, self.out_features,
                                                   self.k_parts)
