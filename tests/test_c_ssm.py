@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tallow.kernels import ssm_ops
-from tallow.kernels.cpu import c_ssm, ggml_ops
+from tallow.kernels.cpu import c_ssm, ggml_dot, ggml_ops
 from tallow.kernels.cpu.ssm import causal_conv
 from tallow.kernels.ssm_ops import CMixerOps, TorchMixerOps
 from tallow.numerics import _reduce16, fma, ggml_silu, ggml_v_expf, libm_map
@@ -192,6 +192,7 @@ def _q8_engine(arch, path, monkeypatch, on: str):
     return Engine(build_model(gf, spec_from_gguf(gf)), 128, prefill_chunk=8, kv_dtype="f16")
 
 
+@pytest.mark.skipif(not ggml_dot.usable(), reason="the one-call mixer runs the C kernel's layers (AVX-512 VNNI)")
 @pytest.mark.parametrize("simd", (True, False))
 @pytest.mark.parametrize("arch", ("mamba", "mamba2", "falcon-h1"))
 def test_the_one_call_mixer_step_is_the_composed_mixer_bit_for_bit(arch, simd, tmp_path, monkeypatch):

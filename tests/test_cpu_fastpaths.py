@@ -159,9 +159,9 @@ def test_bf16_products_widened_to_fp32(qtype, mode, monkeypatch: pytest.MonkeyPa
     exact = (a.double() @ b.double())
     for widen in ("1", "0"):
         monkeypatch.setenv("TALLOW_BF16_WIDEN", widen)
-        got = dequant_matmul.bf16_mm(a, b)
-        assert got.dtype == torch.bfloat16
-        assert ((got.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-6).all(), widen
+        for got in (dequant_matmul.bf16_mm(a, b), dequant_matmul.bf16_linear(a, b.t().contiguous())):
+            assert got.dtype == torch.bfloat16
+            assert ((got.double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-6).all(), widen
     monkeypatch.delenv("TALLOW_BF16_WIDEN")
     assert dequant_matmul.widens_bf16()
     lin = make_linear(fake_tensor(qtype, 320, 256, seed=8), mode=mode)

@@ -21,6 +21,9 @@ from test_quant_reference import random_rows
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ggml_dot.json"
 needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_dot.unavailable_reason()}")
+# The layers take the C kernel only with its AVX-512 VNNI code (ggml_dot.usable: the portable code is
+# slower than the torch paths); tests of what the layers choose need that CPU.
+needs_c_layers = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
 
 
 def _b64(s: str, dtype) -> np.ndarray:
@@ -146,7 +149,7 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
     assert np.abs(ys[0] - ref).max() <= 2e-6 * scale  # float summation order only
 
 
-@needs_c
+@needs_c_layers
 def test_linear_layer_and_fallback(monkeypatch):
     """TALLOW_CPU_GGML_DOT (on unless =0): make_linear wraps the torch layer, up to 8 rows in C (each
     its one-row product: decode and verification agree), more rows on the torch layer; the output
@@ -211,7 +214,7 @@ def _tiny_logits(path, ids):
     return batch, steps
 
 
-@needs_c
+@needs_c_layers
 @pytest.mark.parametrize("qtype", [QT.Q8_0])
 def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
     """A tiny random llama: under TALLOW_NUMERICS=ggml the C kernel (over the file's bytes) and the
@@ -252,7 +255,7 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
         assert (c - r).abs().max() <= max(2 * (t - r).abs().max(), 1e-3 * r.abs().max())
 
 
-@needs_c
+@needs_c_layers
 def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
     """TALLOW_CPU_GGML_DOT=1 with the weight cache: a warm load maps GgmlDotLinear (its bytes and the
     torch layer it wraps) and decodes the same logits as the cold load."""
@@ -274,7 +277,7 @@ def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
     assert torch.equal(logits[0], logits[1])
 
 
-@needs_c
+@needs_c_layers
 @pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q5_0, QT.Q8_0), (QT.Q4_1, QT.Q4_1),
                                    (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K)], ids=lambda t: "+".join(q.name for q in t))
 def test_group_equals_its_parts(types, monkeypatch):
@@ -320,7 +323,7 @@ def test_group_equals_its_parts(types, monkeypatch):
     assert torch.equal(group(x9), FusedLinear([p.fallback[0] for p in parts])(x9))
 
 
-@needs_c
+@needs_c_layers
 def test_prefill_plan_keeps_short_chunks_off_the_c_rows(tmp_path, monkeypatch):
     """Without the dequantized prefill tiles, prefill chunks must be longer than the C kernel's rows
     (its Q/K/V and gate/up groups included), or a row's bits would depend on the chunk's length."""

@@ -18,6 +18,7 @@ from tiny_models import ARCHITECTURES, write_tiny_model
 from gguf import GGMLQuantizationType as QT
 
 from tallow.engine import speculate
+from tallow.kernels.cpu import ggml_dot
 from tallow.engine.engine import Engine, GenerationStats
 from tallow.engine.speculate import PromptLookup, Speculation
 from tallow.models.step import VERIFY
@@ -80,6 +81,10 @@ def test_prompt_lookup_prefers_the_match_that_reaches_furthest_back():
     assert [speculate.match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 3, 4, 4, 8, 8, 16]
 
 
+# The layers take the C kernel only with its AVX-512 VNNI code (ggml_dot.usable).
+C_LAYERS = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
+
+
 def _tiny_engine(tmp_path, arch="llama", qtype=QT.Q4_0, n_ctx=128):
     gf = GGUFFile(write_tiny_model(arch, tmp_path / f"{arch}.gguf", qtype=qtype))
     spec = spec_from_gguf(gf)
@@ -89,7 +94,8 @@ def _tiny_engine(tmp_path, arch="llama", qtype=QT.Q4_0, n_ctx=128):
 @pytest.mark.parametrize("arch,qtype,env,kinds", [(arch, QT.Q4_0, {}, {"int4"}) for arch in ARCHITECTURES]
                          + [("llama", QT.Q8_0, {"TALLOW_OUTPUT_INT8G": "1", "TALLOW_CPU_GGML_DOT": "0"}, {"int8", "int4x2"}),
                             ("qwen2", QT.Q5_0, {"TALLOW_INT4X2": "1", "TALLOW_CPU_GGML_DOT": "0"}, {"int4x2"}),
-                            ("llama", QT.Q8_0, {}, {"ggml_dot"}), ("qwen2", QT.Q5_0, {}, {"ggml_dot"})])
+                            *(pytest.param(arch, qtype, {}, {"ggml_dot"}, marks=C_LAYERS)
+                              for arch, qtype in (("llama", QT.Q8_0), ("qwen2", QT.Q5_0)))])
 def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeypatch, arch, qtype, env, kinds):
     """Rows of one (k+1)-token verification pass == k+1 decode steps, bit for bit, over the
     row-exact kernel kinds (int8g, Q6_K's, needs 256-wide rows: the real qwen2.5 test has it;
@@ -265,6 +271,7 @@ def test_greedy_output_identical_with_and_without_speculation(name, n, monkeypat
     assert plain_stats.draft_tokens == 0 and stats.accepted_tokens > 0  # the copy was drafted
 
 
+@C_LAYERS
 def test_exact_path_speculates_through_the_c_step(monkeypatch, always_draft):
     """Under TALLOW_NUMERICS=ggml speculation is on by default where the one-call C step verifies (its rows are its
     decode steps bit for bit) and off where the composed blocks would (TALLOW_CPU_C_LAYER=0); the greedy tokens and
