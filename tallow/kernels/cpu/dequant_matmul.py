@@ -42,6 +42,7 @@ __all__ = ["MIN_ROWS", "SCRATCH_ELEMENTS", "bf16_linear", "bf16_mm", "enabled", 
 MIN_ROWS = 64                  # fewer rows: the low-bit kernel is faster (measured crossover ~32-64)
 SCRATCH_ELEMENTS = 1 << 23     # 8 M bf16 = 16 MiB (+ 8 MiB of nibbles) at most, shared by all layers
 
+
 def _pack_block() -> int:
     """Rows per block of torch's int4 CPU packing here: the row paired with row 0 in byte 0."""
     if not hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
@@ -56,8 +57,6 @@ _BLOCK_N = PACK_BLOCK
 
 _scratch = torch.empty(0, dtype=torch.bfloat16)
 _nibbles = torch.empty(0, dtype=torch.uint8)
-
-
 _NATIVE_BF16_GEMM = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
