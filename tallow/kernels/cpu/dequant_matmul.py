@@ -70,7 +70,7 @@ def widens_bf16() -> bool:
 
 
 def bf16_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (M, K) @ b (K, N), both bf16 -> bf16, with fp32 sums of the exact products."""
+    """a (M, K) @ b (K, N), bf16 (a may come already widened) -> bf16, with fp32 sums of the exact products."""
     if not widens_bf16():
         return torch.mm(a, b)
     return torch.mm(a.float(), b.float()).to(torch.bfloat16)
@@ -152,6 +152,7 @@ def int4_dequant_mm(xb: torch.Tensor, packed: torch.Tensor, scales_and_zeros: to
     """xb bf16 (M, K) contiguous -> bf16 (M, n_out): x @ W^T through dequantized tiles of W."""
     n_pad, half_k = packed.shape
     tile = _tile_rows(n_pad, 2 * half_k)
+    xb = xb.float() if widens_bf16() else xb  # widened once, not per tile (bf16_mm's .float() is then a no-op)
     if tile >= n_pad:
         y = bf16_mm(xb, int4_weight_t(packed, scales_and_zeros, k_parts))
         return y[:, :n_out] if n_pad != n_out else y
@@ -167,6 +168,7 @@ def int8_dequant_mm(xb: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     Each weight is rounded once to bf16 (code times row scale), as in the int4 path."""
     n, k = weight.shape
     tile = _tile_rows(n, k)
+    xb = xb.float() if widens_bf16() else xb  # widened once, not per tile
     y = torch.empty(xb.shape[0], n, dtype=torch.bfloat16)
     for r0 in range(0, n, tile):
         r1 = min(n, r0 + tile)
