@@ -109,6 +109,9 @@ def graph_products(lib_dir: Path, qtype: QT, raw: np.ndarray, k: int, x: np.ndar
         base.ggml_free(ctx)
 
 
+# every code level this CPU runs, best first, and its key in the report
+LEVELS = tuple(range(ggml_dot.set_simd(True), ggml_dot.PORTABLE - 1, -1))
+LEVEL_KEYS = {ggml_dot.AVX512: "avx512", ggml_dot.AVX2: "avx2", ggml_dot.PORTABLE: "portable"}
 PROMPT_ROWS = (2, 7, 8, 16, 40)  # activation rows of the whole-product check: vec_dot / tinyBLAS, then tiled
 PROMPT_FIXTURE_ROWS, PROMPT_FIXTURE_K = 8, 512
 
@@ -144,10 +147,10 @@ def main() -> None:
             for r in range(rows):
                 row = raw[r]
                 vd(k, ref[r:].ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
-            for simd in (1, 0):
-                ggml_dot.set_simd(bool(simd))
+            for level in LEVELS:
+                ggml_dot.set_simd(level)
                 ours = ggml_dot.gemv_quantized(raw, qtype, k, xq[None]).reshape(-1)
-                key = "avx512" if simd and ggml_dot.simd() else "portable"
+                key = LEVEL_KEYS[level]
                 diff = int((ours.view(np.uint32) != ref.view(np.uint32)).sum())
                 stats["bits_differ"][key] = stats["bits_differ"].get(key, 0) + diff
                 rel = float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -168,10 +171,10 @@ def main() -> None:
         for m in PROMPT_ROWS:
             xs = np.stack([activations(k, rng, v % 4) for v in range(m)])
             theirs = graph_products(lib_dir, qtype, raw[: min(rows, 512)], k, xs)
-            for simd in (1, 0):
-                ggml_dot.set_simd(bool(simd))
+            for level in LEVELS:
+                ggml_dot.set_simd(level)
                 ours = ggml_dot.gemv_quantized(raw[: min(rows, 512)], qtype, k, ggml_dot.quantize(xs, qtype))
-                key = "avx512" if simd and ggml_dot.simd() else "portable"
+                key = LEVEL_KEYS[level]
                 diff = int((ours.view(np.uint32) != theirs.view(np.uint32)).sum())
                 prompt[f"{m}/{key}"] = diff
                 worst = max(worst, diff)

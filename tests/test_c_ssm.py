@@ -192,7 +192,7 @@ def _q8_engine(arch, path, monkeypatch, on: str):
     return Engine(build_model(gf, spec_from_gguf(gf)), 128, prefill_chunk=8, kv_dtype="f16")
 
 
-@pytest.mark.skipif(not ggml_dot.usable(), reason="the one-call mixer runs the C kernel's layers (AVX-512 VNNI)")
+@pytest.mark.skipif(not ggml_dot.usable(), reason="the one-call mixer runs the C kernel's layers (AVX-512 VNNI or AVX2)")
 @pytest.mark.parametrize("simd", (True, False))
 @pytest.mark.parametrize("arch", ("mamba", "mamba2", "falcon-h1"))
 def test_the_one_call_mixer_step_is_the_composed_mixer_bit_for_bit(arch, simd, tmp_path, monkeypatch):

@@ -21,8 +21,8 @@ from test_quant_reference import random_rows
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ggml_dot.json"
 needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_dot.unavailable_reason()}")
-# The layers take the C kernel only with its AVX-512 VNNI code (ggml_dot.usable: the portable code is
-# slower than the torch paths); tests of what the layers choose need that CPU.
+# The layers take the C kernel only with its SIMD code, AVX-512 VNNI or AVX2 (ggml_dot.usable: the portable
+# code is slower than the torch paths); tests of what the layers choose need such a CPU.
 needs_c_layers = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
 
 
@@ -30,11 +30,11 @@ def _b64(s: str, dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=dtype)
 
 
-@pytest.fixture(params=[True, False], ids=["simd", "portable"])
+@pytest.fixture(params=[ggml_dot.AVX512, ggml_dot.AVX2, ggml_dot.PORTABLE], ids=["avx512", "avx2", "portable"])
 def simd(request):
-    ggml_dot.set_simd(request.param)
-    if request.param and not ggml_dot.simd():
-        pytest.skip("no AVX-512 VNNI on this CPU")
+    level = ggml_dot.set_simd(request.param)
+    if level != request.param:
+        pytest.skip(f"this CPU runs {ggml_dot.status()}")
     yield request.param
     ggml_dot.set_simd(True)
 
@@ -128,23 +128,27 @@ def test_quantization_matches_the_torch_reference(qt):
 @needs_c
 @pytest.mark.parametrize("qt", sorted(ggml_dot.TYPES, key=int), ids=lambda q: q.name)
 def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
-    """Same bits from both code paths (several rows per thread, 2 activation rows); and the value
-    is the product of the dequantized weight with the rounded activations, up to float order."""
-    if not ggml_dot.simd():
-        pytest.skip("no AVX-512 VNNI on this CPU")
+    """Same bits from every code level this CPU runs (several rows per thread; 2 activation rows in vec_dot's
+    order, 9 in the tiled order); and the value is the product of the dequantized weight with the rounded
+    activations, up to float order."""
+    best = ggml_dot.set_simd(True)
+    if best == ggml_dot.PORTABLE:
+        pytest.skip(f"this CPU runs {ggml_dot.status()}")
     n, k = 72, 512
     raw = random_rows(qt, n, k, seed=int(qt))
-    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5))
-    xq = ggml_dot.quantize(x, qt)
-    ys = []
-    for on in (True, False):
-        ggml_dot.set_simd(on)
-        ys.append(ggml_dot.gemv_quantized(raw, qt, k, xq))
-    ggml_dot.set_simd(True)
-    assert (ys[0].view(np.uint32) == ys[1].view(np.uint32)).all()
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(5))
+    for rows in (2, 9):
+        xq = ggml_dot.quantize(x[:rows], qt)
+        ys = []
+        for level in range(best, ggml_dot.PORTABLE - 1, -1):
+            ggml_dot.set_simd(level)
+            ys.append(ggml_dot.gemv_quantized(raw, qt, k, xq))
+        ggml_dot.set_simd(True)
+        for y in ys[1:]:
+            assert (ys[0].view(np.uint32) == y.view(np.uint32)).all()
     from tallow.kernels.cpu.ggml_linear import GgmlLinear
 
-    ref = GgmlLinear(TensorInfo("w", qt, (k, n), 0, raw.nbytes, raw))(x).numpy()
+    ref = GgmlLinear(TensorInfo("w", qt, (k, n), 0, raw.nbytes, raw))(x[:rows]).numpy()
     scale = np.abs(ref).max()
     assert np.abs(ys[0] - ref).max() <= 2e-6 * scale  # float summation order only
 

@@ -81,7 +81,7 @@ def test_prompt_lookup_prefers_the_match_that_reaches_furthest_back():
     assert [speculate.match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16)] == [1, 2, 3, 4, 4, 8, 8, 16]
 
 
-# The layers take the C kernel only with its AVX-512 VNNI code (ggml_dot.usable).
+# The layers take the C kernel only with its SIMD code, AVX-512 VNNI or AVX2 (ggml_dot.usable).
 C_LAYERS = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
 
 

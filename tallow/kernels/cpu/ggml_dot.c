@@ -561,6 +561,188 @@ TGT static float dot_q4_k_tiled_avx512(const uint8_t *w, const uint8_t *xp, int6
     }
     return acc;
 }
+
+/* ---------------------------------------------------------------- AVX2 row dots
+ * The same integer lanes and float steps as the code above, without VNNI: each 4-byte integer sum is
+ * maddubs (unsigned x signed byte pairs into int16) then madd (int16 pairs into int32), as ggml's AVX2
+ * code. No pair sum can saturate int16: the unsigned side is at most 63 (Q6_K), or the absolute value of
+ * an int8 against at most 127 in magnitude (Q8_0, Q5_0). */
+#define TGT2 __attribute__((target("avx2,fma,f16c")))
+
+TGT2 static inline float hsum8_v2(__m256 v) {
+    float a[8];
+    _mm256_storeu_ps(a, v);
+    return hsum8(a);
+}
+
+/* lane l: sum over bytes 4l..4l+3 of u[i] * s[i], u unsigned, s signed */
+TGT2 static inline __m256i dot_u8_i8_avx2(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* lane l: sum over bytes 4l..4l+3 of x[i] * y[i], both signed (ggml's mul_sum_i8_pairs_float) */
+TGT2 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
+    return dot_u8_i8_avx2(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
+        __m128i t = _mm_loadu_si128((const __m128i *)(w + 4));
+        __m256i qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_u8_i8_avx2(qx, qy)), acc);
+    }
+    return hsum8_v2(acc) + summs;
+}
+
+TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        uint32_t qh;
+        memcpy(&qh, w + 2, 4);
+        __m128i t = _mm_loadu_si128((const __m128i *)(w + 6));
+        __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
+        __m256i qx = _mm256_or_si256(lo, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(qx, qy)), acc);
+    }
+    return hsum8_v2(acc);
+}
+
+TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(w + 2));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(qx, qy)), acc);
+    }
+    return hsum8_v2(acc);
+}
+
+/* Q6_K's eight integer lanes of one super-block (q6_k_lanes_scalar's): per 32-value chunk the 4-byte sums,
+ * each int16 pair times its 16-value scale (madd), summed over the chunks */
+TGT2 static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx2(const uint8_t *w, const uint8_t *x) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const int8_t *sc = (const int8_t *)(w + 192);
+    const uint8_t *y = x + 4;
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 2; j++) {
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * j));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * j + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * j));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+        for (int c = 0; c < 4; c++) {
+            const int chunk = 4 * j + c;
+            const __m256i p = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y + 32 * chunk)));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * chunk + 1]), _mm_set1_epi16(sc[2 * chunk]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s));
+        }
+    }
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5));
+}
+
+TGT2 static inline int32_t hsum_i32x8_avx2(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    return _mm_cvtsi128_si32(t);
+}
+
+TGT2 static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        const float d = dx * _cvtsh_ss(rd16(w + 208));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q6_k_lanes_avx2(w, x)), acc);
+    }
+    return hsum8_v2(acc);
+}
+
+TGT2 static float dot_q6_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        acc = tiled_acc((float)hsum_i32x8_avx2(q6_k_lanes_avx2(w, x)) * _cvtsh_ss(rd16(w + 208)), dx, acc);
+    }
+    return acc;
+}
+
+/* Q4_K's integer lanes of one super-block (q4_k_lanes_scalar's) over the plain Q8_K layout; *mins gets
+ * the four mins lanes */
+TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const uint8_t *w, const uint8_t *x, __m128i *mins) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    uint32_t u[4];
+    q4_k_unpack(w + 4, u);
+    const uint8_t *sc = (const uint8_t *)u, *y = x + 4;
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(raw, m4), _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
+        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
+                                                _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
+                                                     _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
+    }
+    /* 32-value activation sums (pairs of the 16-value ones) against the mins, two per lane */
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
+    const __m256i s32 = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+    const __m128i s8 = _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    *mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2))), s8);
+    return sum;
+}
+
+TGT2 static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        __m128i mins;
+        const __m256i lanes = q4_k_lanes_avx2(w, x, &mins);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * _cvtsh_ss(rd16(w))), _mm256_cvtepi32_ps(lanes), acc);
+        accm = _mm_fmadd_ps(_mm_set1_ps(-dx * _cvtsh_ss(rd16(w + 2))), _mm_cvtepi32_ps(mins), accm);
+    }
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    return hsum8_v2(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
+}
+
+TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        __m128i mins;
+        const int32_t s = hsum_i32x8_avx2(q4_k_lanes_avx2(w, x, &mins));
+        __m128i mm = _mm_add_epi32(mins, _mm_shuffle_epi32(mins, 0x4e));
+        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
+        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)_mm_cvtsi128_si32(mm), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
+    }
+    return acc;
+}
 #endif
 
 /* ---------------------------------------------------------------- dispatch */
@@ -570,15 +752,18 @@ typedef float (*row_dot_fn)(const uint8_t *, const uint8_t *, int64_t);
 static float dot_q5_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q5_0, w, x, nb); }
 static float dot_q8_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q8_0, w, x, nb); }
 
-static int g_simd = -1; /* 0 scalar, 1 AVX-512 VNNI; forced to 0 by tg_set_simd(0) */
+/* The code level in use: the detected best unless capped by tg_set_simd. */
+enum { SIMD_PORTABLE = 0, SIMD_AVX2 = 1, SIMD_AVX512 = 2 };
+static int g_simd = -1;
 
 static int simd_supported(void) {
 #if TG_X86
     __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return SIMD_PORTABLE;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+           __builtin_cpu_supports("avx512vnni") ? SIMD_AVX512 : SIMD_AVX2;
 #else
-    return 0;
+    return SIMD_PORTABLE;
 #endif
 }
 
@@ -588,13 +773,22 @@ static int simd_supported(void) {
 static row_dot_fn pick(int type, int simd, int64_t rows) {
     const int tiled = rows >= TG_TILED_MIN_ROWS;
 #if TG_X86
-    if (simd) {
+    if (simd == SIMD_AVX512) {
         switch (type) {
         case T_Q4_1: return dot_q4_1_avx512;
         case T_Q5_0: return dot_q5_0_avx512;
         case T_Q8_0: return dot_q8_0_avx512;
         case T_Q6_K: return tiled ? dot_q6_k_tiled_avx512 : dot_q6_k_avx512;
         case T_Q4_K: return tiled ? dot_q4_k_tiled_avx512 : dot_q4_k_avx512; /* read prep_q4_k's layout */
+        }
+    }
+    if (simd == SIMD_AVX2) {
+        switch (type) {
+        case T_Q4_1: return dot_q4_1_avx2;
+        case T_Q5_0: return dot_q5_0_avx2;
+        case T_Q8_0: return dot_q8_0_avx2;
+        case T_Q6_K: return tiled ? dot_q6_k_tiled_avx2 : dot_q6_k_avx2;
+        case T_Q4_K: return tiled ? dot_q4_k_tiled_avx2 : dot_q4_k_avx2;
         }
     }
 #endif
@@ -665,17 +859,18 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 5; }
+int tg_abi_version(void) { return 6; }
 
-/* 1 when the AVX-512 VNNI kernels run, 0 for the portable code */
+/* the code in use: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 int tg_simd(void) {
     if (g_simd < 0) g_simd = simd_supported();
     return g_simd;
 }
 
-/* force the portable code (0) or the detected best (1); returns the level now in use */
-int tg_set_simd(int on) {
-    g_simd = on ? simd_supported() : 0;
+/* use the best code this CPU runs up to `level` (-1: no cap); returns the level now in use */
+int tg_set_simd(int level) {
+    const int best = simd_supported();
+    g_simd = level < 0 || level > best ? best : level;
     return g_simd;
 }
 
@@ -808,7 +1003,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     /* Prompts: Q4_K/Q6_K in llama.cpp's tiled order through ggml_gemm.c's register-tiled product (the bits of
      * the tiled row functions below). From 9 rows by default: up to 8 rows (decode, speculative verification)
      * every row keeps vec_dot's order; under TALLOW_NUMERICS=ggml (row_invariant 0) from 8, as llama.cpp. */
-    if (m >= TG_TILED_MIN_ROWS + (p->row_invariant ? 1 : 0) && simd) {
+    if (m >= TG_TILED_MIN_ROWS + (p->row_invariant ? 1 : 0) && simd == SIMD_AVX512) {
         tg_gemm_part_t gp[TG_MAX_PARTS];
         int all = 1;
         for (int i = 0, col = 0; i < p->nparts; col += (int)p->n[i], i++) {
@@ -822,7 +1017,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     const uint8_t *q4k = 0; /* Q4_K's prepared activation layout, made once for all its parts */
     int64_t q4k_stride = 0;
 #if TG_X86
-    for (int i = 0; i < p->nparts && simd && !q4k; i++) {
+    for (int i = 0; i < p->nparts && simd == SIMD_AVX512 && !q4k; i++) {
         if (p->types[i] != T_Q4_K) continue;
         if (!(q4k = q4k_prepared(act[2], k / QKK * Q8_K_BYTES, m, k))) return -2;
         q4k_stride = (k / QKK) * XP_BYTES;
@@ -865,12 +1060,12 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
     const int a = act_type(type);
     if (!fn || k % act_block(a)) return -1;
     int64_t xq_stride = k / act_block(a) * act_bytes(a);
-    if (m >= TG_TILED_MIN_ROWS && tg_simd() && tg_gemm_takes(type)) { /* the tiled order: ggml_gemm.c, same bits */
+    if (m >= TG_TILED_MIN_ROWS && tg_simd() == SIMD_AVX512 && tg_gemm_takes(type)) { /* the tiled order: ggml_gemm.c, same bits */
         const tg_gemm_part_t part = {type, w, row_bytes, n, xq, xq_stride, 0};
         return tg_gemm_run(&part, 1, k, m, y, n, nthreads);
     }
 #if TG_X86
-    if (type == T_Q4_K && tg_simd()) {
+    if (type == T_Q4_K && tg_simd() == SIMD_AVX512) {
         if (!(xq = q4k_prepared(xq, xq_stride, m, k))) return -2;
         xq_stride = (k / QKK) * XP_BYTES;
     }

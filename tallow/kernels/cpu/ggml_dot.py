@@ -39,14 +39,16 @@ from ...gguf_file import TensorInfo
 from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
 
-__all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "status", "quantize", "gemv_quantized",
+__all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "AVX512", "AVX2", "PORTABLE", "status", "quantize", "gemv_quantized",
            "linear", "parallel_min_bytes", "prefetch_bytes", "GgmlDotLinear", "GgmlDotGroup"]
 
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 5  # 5: ggml_gemm.c (tg_set_gemm, tg_gemm_takes, tg_gemm_run)
+_ABI = 6  # 6: code levels (tg_simd: 2 AVX-512 VNNI, 1 AVX2, 0 portable)
 MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
+PORTABLE, AVX2, AVX512 = 0, 1, 2  # ggml_dot.c's code levels
+_LEVEL_NAMES = {AVX512: "AVX-512 VNNI", AVX2: "AVX2", PORTABLE: "portable C (no AVX2 on this CPU)"}
 
 
 class _Plan(ctypes.Structure):
@@ -126,9 +128,9 @@ def available() -> bool:
 
 
 def usable() -> bool:
-    """Whether make_linear should use the C kernel: built, and with its AVX-512 VNNI code (the
-    portable code gives the same numbers but is slower than the torch paths)."""
-    return available() and simd()
+    """Whether make_linear should use the C kernel: built, and with SIMD code for this CPU (AVX-512 VNNI
+    or AVX2; the portable code gives the same numbers but is slower than the torch paths)."""
+    return available() and simd() > PORTABLE
 
 
 def unavailable_reason() -> str:
@@ -141,23 +143,24 @@ def in_use_status() -> str:
     return status() + ("; in use" if wanted() and usable() else "; not in use" + ("" if wanted() else " (TALLOW_CPU_GGML_DOT=0)"))
 
 
-def simd() -> bool:
-    """Whether the AVX-512 VNNI code runs (else the portable C, same results, several times slower)."""
+def simd() -> int:
+    """The code level in use: AVX512 (VNNI), AVX2 or PORTABLE (same results, several times slower)."""
     lib = _load()
-    return bool(lib and lib.tg_simd())
+    return int(lib.tg_simd()) if lib else PORTABLE
 
 
-def set_simd(on: bool) -> bool:
-    """Force the portable code (False) or the best this CPU runs (True); for tests and checks."""
+def set_simd(level: int | bool) -> int:
+    """Run the best code this CPU has up to `level` (True: the best; False: the portable code); for tests
+    and checks. Returns the level now in use."""
     lib = _load()
-    return bool(lib and lib.tg_set_simd(int(on)))
+    return int(lib.tg_set_simd(-1 if level is True else int(level))) if lib else PORTABLE
 
 
 def status() -> str:
     """One line for `tallow info` and the load log."""
     if not available():
         return f"off: {unavailable_reason()}"
-    return "built, " + ("AVX-512 VNNI" if simd() else "portable C (no AVX-512 VNNI on this CPU)")
+    return "built, " + _LEVEL_NAMES[simd()]
 
 
 def _act_row_bytes(qtype: QT, k: int) -> int:
@@ -232,7 +235,7 @@ PREFILL_TYPES: frozenset[QT] = frozenset({QT.Q4_K, QT.Q6_K})
 def gemm_takes(qtype: QT) -> bool:
     """Whether the C prefill product runs this weight type (GEMM_TYPES, where the AVX-512 VNNI code runs)."""
     lib = _load()
-    return bool(qtype in GEMM_TYPES and lib is not None and simd() and lib.tg_gemm_takes(int(qtype)))
+    return bool(qtype in GEMM_TYPES and lib is not None and simd() == AVX512 and lib.tg_gemm_takes(int(qtype)))
 
 
 def prefills(qtype: QT) -> bool:
