@@ -18,7 +18,7 @@ from tiny_models import ARCHITECTURES, write_tiny_model
 from gguf import GGMLQuantizationType as QT
 
 from tallow.engine import speculate
-from tallow.kernels.cpu import ggml_dot
+from tallow.kernels.cpu import decode_layer, ggml_dot
 from tallow.engine.engine import Engine, GenerationStats
 from tallow.engine.speculate import PromptLookup, Speculation
 from tallow.models.step import VERIFY
@@ -272,6 +272,7 @@ def test_greedy_output_identical_with_and_without_speculation(name, n, monkeypat
 
 
 @C_LAYERS
+@pytest.mark.skipif(not decode_layer.usable(), reason=f"the one-call C step: {decode_layer.unavailable_reason()}")
 def test_exact_path_speculates_through_the_c_step(monkeypatch, always_draft):
     """Under TALLOW_NUMERICS=ggml speculation is on by default where the one-call C step verifies (its rows are its
     decode steps bit for bit) and off where the composed blocks would (TALLOW_CPU_C_LAYER=0); the greedy tokens and

@@ -39,7 +39,8 @@
  *   - gemma3's Q/K norm (one weight row per head) and post-attention / post-feed-forward norms: go_rms_norm
  *     where ops.norm and rms_norm call it;
  *   - SwiGLU: torch's CPU silu, x / (1 + exp(-x)): its AVX-512 loop takes 32 values at a time through
- *     Sleef's expf (u10, 16 lanes), the last n % 32 values through libm's expf; the exp here is that
+ *     Sleef's expf (u10, 16 lanes; with torch's AVX2 kernels 16 values through its 8-lane expf), the last
+ *     ones through libm's expf; the exp here is that
  *     same Sleef function, its address handed over from torch's library (decode_layer.py) and checked
  *     against F.silu at load; then one rounded product with up. (Over the rows of a verification torch may
  *     split the values between threads, each piece with its own scalar tail: decode_layer.py takes only
@@ -118,43 +119,68 @@ typedef struct {
 
 enum { DL_GGML_ROPE = 1, DL_GGML_ATTENTION = 2, DL_GGML_GLU = 4 };
 
-int dl_abi_version(void) { return 5; }
+int dl_abi_version(void) { return 6; }
 
 /* ------------------------------------------------------------------ SiLU as torch computes it */
 
 #if DL_X86
-typedef __m512 (*dl_vexp_fn)(__m512);
-static dl_vexp_fn g_vexp; /* torch's Sleef_expf16_u10 */
+typedef __m512 (*dl_vexp16_fn)(__m512);
+typedef __m256 (*dl_vexp8_fn)(__m256);
+static void *g_vexp;    /* torch's Sleef_expf16_u10 (AVX-512 kernels) or Sleef_expf8_u10 (AVX2 kernels) */
+static int g_vexp_lanes; /* 16 or 8 */
 #endif
 
-/* Hand over torch's 16-lane expf (NULL: none); returns whether SwiGLU can run here. */
-int dl_set_vexp(void *fn) {
+/* Hand over torch's expf of `lanes` (16 or 8) floats (NULL: none); returns whether SwiGLU can run here. */
+int dl_set_vexp(void *fn, int lanes) {
 #if DL_X86
-    g_vexp = (dl_vexp_fn)fn;
+    g_vexp = lanes == 16 || lanes == 8 ? fn : 0;
+    g_vexp_lanes = lanes;
     return g_vexp != 0;
 #else
-    (void)fn;
+    (void)fn; (void)lanes;
     return 0;
 #endif
 }
 
 #if DL_X86
-/* y = silu(g) * u over n values: torch's vectorized loop (Loops.h) takes whole blocks of 2 x 16
- * lanes, the rest one value at a time with the scalar op (libm's expf). */
-DL_TGT static void swiglu_torch(const float *g, const float *u, float *y, int64_t n) {
+/* y = silu(g) * u over n values: torch's vectorized loop (Loops.h) takes whole blocks of 2 vectors (2 x 16
+ * lanes with AVX-512, 2 x 8 with AVX2), the rest one value at a time with the scalar op (libm's expf). */
+static void swiglu_tail(const float *g, const float *u, float *y, int64_t i, int64_t n) {
+    for (; i < n; i++) {
+        const float s = g[i] / (1.0f + expf(-g[i]));
+        y[i] = s * u[i];
+    }
+}
+
+DL_TGT static void swiglu_torch16(const float *g, const float *u, float *y, int64_t n) {
     const int64_t nv = n - n % 32;
     const __m512 one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
     for (; i < nv; i += 16) {
         const __m512 x = _mm512_loadu_ps(g + i);
-        const __m512 e = g_vexp(_mm512_sub_ps(_mm512_setzero_ps(), x)); /* x.neg(): the sign flipped, exact */
+        const __m512 e = ((dl_vexp16_fn)g_vexp)(_mm512_sub_ps(_mm512_setzero_ps(), x)); /* x.neg(): the sign flipped, exact */
         const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
         _mm512_storeu_ps(y + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
     }
-    for (; i < n; i++) {
-        const float s = g[i] / (1.0f + expf(-g[i]));
-        y[i] = s * u[i];
+    swiglu_tail(g, u, y, i, n);
+}
+
+__attribute__((target("avx2"))) static void swiglu_torch8(const float *g, const float *u, float *y, int64_t n) {
+    const int64_t nv = n - n % 16;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i < nv; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = ((dl_vexp8_fn)g_vexp)(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }
+    swiglu_tail(g, u, y, i, n);
+}
+
+static void swiglu_torch(const float *g, const float *u, float *y, int64_t n) {
+    if (g_vexp_lanes == 16) swiglu_torch16(g, u, y, n);
+    else swiglu_torch8(g, u, y, n);
 }
 #endif
 

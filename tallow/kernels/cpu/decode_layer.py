@@ -10,9 +10,10 @@ rows, host start, an f16 pool (rings too: each ring layer writes and reads slot 
 products, norms and attention in use), `run` runs it.
 One caller at a time per model, as the engine is: `run` points the C layers at the pool it is given.
 
-SwiGLU has to be torch's own SiLU: the C code calls the 16-lane Sleef expf torch's AVX-512 kernels use,
-found in torch's library, and checks at load that it gives F.silu's bits (`_vexp_ok`); where that is not
-so (another torch build, a CPU without AVX-512) the composed path runs. GeGLU reads torch's fp16 GELU of
+SwiGLU has to be torch's own SiLU: the C code calls the Sleef expf torch's vectorized kernels use (16 lanes
+with its AVX-512 kernels, 8 with its AVX2 ones), found in torch's library, and checks at load that it gives
+F.silu's bits (`_vexp_ok`); where that is not so (another torch build, a CPU without AVX2) the composed path
+runs. GeGLU reads torch's fp16 GELU of
 every fp16 value from a table made at load.
 
 Falcon-H1 (session 13): the llama block with each layer's Mamba-2 mixer beside the attention, as models/falcon_h1.py's
@@ -45,7 +46,7 @@ from . import c_ssm, ggml_dot
 
 __all__ = ["usable", "DecodeLayers", "swiglu", "silu_rows_match"]
 
-_ABI = 5
+_ABI = 6
 GGML_ROPE, GGML_ATTENTION, GGML_GLU = 1, 2, 4  # decode_layer.c's DL_GGML_* bits
 GGML_ALL = GGML_ROPE | GGML_ATTENTION | GGML_GLU
 _state: dict = {}  # "lib": the library once checked (None: not usable), "why": the reason
@@ -77,21 +78,32 @@ class _Model(ctypes.Structure):
                 ("ggml_ops", ctypes.c_int32), ("prescaled_q", ctypes.c_int32)]
 
 
-def _torch_vexp() -> int | None:
-    """The address of the 16-lane expf torch's AVX-512 kernels call (Sleef_expf16_u10 in libtorch_cpu),
-    or None where torch does not dispatch to its AVX-512 kernels."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+# torch's CPU kernel level -> the Sleef expf its vectorized kernels call, and its lanes
+_TORCH_VEXP = {"AVX512": ("Sleef_expf16_u10", 16), "AVX2": ("Sleef_expf8_u10", 8)}
+
+
+def _torch_vexp() -> tuple[int, int] | None:
+    """The address and lane count of the expf torch's vectorized CPU kernels call here (Sleef_expf16_u10
+    with its AVX-512 kernels, Sleef_expf8_u10 with its AVX2 ones, in libtorch_cpu), or None elsewhere."""
+    name, lanes = _TORCH_VEXP.get(torch.backends.cpu.get_cpu_capability(), (None, 0))
+    if name is None:
         return None
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     try:
-        return ctypes.cast(ctypes.CDLL(path).Sleef_expf16_u10, ctypes.c_void_p).value
+        return ctypes.cast(getattr(ctypes.CDLL(path), name), ctypes.c_void_p).value, lanes
     except (OSError, AttributeError):
         return None
 
 
+def vector_lanes() -> int:
+    """The float lanes of torch's vectorized CPU kernels here (16 AVX-512, 8 AVX2): its elementwise loops take
+    two vectors a step, so SiLU whole blocks of 2 x lanes floats, the fp16 GELU of 4 x lanes halves."""
+    return _TORCH_VEXP.get(torch.backends.cpu.get_cpu_capability(), (None, 16))[1]
+
+
 def _vexp_ok(lib) -> bool:
     """Whether the C SwiGLU gives F.silu(g) * u's bits: values over float32's whole range (both exp
-    edges, zeros, subnormals) in a length whose last n % 32 take torch's scalar loop."""
+    edges, zeros, subnormals) in a length whose last values take torch's scalar loop."""
     gen = torch.Generator().manual_seed(0)
     g = torch.cat([torch.randn(4000, generator=gen) * s for s in (1.0, 8.0, 40.0)]
                   + [torch.tensor([0.0, -0.0, 88.0, -88.0, 103.0, -103.0, 1e-40, -1e-40, 3e38, -3e38])])
@@ -116,14 +128,15 @@ def _lib():
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.dl_decode.argtypes = [p, p, p, p, i64, i64, i32]
         lib.dl_decode.restype = i32
-        lib.dl_set_vexp.argtypes = [p]
+        lib.dl_set_vexp.argtypes = [p, i32]
         lib.dl_set_vexp.restype = i32
         lib.dl_swiglu.argtypes = [p, p, p, i64]
         lib.dl_swiglu.restype = i32
-        if not lib.dl_set_vexp(_torch_vexp()):
-            lib, why = None, "torch does not run its AVX-512 kernels here (its SiLU could not be matched)"
+        vexp = _torch_vexp()
+        if vexp is None or not lib.dl_set_vexp(*vexp):
+            lib, why = None, "torch does not run its AVX-512 or AVX2 kernels here (its SiLU could not be matched)"
         elif not _vexp_ok(lib):
-            lib.dl_set_vexp(None)
+            lib.dl_set_vexp(None, 0)
             lib, why = None, "this torch build's SiLU gives other bits than the C SwiGLU"
     _state.update(lib=lib, why=why)
     return lib
@@ -151,15 +164,16 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return y.reshape(g.shape)
 
 
-def silu_rows_match(m: int, ffn: int, threads: int, block: int = 32) -> bool:
+def silu_rows_match(m: int, ffn: int, threads: int, geglu: bool = False) -> bool:
     """Whether F.silu over m rows of ffn values gives each value the bits the C SwiGLU gives it row by row.
     torch's CPU loop runs serially under 32768 values (at::internal::GRAIN_SIZE), else splits them into
-    equal pieces, one per thread, and each piece takes Sleef's exp on whole blocks of 32 values and libm's
-    on its last ones: the same as row by row when no block or tail moves, i.e. ffn and every piece a
-    multiple of 32 (tests/test_decode_layer.py checks it at the real models' widths). GeGLU's fp16 GELU
-    works in blocks of 64 (`block`) over the rows' values flattened."""
+    equal pieces, one per thread, and each piece takes Sleef's exp on whole blocks (2 vectors, `vector_lanes`)
+    and libm's on its last values: the same as row by row when no block or tail moves, i.e. ffn and every
+    piece a multiple of the block (tests/test_decode_layer.py checks it at the real models' widths). GeGLU's
+    fp16 GELU works in blocks of 2 fp16 vectors over the rows' values flattened."""
+    block = (4 if geglu else 2) * vector_lanes()
     total = m * ffn
-    if block == 64 and ffn % 64:  # its tail would be the last row's only
+    if geglu and ffn % block:  # its tail would be the last row's only
         return False
     if total < 32768:
         return True
@@ -411,8 +425,8 @@ class DecodeLayers:
     def _rows_ok(self, m: int) -> bool:
         if self.ggml_on() and self.ggml_mask & GGML_GLU:  # ggml's GLU goes row by row: no thread split to match
             return m <= ggml_dot.GgmlDotLinear.MAX_ROWS
-        threads, block = torch.get_num_threads(), 64 if self.cmodel.geglu else 32
-        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and all(silu_rows_match(m, f, threads, block) for f in self.ffns)
+        threads, geglu = torch.get_num_threads(), bool(self.cmodel.geglu)
+        return m <= ggml_dot.GgmlDotLinear.MAX_ROWS and all(silu_rows_match(m, f, threads, geglu) for f in self.ffns)
 
     def _ggml_rope(self, n: int) -> None:
         """ggml's RoPE tables (RotaryTables' ggml angles: the float recurrence, libm's cosf/sinf) for positions
