@@ -17,6 +17,17 @@ from test_quant_reference import random_rows
 
 needs_simd = pytest.mark.skipif(not (ggml_dot.available() and ggml_dot.simd() == ggml_dot.AVX512),
                                 reason="needs the C kernel's AVX-512 VNNI code")
+needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_dot.unavailable_reason()}")
+
+
+@pytest.fixture(params=[ggml_dot.AVX512, ggml_dot.AVX2], ids=["avx512", "avx2"])
+def level(request):
+    """The K-quant product's AVX-512 VNNI and AVX2 code, each where this CPU runs it."""
+    if ggml_dot.set_simd(request.param) != request.param:
+        ggml_dot.set_simd(True)
+        pytest.skip(f"this CPU runs {ggml_dot.status()}")
+    yield request.param
+    ggml_dot.set_simd(True)
 GEMM_TYPES = (QT.Q4_K, QT.Q6_K)
 VEC_DOT_TYPES = (QT.Q4_1, QT.Q5_0, QT.Q8_0)  # vec_dot's order at every row count
 
@@ -34,12 +45,13 @@ def _tiled(raw, qt, k, xq):
         ggml_dot.gemm(old)
 
 
-@needs_simd
+@needs_c
 @pytest.mark.parametrize("qt", GEMM_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("n, k", [(16, 256), (37, 768), (100, 1536), (5, 2304)])
+@pytest.mark.parametrize("n, k", [(16, 256), (37, 768), (100, 1536), (5, 2304), (3, 512)])
 @pytest.mark.parametrize("m", [8, 9, 13, 64, 131])
-def test_gemm_is_the_tiled_row_order_bit_for_bit(qt, n, k, m):
-    """Panels with a short last one (n % 16), register tiles with a short last one (m % 6), 1-9 super-blocks."""
+def test_gemm_is_the_tiled_row_order_bit_for_bit(qt, n, k, m, level):
+    """Panels with a short last one (n % 16, and under 8 rows), register tiles with a short last one (m % 6,
+    m % 4), 1-9 super-blocks."""
     raw = random_rows(qt, n, k, seed=int(qt) * 1000 + n + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)) * 4
     x[0, :17] = 0.0  # a row with a zero block sum
@@ -49,10 +61,10 @@ def test_gemm_is_the_tiled_row_order_bit_for_bit(qt, n, k, m):
     assert (_bits(ours) == _bits(ref)).all()
 
 
-@needs_simd
-def test_extreme_codes_and_scales_stay_exact():
-    """Every code at its largest, activations at +-127 (Q8_K's range), the largest scales: the int32 sums
-    and the Q6_K offset of 128 stay inside their ranges."""
+@needs_c
+def test_extreme_codes_and_scales_stay_exact(level):
+    """Every code at its largest, activations at +-127 (Q8_K's range), the largest scales: the int32 sums,
+    the Q6_K offset of 128 and AVX2's int16 partial sums stay inside their ranges."""
     k, n = 1536, 20
     for qt in GEMM_TYPES:
         raw = random_rows(qt, n, k, seed=7).copy()
@@ -70,8 +82,8 @@ def test_extreme_codes_and_scales_stay_exact():
             assert (_bits(ggml_dot.gemv_quantized(raw, qt, k, xq)) == _bits(_tiled(raw, qt, k, xq))).all()
 
 
-@needs_simd
-def test_a_row_has_the_same_bits_in_any_prompt_chunk_and_decode_rows_keep_vec_dot():
+@needs_c
+def test_a_row_has_the_same_bits_in_any_prompt_chunk_and_decode_rows_keep_vec_dot(level):
     k = 1536
     parts = [(QT.Q4_K, torch.from_numpy(random_rows(QT.Q4_K, 48, k, seed=1))),
              (QT.Q6_K, torch.from_numpy(random_rows(QT.Q6_K, 40, k, seed=2)))]
@@ -90,9 +102,9 @@ def test_a_row_has_the_same_bits_in_any_prompt_chunk_and_decode_rows_keep_vec_do
     assert not torch.equal(eight, full[:8])  # (the two orders do differ)
 
 
-@needs_simd
+@needs_c
 @pytest.mark.parametrize("flag", ["1", "0"])
-def test_switch_builds_the_layer_with_or_without_its_torch_copy(flag, monkeypatch):
+def test_switch_builds_the_layer_with_or_without_its_torch_copy(flag, monkeypatch, level):
     from tallow.kernels.cpu.linear import make_linear
 
     monkeypatch.setenv("TALLOW_CPU_GEMM", flag)
@@ -124,9 +136,11 @@ def test_gemm_of_32_value_blocks_is_vec_dots_order(qt, n, k, m):
     assert (_bits(ours) == _bits(rows)).all() and (_bits(ours) == _bits(_tiled(raw, qt, k, xq))).all()
 
 
-@needs_simd
-def test_the_declared_types_are_the_c_ones():
-    """ggml_dot.GEMM_TYPES (in the weight cache's key) names exactly the types the C product takes."""
-    assert {qt for qt in QT if ggml_dot.gemm_takes(qt)} == set(ggml_dot.GEMM_TYPES)
+@needs_c
+def test_the_declared_types_are_the_c_ones(level):
+    """ggml_dot.GEMM_TYPES (in the weight cache's key) names exactly the types the AVX-512 product takes,
+    PREFILL_TYPES the AVX2 one's."""
+    declared = ggml_dot.GEMM_TYPES if level == ggml_dot.AVX512 else ggml_dot.PREFILL_TYPES
+    assert {qt for qt in QT if ggml_dot.gemm_takes(qt)} == set(declared)
     lib = ggml_dot._load()
-    assert {qt for qt in QT if lib.tg_gemm_takes(int(qt))} == set(ggml_dot.GEMM_TYPES)
+    assert {qt for qt in QT if lib.tg_gemm_takes(int(qt))} == set(declared)

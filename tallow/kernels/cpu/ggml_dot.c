@@ -1003,7 +1003,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
     /* Prompts: Q4_K/Q6_K in llama.cpp's tiled order through ggml_gemm.c's register-tiled product (the bits of
      * the tiled row functions below). From 9 rows by default: up to 8 rows (decode, speculative verification)
      * every row keeps vec_dot's order; under TALLOW_NUMERICS=ggml (row_invariant 0) from 8, as llama.cpp. */
-    if (m >= TG_TILED_MIN_ROWS + (p->row_invariant ? 1 : 0) && simd == SIMD_AVX512) {
+    if (m >= TG_TILED_MIN_ROWS + (p->row_invariant ? 1 : 0) && simd >= SIMD_AVX2) {
         tg_gemm_part_t gp[TG_MAX_PARTS];
         int all = 1;
         for (int i = 0, col = 0; i < p->nparts; col += (int)p->n[i], i++) {
@@ -1060,7 +1060,7 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
     const int a = act_type(type);
     if (!fn || k % act_block(a)) return -1;
     int64_t xq_stride = k / act_block(a) * act_bytes(a);
-    if (m >= TG_TILED_MIN_ROWS && tg_simd() == SIMD_AVX512 && tg_gemm_takes(type)) { /* the tiled order: ggml_gemm.c, same bits */
+    if (m >= TG_TILED_MIN_ROWS && tg_simd() >= SIMD_AVX2 && tg_gemm_takes(type)) { /* the tiled order: ggml_gemm.c, same bits */
         const tg_gemm_part_t part = {type, w, row_bytes, n, xq, xq_stride, 0};
         return tg_gemm_run(&part, 1, k, m, y, n, nthreads);
     }

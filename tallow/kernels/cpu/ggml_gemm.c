@@ -57,11 +57,18 @@ int tg_set_gemm(int on) {
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TGT2 __attribute__((target("avx2,fma,f16c"))) /* also what the AVX-512 code shares: unpacking */
 #define UNROLL _Pragma("GCC unroll 8") /* registers, not arrays on the stack */
 
 static int k_quant(int type) { return type == G_Q4_K || type == G_Q6_K; }
 
-int tg_gemm_takes(int type) { return g_gemm && (k_quant(type) || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0); }
+int tg_simd(void); /* ggml_dot.c: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
+
+/* AVX-512 VNNI: every type; AVX2: the K-quants (Q4_1/Q5_0/Q8_0 prompts keep the row functions there) */
+int tg_gemm_takes(int type) {
+    const int simd = tg_simd();
+    return g_gemm && ((simd >= 1 && k_quant(type)) || (simd == 2 && (type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0)));
+}
 
 /* One super-block of a 16-row panel. */
 typedef struct {
@@ -72,14 +79,14 @@ typedef struct {
     float d[PANEL], ndmin[PANEL];
 } panel_t;
 
-TGT static inline float h2f(const uint8_t *p) {
+TGT2 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
 /* one weight row's super-block b as 256 code bytes in value order, into the panel's lane c */
-TGT static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
+TGT2 static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
     uint8_t v[QKK];
     if (type == G_Q4_K) { /* 144 bytes: d, dmin, scales[12], qs[128] (32 bytes: block 2j low nibbles, 2j+1 high) */
         const __m256i m4 = _mm256_set1_epi8(15);
@@ -200,6 +207,96 @@ TGT static void tile_q4_k(const panel_t *pan, int64_t nsb, const uint8_t *const 
 TGT static void tile_q6_k(const panel_t *pan, int64_t nsb, const uint8_t *const x[TILE], const int32_t *const b8[TILE],
                           const uint8_t *const dx[TILE], __m512 acc[TILE]) {
     tile(G_Q6_K, pan, nsb, x, b8, dx, acc);
+}
+
+/* AVX2 (no VNNI): the same integers, an 8-row half of the panel per register. A 4-byte unit's products
+ * come from maddubs as two int16 pair sums per lane; those add up in int16 as far as they cannot
+ * overflow (Q4_K: a 32-value block, at most 8 x 2 x 15 x 128 = 30720; Q6_K: two units, at most
+ * 2 x 2 x 255 x 32 = 32640), then madd with the scale in both int16 halves gives the scaled int32. */
+#define TILE2 4 /* activation rows per AVX2 tile: 3 registers each (int16 sums, s, acc) */
+
+TGT2 static inline __m256i scale_pairs(const int32_t *sc) { /* int32 scales -> the scale in both int16 halves */
+    const __m256i v = _mm256_loadu_si256((const __m256i *)sc);
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+TGT2 static inline int32_t x4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* TILE2 activation rows x rows h*8..h*8+7 of the panel over nsb super-blocks (tile's arguments) */
+TGT2 static inline __attribute__((always_inline)) void tile2(const int type, const panel_t *pan, int h, int64_t nsb,
+                                                             const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
+                                                             const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
+    const int xstride = type == G_Q4_K ? Q8K_BYTES : QKK, xoff = type == G_Q4_K ? 4 : 0;
+    const int c = 8 * h;
+    for (int64_t b = 0; b < nsb; b++, pan++) {
+        __m256i s[TILE2];
+        const __m256i start = _mm256_loadu_si256((const __m256i *)(pan->start + c));
+        UNROLL for (int i = 0; i < TILE2; i++) s[i] = start;
+        if (type == G_Q4_K) {
+            for (int j = 0; j < 8; j++) { /* 32-value blocks: units 8j..8j+7 */
+                __m256i a[TILE2];
+                UNROLL for (int i = 0; i < TILE2; i++) a[i] = _mm256_setzero_si256();
+                UNROLL for (int u = 0; u < 8; u++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(pan->codes[8 * j + u] + c));
+                    UNROLL for (int i = 0; i < TILE2; i++)
+                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4(x[i] + b * xstride + xoff + 32 * j + 4 * u))));
+                }
+                const __m256i sc = scale_pairs(pan->sc[j] + c);
+                UNROLL for (int i = 0; i < TILE2; i++) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(a[i], sc));
+            }
+        } else {
+            for (int k = 0; k < 16; k++) { /* 16-value sub-blocks: units 4k..4k+3, two at a time */
+                const __m256i sc = scale_pairs(pan->sc[k] + c);
+                UNROLL for (int half = 0; half < 2; half++) {
+                    const int u = 4 * k + 2 * half;
+                    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(pan->codes[u] + c));
+                    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(pan->codes[u + 1] + c));
+                    UNROLL for (int i = 0; i < TILE2; i++) {
+                        const uint8_t *p = x[i] + b * xstride + 4 * u;
+                        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(x4(p)), w0),
+                                                           _mm256_maddubs_epi16(_mm256_set1_epi32(x4(p + 4)), w1));
+                        s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(a, sc));
+                    }
+                }
+            }
+        }
+        const __m256 d = _mm256_loadu_ps(pan->d + c);
+        if (type == G_Q4_K) {
+            const __m256 nd = _mm256_loadu_ps(pan->ndmin + c);
+            const __m256i mn0 = _mm256_loadu_si256((const __m256i *)(pan->mn[0] + c)), mn1 = _mm256_loadu_si256((const __m256i *)(pan->mn[1] + c));
+            const __m256i mn2 = _mm256_loadu_si256((const __m256i *)(pan->mn[2] + c)), mn3 = _mm256_loadu_si256((const __m256i *)(pan->mn[3] + c));
+            UNROLL for (int i = 0; i < TILE2; i++) {
+                const int32_t *bp = b8[i] + 4 * b;
+                __m256i m = _mm256_add_epi32(_mm256_madd_epi16(mn0, _mm256_set1_epi32(bp[0])), _mm256_madd_epi16(mn1, _mm256_set1_epi32(bp[1])));
+                m = _mm256_add_epi32(m, _mm256_add_epi32(_mm256_madd_epi16(mn2, _mm256_set1_epi32(bp[2])),
+                                                         _mm256_madd_epi16(mn3, _mm256_set1_epi32(bp[3]))));
+                float dxs;
+                memcpy(&dxs, x[i] + b * Q8K_BYTES, 4);
+                const __m256 res = _mm256_fmadd_ps(nd, _mm256_cvtepi32_ps(m), _mm256_mul_ps(_mm256_cvtepi32_ps(s[i]), d));
+                acc[i] = _mm256_fmadd_ps(res, _mm256_set1_ps(dxs), acc[i]);
+            }
+        } else {
+            UNROLL for (int i = 0; i < TILE2; i++) {
+                float dxs;
+                memcpy(&dxs, dx[i] + b * Q8K_BYTES, 4);
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i]), d), _mm256_set1_ps(dxs), acc[i]);
+            }
+        }
+    }
+}
+
+TGT2 static void tile2_q4_k(const panel_t *pan, int h, int64_t nsb, const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
+                            const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
+    tile2(G_Q4_K, pan, h, nsb, x, b8, dx, acc);
+}
+
+TGT2 static void tile2_q6_k(const panel_t *pan, int h, int64_t nsb, const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
+                            const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
+    tile2(G_Q6_K, pan, h, nsb, x, b8, dx, acc);
 }
 
 /* the activations in the layouts the tiles read: Q4_K's 32-value block sums (from Q8_K's 16-value sums) as
@@ -402,9 +499,50 @@ TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int
     }
 }
 
+/* run_panel with the AVX2 tiles: each 8-row half of the panel in turn */
+TGT2 static void run_panel2(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m0, int64_t m, const int32_t *sums,
+                            const uint8_t *codes, panel_t *pan, float *carry, float *y, int64_t y_stride) {
+    const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
+    for (int c = 0; c < PANEL; c++) {
+        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
+        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
+    }
+    for (int h = 0; h < 2 && 8 * h < nc; h++) {
+        const int keep = nc - 8 * h < 8 ? nc - 8 * h : 8;
+        for (int64_t b0 = 0; b0 < nsb; b0 += KC) {
+            const int64_t nb = nsb - b0 < KC ? nsb - b0 : KC;
+            const int last = b0 + nb == nsb;
+            for (int64_t i0 = m0; i0 < m; i0 += TILE2) {
+                const uint8_t *x[TILE2], *dx[TILE2];
+                const int32_t *b8[TILE2];
+                __m256 acc[TILE2];
+                for (int i = 0; i < TILE2; i++) {
+                    const int64_t row = i0 + i < m ? i0 + i : m - 1;
+                    dx[i] = pt->xq + row * pt->xq_stride + b0 * Q8K_BYTES;
+                    x[i] = pt->type == G_Q4_K ? dx[i] : codes + (row * nsb + b0) * QKK;
+                    b8[i] = sums ? sums + (row * nsb + b0) * 4 : 0;
+                    acc[i] = b0 ? _mm256_loadu_ps(carry + row * PANEL + 8 * h) : _mm256_setzero_ps();
+                }
+                if (pt->type == G_Q4_K) tile2_q4_k(pan + b0, h, nb, x, b8, dx, acc);
+                else tile2_q6_k(pan + b0, h, nb, x, b8, dx, acc);
+                for (int i = 0; i < TILE2 && i0 + i < m; i++) {
+                    if (last) {
+                        float out[8];
+                        _mm256_storeu_ps(out, acc[i]);
+                        memcpy(y + (i0 + i) * y_stride + pt->col + c0 + 8 * h, out, sizeof(float) * (size_t)keep);
+                    } else {
+                        _mm256_storeu_ps(carry + (i0 + i) * PANEL + 8 * h, acc[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, float *y, int64_t y_stride, int nthreads) {
     if (nparts < 1 || nparts > TG_MAX_PARTS) return -1;
     const int64_t nsb = k / QKK, nb = k / QK;
+    const int avx512 = tg_simd() == 2;
     void *prep[TG_MAX_PARTS] = {0}; /* the activations in the layout each part's tiles read */
     int owner[TG_MAX_PARTS];       /* parts that share activations and a layout share the buffer */
     int64_t panels[TG_MAX_PARTS + 1];
@@ -461,10 +599,9 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
                 while (g >= panels[i + 1]) i++;
                 const tg_gemm_part_t *pt = &parts[i];
                 const void *pp = prep[owner[i]];
-                if (pt->type == G_Q4_K)
-                    run_panel(pt, nsb, PANEL * (g - panels[i]), m0, m1, pp, 0, pan, carry, y, y_stride);
-                else if (pt->type == G_Q6_K)
-                    run_panel(pt, nsb, PANEL * (g - panels[i]), m0, m1, 0, pp, pan, carry, y, y_stride);
+                if (k_quant((int)pt->type))
+                    (avx512 ? run_panel : run_panel2)(pt, nsb, PANEL * (g - panels[i]), m0, m1, pt->type == G_Q4_K ? pp : 0,
+                                                      pt->type == G_Q6_K ? pp : 0, pan, carry, y, y_stride);
                 else
                     run_panel0(pt, nb, 8 * (g - panels[i]), m0, m1, pp, pan, y, y_stride);
             }
