@@ -860,6 +860,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_dot:products_of",  # a layer's cached C plan (a container; the products are tested through the layers)
     "tallow.kernels.cpu.decode_layer:usable", "tallow.kernels.cpu.decode_layer:unavailable_reason",
     "tallow.kernels.cpu.decode_layer:silu_rows_match",  # when torch's SiLU splits rows as the C step does (a rule)
+    "tallow.kernels.cpu.decode_layer:vector_lanes",  # torch's vector width here, which fixes that rule's blocks
     "tallow.kernels.cpu.ggml_dot:gemm", "tallow.kernels.cpu.ggml_dot:gemm_takes",  # the prefill product's flag and types (test_ggml_gemm.py: same bits on and off)
     "tallow.kernels.cpu.ggml_dot:prefills",  # whether a type prefills in C with no torch copy (test_ggml_gemm.py, the memory plan tests)
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
