@@ -1,5 +1,5 @@
 """CPU decode attention over an f16 cache in C (tallow/kernels/cpu/decode_attention.c): the portable
-code and the AVX-512 code against torch's path, and layers.decode_attention's routing and switch.
+code, the AVX2 and the AVX-512 code against torch's path, and layers.decode_attention's routing and switch.
 (The kernel case in tests/kernel_cases.py holds the default code to 2e-5 on four shapes.)"""
 
 from __future__ import annotations
@@ -19,12 +19,22 @@ def _cache(n_kv=2, heads=8, dim=64, n_ctx=300, seed=0):
             torch.randn(n_kv, n_ctx, dim, generator=g).half())
 
 
-@pytest.mark.parametrize("simd", [True, False])
+LEVELS = pytest.mark.parametrize("simd", [ggml_dot.AVX512, ggml_dot.AVX2, ggml_dot.PORTABLE], ids=["avx512", "avx2", "portable"])
+
+
+def _level(simd):
+    if c_attention.set_simd(simd) != simd:
+        c_attention.set_simd(True)
+        pytest.skip("this CPU lacks that code's instructions")
+
+
+@LEVELS
 @pytest.mark.parametrize("threads", [1, 4])  # 4: each KV head's keys in chunks, merged
-def test_portable_and_simd_code_match_torch(simd, threads):
-    q, k, v = _cache(n_kv=1, n_ctx=1500)
+@pytest.mark.parametrize("heads", [8, 5])  # 5: a register block of heads short of full
+def test_portable_and_simd_code_match_torch(simd, threads, heads):
+    q, k, v = _cache(n_kv=1, heads=heads, n_ctx=1500)
     want = attend_keys(q, k[:, 10:1490].float(), v[:, 10:1490].float(), 0.2, 20.0)
-    c_attention.set_simd(simd)
+    _level(simd)
     try:
         got = c_attention.attend_f16(q, k, v, 10, 1490, 0.2, 20.0, threads=threads)
     finally:
@@ -66,7 +76,7 @@ def test_speculation_stays_exact_with_it(tmp_path):
     assert torch.equal(rows, steps)
 
 
-@pytest.mark.parametrize("simd", [True, False])
+@LEVELS
 @pytest.mark.parametrize("threads", [1, 4])
 def test_a_ring_is_read_in_position_order_as_the_whole_cache_is(simd, threads):
     """A sliding-window layer's ring (position p in row p % ring) gives the bits the full-context
@@ -77,7 +87,7 @@ def test_a_ring_is_read_in_position_order_as_the_whole_cache_is(simd, threads):
     begin, end = 700 - 277, 700  # wraps: rows 123..299, then 0..99
     for p in range(begin, end):
         rk[:, p % ring], rv[:, p % ring] = k[:, p], v[:, p]
-    c_attention.set_simd(simd)
+    _level(simd)
     try:
         want = c_attention.attend_f16(q, k, v, begin, end, 0.2, threads=threads)
         got = c_attention.attend_f16(q, rk, rv, begin, end, 0.2, threads=threads, ring=True)

@@ -21,6 +21,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ta_attend_f16.argtypes = [p, i32, i32, i32, i32, p, p, i64, i64, i64, i64, i64, i64, i64, f32, f32, p, i32]
     lib.ta_attend_f16.restype = i32
     lib.ta_set_simd.argtypes = [i32]
+    lib.ta_simd.restype = i32
 
 
 def _lib() -> ctypes.CDLL | None:
@@ -32,9 +33,11 @@ def usable() -> bool:
     return _lib() is not None
 
 
-def set_simd(on: bool) -> None:
-    """Tests: False runs the portable C (the same algorithm without AVX-512)."""
-    _lib().ta_set_simd(int(on))
+def set_simd(level: int | bool) -> int:
+    """Tests: the best code up to `level` (ggml_dot.AVX512 / AVX2 / PORTABLE; True: the best, False: the
+    portable C, the same algorithm without SIMD). Returns the level now in use."""
+    _lib().ta_set_simd(-1 if level is True else int(level))
+    return int(_lib().ta_simd())
 
 
 def attend_f16(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, begin: int, end: int, scale: float,

@@ -13,7 +13,8 @@
  * e^(m_c - M). fp32 throughout; the order differs from torch's SDPA, so results agree to ~1e-6
  * relative, not bit for bit. Strides in elements; loaded by ctypes (c_attention.py).
  *
- * The AVX-512 chunk does the portable chunk's arithmetic in its order (bit for bit), blocked so that it is
+ * The AVX-512 chunk (and the AVX2 one, 8 lanes) does the portable chunk's arithmetic with its scores summed in
+ * lanes (agreeing to ~1e-6, each code with itself bit for bit), blocked so that it is
  * not waiting on memory: heads and keys in registers, and K/V rows prefetched ahead of use (one thread's
  * loads alone do not keep enough cache misses in flight to stream the cache).
  */
@@ -63,20 +64,27 @@ static void ta_axpy_portable(float *acc, float p, const float *v, int d) {
 
 static int ta_use_simd = -1;
 
-int ta_simd(void) {
-    if (ta_use_simd < 0) {
+static int ta_best(void) {
 #ifdef TA_X86
-        __builtin_cpu_init();
-        ta_use_simd = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") ? 1 : 0;
 #else
-        ta_use_simd = 0;
+    return 0;
 #endif
-    }
+}
+
+/* the code in use: 2 AVX-512, 1 AVX2, 0 portable */
+int ta_simd(void) {
+    if (ta_use_simd < 0) ta_use_simd = ta_best();
     return ta_use_simd;
 }
 
-/* 0: the portable C, 1: AVX-512 where the CPU has it (tests run both) */
-void ta_set_simd(int on) { ta_use_simd = on ? -1 : 0; if (on) ta_simd(); }
+/* the best code up to `level` (-1: no cap; tests run each) */
+void ta_set_simd(int level) {
+    const int best = ta_best();
+    ta_use_simd = level < 0 || level > best ? best : level;
+}
 
 /* One (KV head, key chunk): m[h], l[h] and acc[h][dv] for the group's heads; s: scratch (group * n);
  * row: scratch for one converted K or V row (max(dk, dv) floats). */
@@ -223,13 +231,8 @@ __attribute__((target("avx512f"))) static void ta_block_any(const ta_args_t *a, 
     }
 }
 
-static void ta_chunk_avx512(const ta_args_t *a, int g, int64_t t0, int64_t t1, float *m, float *l, float *acc,
-                            float *s) {
-    const int64_t n = t1 - t0;
-    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
-    const float *q = a->q + (int64_t)g * a->group * a->dk; /* the group's heads, relative to h0 = 0 */
-    for (int h0 = 0; h0 < a->group; h0 += TA_HB)
-        ta_block_any(a, kb, vb, t0, n, h0, a->group - h0 < TA_HB ? a->group - h0 : TA_HB, q, s, acc, 0);
+/* the chunk's scores s[h * n + t] (softcapped here) to exp(s - m[h]), l[h] their sum: the portable order */
+static void ta_weights(const ta_args_t *a, int64_t n, float *s, float *m, float *l) {
     for (int h = 0; h < a->group; h++) {
         float mx = -INFINITY, sum = 0.0f;
         float *sh = s + h * n;
@@ -244,9 +247,140 @@ static void ta_chunk_avx512(const ta_args_t *a, int g, int64_t t0, int64_t t1, f
         m[h] = mx;
         l[h] = sum;
     }
+}
+
+static void ta_chunk_avx512(const ta_args_t *a, int g, int64_t t0, int64_t t1, float *m, float *l, float *acc,
+                            float *s) {
+    const int64_t n = t1 - t0;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    const float *q = a->q + (int64_t)g * a->group * a->dk; /* the group's heads, relative to h0 = 0 */
+    for (int h0 = 0; h0 < a->group; h0 += TA_HB)
+        ta_block_any(a, kb, vb, t0, n, h0, a->group - h0 < TA_HB ? a->group - h0 : TA_HB, q, s, acc, 0);
+    ta_weights(a, n, s, m, l);
     memset(acc, 0, sizeof(float) * (size_t)a->group * a->dv);
     for (int h0 = 0; h0 < a->group; h0 += TA_HB)
         ta_block_any(a, kb, vb, t0, n, h0, a->group - h0 < TA_HB ? a->group - h0 : TA_HB, q, s, acc, 1);
+}
+
+/* The AVX2 chunk: the AVX-512 chunk's blocking with 8 lanes (each score an 8-lane accumulator, then its
+ * horizontal sum; values as there), 4 heads per register block (16 registers). */
+#define TA2_HB 4
+#define TA2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+TA2_INLINE __m256 ta2_ld8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+TA2_INLINE float ta2_hsum(__m256 v) {
+    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+TA2_INLINE void ta2_scores(const ta_args_t *a, const uint16_t *kb, int64_t t0, int64_t n, int h0, const int NH,
+                           const float *q, float *s) {
+    int64_t t = 0;
+    for (; t + 2 <= n; t += 2) {
+        const uint16_t *k0 = kb + ta_slot(a, t0 + t) * a->skt, *k1 = kb + ta_slot(a, t0 + t + 1) * a->skt;
+        const uint16_t *p0 = kb + ta_slot(a, t0 + t + TA_AHEAD) * a->skt, *p1 = kb + ta_slot(a, t0 + t + TA_AHEAD + 1) * a->skt;
+        __m256 c0[TA2_HB], c1[TA2_HB];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) c0[h] = c1[h] = _mm256_setzero_ps();
+        for (int i = 0; i < a->dk; i += 8) {
+            if (i % 32 == 0) {
+                _mm_prefetch((const char *)(p0 + i), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p1 + i), _MM_HINT_T0);
+            }
+            const __m256 x0 = ta2_ld8(k0 + i), x1 = ta2_ld8(k1 + i);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                const __m256 qv = _mm256_loadu_ps(q + (int64_t)(h0 + h) * a->dk + i);
+                c0[h] = _mm256_fmadd_ps(qv, x0, c0[h]);
+                c1[h] = _mm256_fmadd_ps(qv, x1, c1[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            s[(h0 + h) * n + t] = ta2_hsum(c0[h]) * a->scale;
+            s[(h0 + h) * n + t + 1] = ta2_hsum(c1[h]) * a->scale;
+        }
+    }
+    for (; t < n; t++) {
+        const uint16_t *k0 = kb + ta_slot(a, t0 + t) * a->skt;
+        __m256 c0[TA2_HB];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) c0[h] = _mm256_setzero_ps();
+        for (int i = 0; i < a->dk; i += 8) {
+            const __m256 x0 = ta2_ld8(k0 + i);
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++)
+                c0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (int64_t)(h0 + h) * a->dk + i), x0, c0[h]);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) s[(h0 + h) * n + t] = ta2_hsum(c0[h]) * a->scale;
+    }
+}
+
+/* ta_values with 8 lanes: acc[h][j, j + 8 W) */
+TA2_INLINE void ta2_values(const ta_args_t *a, const uint16_t *vb, int64_t t0, int64_t n, int64_t tt, int64_t te,
+                           int j, const int W, int h0, const int NH, const float *p, float *acc) {
+    __m256 c[TA2_HB][2];
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) c[h][w] = _mm256_loadu_ps(acc + (int64_t)(h0 + h) * a->dv + j + 8 * w);
+    for (int64_t t = tt; t < te; t++) {
+        const uint16_t *vr = vb + ta_slot(a, t0 + t) * a->svt + j;
+        _mm_prefetch((const char *)(vb + ta_slot(a, t0 + t + TA_TILE) * a->svt + j), _MM_HINT_T0);
+        __m256 x[2];
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) x[w] = ta2_ld8(vr + 8 * w);
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++) {
+            const __m256 pp = _mm256_set1_ps(p[(h0 + h) * n + t]);
+#pragma GCC unroll 2
+            for (int w = 0; w < W; w++) c[h][w] = _mm256_fmadd_ps(pp, x[w], c[h][w]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(acc + (int64_t)(h0 + h) * a->dv + j + 8 * w, c[h][w]);
+}
+
+TA2_INLINE void ta2_block(const ta_args_t *a, const uint16_t *kb, const uint16_t *vb, int64_t t0, int64_t n, int h0,
+                          const int NH, const float *q, float *s, float *acc, int pass) {
+    if (pass == 0) {
+        ta2_scores(a, kb, t0, n, h0, NH, q, s);
+        return;
+    }
+    for (int64_t tt = 0; tt < n; tt += TA_TILE) {
+        const int64_t te = tt + TA_TILE < n ? tt + TA_TILE : n;
+        int j = 0;
+        for (; j + 16 <= a->dv; j += 16) ta2_values(a, vb, t0, n, tt, te, j, 2, h0, NH, s, acc);
+        if (j < a->dv) ta2_values(a, vb, t0, n, tt, te, j, 1, h0, NH, s, acc);
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void ta2_block_any(const ta_args_t *a, const uint16_t *kb,
+                                                                   const uint16_t *vb, int64_t t0, int64_t n, int h0,
+                                                                   int nh, const float *q, float *s, float *acc, int pass) {
+    switch (nh) {
+    case 1: ta2_block(a, kb, vb, t0, n, h0, 1, q, s, acc, pass); break;
+    case 2: ta2_block(a, kb, vb, t0, n, h0, 2, q, s, acc, pass); break;
+    case 3: ta2_block(a, kb, vb, t0, n, h0, 3, q, s, acc, pass); break;
+    default: ta2_block(a, kb, vb, t0, n, h0, 4, q, s, acc, pass); break;
+    }
+}
+
+static void ta_chunk_avx2(const ta_args_t *a, int g, int64_t t0, int64_t t1, float *m, float *l, float *acc, float *s) {
+    const int64_t n = t1 - t0;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    const float *q = a->q + (int64_t)g * a->group * a->dk;
+    for (int h0 = 0; h0 < a->group; h0 += TA2_HB)
+        ta2_block_any(a, kb, vb, t0, n, h0, a->group - h0 < TA2_HB ? a->group - h0 : TA2_HB, q, s, acc, 0);
+    ta_weights(a, n, s, m, l);
+    memset(acc, 0, sizeof(float) * (size_t)a->group * a->dv);
+    for (int h0 = 0; h0 < a->group; h0 += TA2_HB)
+        ta2_block_any(a, kb, vb, t0, n, h0, a->group - h0 < TA2_HB ? a->group - h0 : TA2_HB, q, s, acc, 1);
 }
 #endif
 
@@ -270,7 +404,7 @@ int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const u
     const int64_t per = (n + chunks - 1) / chunks, items = (int64_t)n_kv * chunks;
     const int64_t base = ring ? begin - begin % ring : 0;
     ta_args_t a = {q, k, v, skh, skt, svh, svt, ring, base, base + ring, group, dk, dv, scale, softcap};
-    const int simd = ta_simd() && dk % 16 == 0 && dv % 16 == 0;
+    const int simd = dk % 16 == 0 && dv % 16 == 0 ? ta_simd() : 0;
     float *ml = malloc(sizeof(float) * (size_t)items * group * 2);
     float *acc = malloc(sizeof(float) * (size_t)items * group * dv);
     float *s = malloc(sizeof(float) * (size_t)items * group * per);
@@ -286,8 +420,12 @@ int ta_attend_f16(const float *q, int n_heads, int n_kv, int dk, int dv, const u
         int64_t c = it % chunks, t0 = begin + c * per, t1 = t0 + per < end ? t0 + per : end;
         float *mi = ml + it * group * 2, *li = mi + group, *ai = acc + it * group * dv, *si = s + it * group * per;
 #ifdef TA_X86
-        if (simd) {
+        if (simd == 2) {
             ta_chunk_avx512(&a, g, t0, t1, mi, li, ai, si);
+            continue;
+        }
+        if (simd == 1) {
+            ta_chunk_avx2(&a, g, t0, t1, mi, li, ai, si);
             continue;
         }
 #endif
