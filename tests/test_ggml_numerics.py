@@ -334,17 +334,18 @@ def test_v_expf_differs_from_torch_exp():
     assert ((ours - torch.exp(x.double()).float()).abs() / torch.exp(x)).max() < 3e-7  # within ~2 ulp
 
 
-# TALLOW_NUMERICS=ggml's elementwise ops in C (kernels/cpu/ggml_ops.c): the AVX-512 code and the portable
-# C, each bit for bit against the torch emulation above (tests/kernel_cases.py holds the same cases for
+# TALLOW_NUMERICS=ggml's elementwise ops in C (kernels/cpu/ggml_ops.c): the AVX-512 code, the AVX2 code and
+# the portable C, each bit for bit against the torch emulation above (tests/kernel_cases.py holds the same cases for
 # the default code; here both codes run).
-@pytest.fixture(params=[True, False], ids=["avx512", "portable"])
+@pytest.fixture(params=[2, 1, 0], ids=["avx512", "avx2", "portable"])  # ggml_dot.AVX512, AVX2, PORTABLE
 def c_ops(request):
     from tallow.kernels.cpu import ggml_dot, ggml_ops
 
     if not ggml_dot.available():
         pytest.skip(f"C kernel: {ggml_dot.status()}")
     if ggml_ops.set_simd(request.param) != request.param:
-        pytest.skip("no AVX-512 on this CPU")
+        ggml_ops.set_simd(True)
+        pytest.skip("this CPU lacks that code's instructions")
     yield ggml_ops
     ggml_ops.set_simd(True)
 

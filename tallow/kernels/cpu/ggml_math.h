@@ -1,6 +1,6 @@
 /* ggml's float helpers shared by the C files of the optional library (ggml_ops.c, ssm_step.c):
- * ggml_v_expf one lane at a time and 16 lanes at once (the same bits), and the lane tree of
- * _mm512_reduce_add_ps in portable C and AVX-512. Static inline: each file gets its own copy. */
+ * ggml_v_expf one lane at a time, 16 lanes at once and 8 (AVX2) (the same bits), and the lane tree of
+ * _mm512_reduce_add_ps in portable C, AVX-512 and AVX2. Static inline: each file gets its own copy. */
 #ifndef TALLOW_GGML_MATH_H
 #define TALLOW_GGML_MATH_H
 
@@ -52,6 +52,40 @@ GO_TGT static inline __m512 expf16(__m512 x) {
     const __mmask16 low = _mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ);
     const __m512 edge = _mm512_mask_blend_ps(low, _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
     return _mm512_mask_blend_ps(far, res, edge);
+}
+
+/* AVX2: expf16's arithmetic on 8 lanes. vscalefps has no AVX2 form: where n lies in [-125, 127] the result
+ * j * 2^n is normal (j in [0.70, 1.42]) and one multiply by 2^n makes it exactly; other lanes (tiny, huge,
+ * NaN) take expf_lane, the same bits. */
+#define GO_TGT2 __attribute__((target("avx2,fma,f16c")))
+
+GO_TGT2 static inline __m256 expf8(__m256 x) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift), shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f)));
+    const __m256 j = _mm256_fmadd_ps(hi, u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+    const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-125.0f), _CMP_GE_OQ), _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_LE_OQ));
+    const __m256 pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(_mm256_and_ps(n, ok)), _mm256_set1_epi32(127)), 23));
+    const __m256 res = _mm256_mul_ps(j, pow2);
+    const int mask = _mm256_movemask_ps(ok);
+    if (mask == 0xff) return res;
+    float xs[8], r[8];
+    _mm256_storeu_ps(xs, x);
+    _mm256_storeu_ps(r, res);
+    for (int l = 0; l < 8; l++)
+        if (!(mask >> l & 1)) r[l] = expf_lane(xs[l]);
+    return _mm256_loadu_ps(r);
+}
+
+/* hsum16 of the 16 lanes lo (0..7) and hi (8..15): the same tree */
+GO_TGT2 static inline float hsum16_halves(__m256 lo, __m256 hi) {
+    const __m256 a = _mm256_add_ps(lo, hi);
+    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
 
 GO_TGT static inline float hsum16(__m512 v) {

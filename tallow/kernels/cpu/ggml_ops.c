@@ -37,22 +37,27 @@ uint16_t tg_f32_to_f16(float f); /* round to nearest even, as vcvtps2ph */
 
 static int go_use_simd = -1;
 
-int go_simd(void) {
-    if (go_use_simd < 0) {
+static int go_best(void) {
 #if GO_X86
-        __builtin_cpu_init();
-        go_use_simd = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") ? 1 : 0;
 #else
-        go_use_simd = 0;
+    return 0;
 #endif
-    }
+}
+
+/* the code in use: 2 AVX-512, 1 AVX2, 0 portable (ssm_step.c reads it too) */
+int go_simd(void) {
+    if (go_use_simd < 0) go_use_simd = go_best();
     return go_use_simd;
 }
 
-/* 0: the portable C, 1: AVX-512 where the CPU has it (tests run both); returns the state now */
-int go_set_simd(int on) {
-    go_use_simd = on ? -1 : 0;
-    return go_simd();
+/* the best code up to `level` (-1: no cap; tests run each); returns the level now in use */
+int go_set_simd(int level) {
+    const int best = go_best();
+    go_use_simd = level < 0 || level > best ? best : level;
+    return go_use_simd;
 }
 
 static inline float round_f16(float x) { return tg_f16_to_f32(tg_f32_to_f16(x)); }
@@ -131,6 +136,16 @@ GO_TGT static int64_t swiglu_avx512(const float *g, const float *u, int64_t n, f
     }
     return i;
 }
+
+GO_TGT2 static int64_t swiglu_avx2(const float *g, const float *u, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
 #endif
 
 /* y = silu(g) * u over rows (g, u, y row strides in floats); silu by ggml_v_expf on every value (the
@@ -142,7 +157,8 @@ void go_swiglu(const float *g, int64_t gs, const float *u, int64_t us, int64_t r
         float *yr = y + r * ys;
         int64_t i = 0;
 #if GO_X86
-        if (simd) i = swiglu_avx512(gr, ur, n, yr);
+        if (simd == 2) i = swiglu_avx512(gr, ur, n, yr);
+        else if (simd == 1) i = swiglu_avx2(gr, ur, n, yr);
 #endif
         for (; i < n; i++) yr[i] = (gr[i] / (1.0f + expf_lane(0.0f - gr[i]))) * ur[i];
     }
@@ -421,7 +437,9 @@ GO_TGT static void group_one_row_avx512(const go_attn_t *a, int h0, int h1, floa
     }
 }
 
-/* go_attend for one query row on AVX-512: (KV group, range of its heads) items over the threads, each group's heads
+GO_TGT2 static void group_one_row_avx2(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16, float *kf);
+
+/* go_attend for one query row on AVX-512 (or AVX2): (KV group, range of its heads) items over the threads, each group's heads
  * split into as few ranges as keep every thread busy. */
 static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
     const int group = a->group, n16 = (int)((a->n + 15) / 16 * 16);
@@ -440,11 +458,138 @@ static int one_row_grouped(const go_attn_t *a, int n_kv, int nthreads) {
         if (h1 > h0) {
             const int nh = h1 - h0;
             float *acc = s + (int64_t)nh * n16, *q16 = acc + (int64_t)nh * 64 * a->dv;
-            group_one_row_avx512(a, h0, h1, s, acc, q16, q16 + (int64_t)nh * a->dk);
+            if (go_simd() == 2) group_one_row_avx512(a, h0, h1, s, acc, q16, q16 + (int64_t)nh * a->dk);
+            else group_one_row_avx2(a, h0, h1, s, acc, q16, q16 + (int64_t)nh * a->dk);
         }
     }
     free(scratch);
     return 0;
+}
+#endif
+
+#if GO_X86
+/* AVX2: the AVX-512 attention's arithmetic, operation for operation, each 16-lane vector as two 8-lane halves
+ * (lanes 0..7 and 8..15: every multiply-add lane by lane, every reduction hsum16's tree). */
+GO_TGT2 static inline __m256 go2_ld8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+GO_TGT2 static inline __m256 go2_f16(__m256 x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* softmax_f16_avx512's arithmetic */
+GO_TGT2 static void softmax_f16_avx2(float *p, int64_t n16) {
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n16; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(p + i));
+    float m8[8], top = -INFINITY;
+    _mm256_storeu_ps(m8, mx);
+    for (int l = 0; l < 8; l++) top = m8[l] > top ? m8[l] : top;
+    if (!(top > -INFINITY)) top = 0.0f;
+    const __m256 t = _mm256_set1_ps(top);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m256 lo = expf8(_mm256_sub_ps(_mm256_loadu_ps(p + i), t)), hi = expf8(_mm256_sub_ps(_mm256_loadu_ps(p + i + 8), t));
+        _mm256_storeu_ps(p + i, lo);
+        _mm256_storeu_ps(p + i + 8, hi);
+        sum += (double)hsum16_halves(lo, hi);
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    for (int64_t i = 0; i < n16; i += 8) _mm256_storeu_ps(p + i, go2_f16(_mm256_mul_ps(_mm256_loadu_ps(p + i), inv)));
+}
+
+/* head_avx512 (a prompt row, tinyBLAS's 16 lanes) */
+GO_TGT2 static void head_avx2(const go_attn_t *a, int r, int h, float *p, float *q16) {
+    int64_t i0, i1;
+    visible(a, r, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int g = h / a->group;
+    const float *q = a->q + r * a->sqr + h * a->sqh;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int d = 0; d < a->dk; d += 8) _mm256_storeu_ps(q16 + d, go2_f16(_mm256_loadu_ps(q + d)));
+    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
+    for (int64_t c0 = i0; c0 < i1; c0 += 4) { /* 4 keys at a time, each its 16 lanes as two halves */
+        const int nk = i1 - c0 < 4 ? (int)(i1 - c0) : 4;
+        const uint16_t *kr[4];
+        for (int k = 0; k < 4; k++) kr[k] = key_row(a, kb, a->skt, c0 + (k < nk ? k : 0));
+        __m256 lo[4], hi[4];
+        for (int k = 0; k < 4; k++) lo[k] = hi[k] = _mm256_setzero_ps();
+        for (int d = 0; d < a->dk; d += 16) {
+            const __m256 ql = _mm256_loadu_ps(q16 + d), qh = _mm256_loadu_ps(q16 + d + 8);
+            for (int k = 0; k < 4; k++) {
+                lo[k] = _mm256_fmadd_ps(ql, go2_ld8(kr[k] + d), lo[k]);
+                hi[k] = _mm256_fmadd_ps(qh, go2_ld8(kr[k] + d + 8), hi[k]);
+            }
+        }
+        for (int k = 0; k < nk; k++) p[c0 + k] = hsum16_halves(lo[k], hi[k]) * a->scale;
+    }
+    softmax_f16_avx2(p, n16);
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
+    const int64_t first = i0 / 16 * 16;
+    for (int d = 0; d < a->dv; d += 8) { /* 8 output columns at a time: lane l of the 16 sums keys i % 16 == l */
+        __m256 c[16];
+        for (int l = 0; l < 16; l++) c[l] = _mm256_setzero_ps();
+        for (int64_t b = first; b < i1; b += 16)
+            for (int l = 0; l < 16; l++)
+                if (b + l >= i0 && b + l < i1)
+                    c[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[b + l]), go2_ld8(key_row(a, vb, a->svt, b + l) + d), c[l]);
+        for (int l = 0; l < 8; l++) c[l] = _mm256_add_ps(c[l], c[l + 8]);
+        for (int l = 0; l < 4; l++) c[l] = _mm256_add_ps(c[l], c[l + 4]);
+        _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+    }
+}
+
+/* group_one_row_avx512 (one query row, ggml_vec_dot_f16's 64 lanes), heads h0..h1-1 of one KV group; kf unused */
+GO_TGT2 static void group_one_row_avx2(const go_attn_t *a, int h0, int h1, float *p, float *acc, float *q16, float *kf) {
+    (void)kf;
+    int64_t i0, i1;
+    visible(a, 0, &i0, &i1);
+    const int64_t n16 = (i1 + 15) / 16 * 16, dv = a->dv;
+    const int nh = h1 - h0, dk = a->dk, g = h0 / a->group;
+    const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
+    for (int j = 0; j < nh; j++) {
+        const float *q = a->q + (int64_t)(h0 + j) * a->sqh;
+        float *qj = q16 + (int64_t)j * dk, *pj = p + j * n16;
+        for (int d = 0; d < dk; d += 8) _mm256_storeu_ps(qj + d, go2_f16(_mm256_loadu_ps(q + d)));
+        for (int64_t i = 0; i < n16; i++) pj[i] = -INFINITY;
+    }
+    for (int64_t i = i0; i < i1; i++) { /* each key's row read once for every head */
+        const uint16_t *kr = key_row(a, kb, a->skt, i);
+        for (int j = 0; j < nh; j++) {
+            const float *qj = q16 + (int64_t)j * dk;
+            __m256 lo[4], hi[4]; /* accumulator (d / 16) % 4, lanes 0..7 and 8..15 */
+            for (int e = 0; e < 4; e++) lo[e] = hi[e] = _mm256_setzero_ps();
+            for (int d = 0; d < dk; d += 16) {
+                const int e = (d / 16) % 4;
+                lo[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d), go2_ld8(kr + d), lo[e]);
+                hi[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 8), go2_ld8(kr + d + 8), hi[e]);
+            }
+            const __m256 tl = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+            const __m256 th = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+            p[j * n16 + i] = hsum16_halves(tl, th) * a->scale;
+        }
+    }
+    for (int j = 0; j < nh; j++) softmax_f16_avx2(p + j * n16, n16);
+    const int used = i1 < 64 ? (int)i1 : 64;
+    for (int j = 0; j < nh; j++) memset(acc + (int64_t)j * 64 * dv, 0, sizeof(float) * (size_t)used * dv);
+    for (int64_t i = i0; i < i1; i++) { /* V: key i in lane i % 64, keys in order within each lane */
+        const uint16_t *vr = key_row(a, vb, a->svt, i);
+        for (int j = 0; j < nh; j++) {
+            const __m256 w = _mm256_set1_ps(p[j * n16 + i]);
+            float *ac = acc + (int64_t)j * 64 * dv + (i % 64) * dv;
+            for (int64_t d = 0; d < dv; d += 8)
+                _mm256_storeu_ps(ac + d, _mm256_fmadd_ps(w, go2_ld8(vr + d), _mm256_loadu_ps(ac + d)));
+        }
+    }
+    for (int j = 0; j < nh; j++) {
+        const float *accj = acc + (int64_t)j * 64 * dv;
+        float *o = a->out + (int64_t)(h0 + j) * dv;
+        for (int64_t d = 0; d < dv; d += 8) {
+            __m256 c[16];
+            const float *col = accj + d;
+#define GO_LANE2(l) ((l) < used ? _mm256_loadu_ps(col + (l) * dv) : _mm256_setzero_ps())
+            for (int l = 0; l < 16; l++) c[l] = _mm256_add_ps(_mm256_add_ps(GO_LANE2(l), GO_LANE2(32 + l)), _mm256_add_ps(GO_LANE2(16 + l), GO_LANE2(48 + l)));
+#undef GO_LANE2
+            for (int l = 0; l < 8; l++) c[l] = _mm256_add_ps(c[l], c[l + 8]);
+            for (int l = 0; l < 4; l++) c[l] = _mm256_add_ps(c[l], c[l + 4]);
+            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+        }
+    }
 }
 #endif
 
@@ -459,7 +604,7 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
               int64_t start, int64_t window, float scale, float *out, int nthreads) {
     go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window, lo % cap,
                    n_q, n_heads, n_heads / n_kv, dk, dv, n_q > 1 ? 16 : 64, scale, out};
-    const int simd = GO_X86 && go_simd() && dk % 16 == 0 && dv % 16 == 0;
+    const int simd = GO_X86 && dk % 16 == 0 && dv % 16 == 0 ? go_simd() : 0;
     const int64_t n16 = (n + 15) / 16 * 16, per = n16 + 64 * (int64_t)dv + dk;
     const int64_t items = (int64_t)n_q * n_heads;
     /* a parallel region costs a few microseconds: only where each thread gets real work */
@@ -476,8 +621,12 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
         float *s = thread_slice(scratch, per);
         const int r = (int)(it / n_heads), h = (int)(it % n_heads);
 #if GO_X86
-        if (simd) {
+        if (simd == 2) {
             head_avx512(&a, r, h, s, s + n16);
+            continue;
+        }
+        if (simd == 1) {
+            head_avx2(&a, r, h, s, s + n16);
             continue;
         }
 #endif

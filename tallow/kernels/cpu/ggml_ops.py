@@ -61,9 +61,11 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     return weight.dim() == 2 and x.dim() > 2 and tuple(weight.shape) == (x.shape[-2], n)
 
 
-def set_simd(on: bool) -> bool:
-    """Tests: False runs the portable C (the same float operations without AVX-512). Returns the state."""
-    return bool(_lib().go_set_simd(int(on)))
+def set_simd(level: int | bool) -> int:
+    """Tests: the best code up to `level` (ggml_dot.AVX512 / AVX2 / PORTABLE; True: the best, False: the portable
+    C, the same float operations without SIMD). Returns the level now in use (the SSM step's code is AVX-512 or
+    portable: ssm_step.c)."""
+    return int(_lib().go_set_simd(-1 if level is True else int(level)))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

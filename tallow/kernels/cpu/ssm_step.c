@@ -31,7 +31,7 @@
 #include "ggml_dot.h"  /* tg_plan_t, tg_linear_multi: the products of the whole-mixer step */
 #include "ggml_math.h" /* GO_X86, GO_TGT, expf_lane, expf16, hsum16(_lanes) */
 
-int go_simd(void); /* ggml_ops.c: AVX-512 in use (tests switch it off with go_set_simd) */
+int go_simd(void); /* ggml_ops.c: 2 when AVX-512 is in use (tests switch it off with go_set_simd) */
 
 static inline float silu_lane(float x) { return x / (1.0f + expf_lane(0.0f - x)); }
 
@@ -107,7 +107,7 @@ GO_TGT static int64_t gate_avx512(const float *z, float *y, int64_t n) {
  * runs 16 lanes at a time. state becomes the last k - 1 rows of [state; x]. */
 void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, float *state, const float *weight_t,
              const float *bias, float *out) {
-    const int simd = go_simd();
+    const int simd = go_simd() == 2;
     for (int64_t t = 0; t < n; t++) {
         float *o = out + t * C;
         for (int j = 0; j < k; j++) { /* tap j reads row t + j of [state; x] */
@@ -260,7 +260,7 @@ GO_TGT static void heads_avx512(const ScanArgs *a, int64_t h0, int64_t h1) { SCA
 int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const float *x, int64_t xs, const float *dt,
             int64_t dts, const float *dt_bias, const float *A, int a_per_state, const float *B, int64_t bs,
             const float *Cm, int64_t cs, const float *D, const float *z, int64_t zs, int64_t n, float *y, int threads) {
-    const int simd = go_simd();
+    const int simd = go_simd() == 2;
     float *sps = malloc(sizeof(float) * (size_t)(n * nh)); /* softplus(dt + dt_bias), (n, nh) */
     if (!sps) return -1;
     for (int64_t t = 0; t < n; t++) {
