@@ -1,7 +1,7 @@
 """The Mamba mixer's conv1d and scan in C (kernels/cpu/ssm_step.c, TALLOW_CPU_C_SSM) against
 (1) an op-by-op torch emulation of the arithmetic ssm_step.c's header states (ggml_v_expf SiLU and
 Mamba-1 decays, the softplus by ggml_v_expf and a log1p series, libm's Mamba-2 decay, ggml's sum
-orders): bit for bit, AVX-512 and
+orders): bit for bit, AVX-512, AVX2 and
 portable C alike; (2) the torch reference (kernels/cpu/ssm.py) within float rounding; (3) itself:
 a chunk of rows leaves the state token-by-token steps do, bit for bit. Model-level conformance
 with llama.cpp's fixtures runs through the default path in tests/test_ssm.py."""
@@ -90,12 +90,12 @@ def _case(version, ds, n, seed=0):
     return state, x, dt, A, B, C, dt_bias, D, z
 
 
-@pytest.fixture(params=(2, 0), ids=("avx512", "portable"))  # ggml_dot.AVX512, PORTABLE: ssm_step.c's two codes
+@pytest.fixture(params=(2, 1, 0), ids=("avx512", "avx2", "portable"))  # ggml_dot.AVX512, AVX2, PORTABLE
 def simd(request):
     ggml_ops._lib()  # the switch lives in ggml_ops.c, shared with ssm_step.c
     if ggml_ops.set_simd(request.param) != request.param:
         ggml_ops.set_simd(True)
-        pytest.skip("no AVX-512 here")
+        pytest.skip("this CPU lacks that code's instructions")
     yield request.param
     ggml_ops.set_simd(True)
 

@@ -63,8 +63,7 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
 
 def set_simd(level: int | bool) -> int:
     """Tests: the best code up to `level` (ggml_dot.AVX512 / AVX2 / PORTABLE; True: the best, False: the portable
-    C, the same float operations without SIMD). Returns the level now in use (the SSM step's code is AVX-512 or
-    portable: ssm_step.c)."""
+    C, the same float operations without SIMD; ssm_step.c's code follows it too). Returns the level now in use."""
     return int(_lib().go_set_simd(-1 if level is True else int(level)))
 
 

@@ -31,7 +31,7 @@
 #include "ggml_dot.h"  /* tg_plan_t, tg_linear_multi: the products of the whole-mixer step */
 #include "ggml_math.h" /* GO_X86, GO_TGT, expf_lane, expf16, hsum16(_lanes) */
 
-int go_simd(void); /* ggml_ops.c: 2 when AVX-512 is in use (tests switch it off with go_set_simd) */
+int go_simd(void); /* ggml_ops.c: 2 AVX-512, 1 AVX2, 0 portable (tests set it with go_set_simd) */
 
 static inline float silu_lane(float x) { return x / (1.0f + expf_lane(0.0f - x)); }
 
@@ -68,11 +68,31 @@ GO_TGT static int64_t softplus_avx512(const float *x, int64_t n, float *y) {
 }
 #endif
 
-/* y (n) = softplus of x (n) */
+#if GO_X86
+/* AVX2: the same arithmetic, 8 lanes at a time (each value its own chain: any grouping gives the same bits) */
+GO_TGT2 static inline __m256 softplus8(__m256 v) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 t = expf8(_mm256_sub_ps(zero, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)));
+    const __m256 s = _mm256_div_ps(t, _mm256_add_ps(_mm256_set1_ps(2.0f), t)), s2 = _mm256_mul_ps(s, s), two_s = _mm256_add_ps(s, s);
+    __m256 q = _mm256_set1_ps(SP_Q[0]);
+    for (int k = 1; k < 7; k++) q = _mm256_fmadd_ps(q, s2, _mm256_set1_ps(SP_Q[k]));
+    const __m256 r = _mm256_add_ps(_mm256_max_ps(v, zero), _mm256_fmadd_ps(_mm256_mul_ps(two_s, s2), q, two_s));
+    return _mm256_blendv_ps(r, v, _mm256_cmp_ps(v, _mm256_set1_ps(20.0f), _CMP_GT_OQ));
+}
+
+GO_TGT2 static int64_t softplus_avx2(const float *x, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, softplus8(_mm256_loadu_ps(x + i)));
+    return i;
+}
+#endif
+
+/* y (n) = softplus of x (n); simd: go_simd()'s level */
 static void softplus_row(const float *x, int64_t n, float *y, int simd) {
     int64_t i = 0;
 #if GO_X86
-    if (simd) i = softplus_avx512(x, n, y);
+    if (simd == 2) i = softplus_avx512(x, n, y);
+    else if (simd == 1) i = softplus_avx2(x, n, y);
 #endif
     for (; i < n; i++) y[i] = softplus_lane(x[i]);
 }
@@ -100,6 +120,22 @@ GO_TGT static int64_t gate_avx512(const float *z, float *y, int64_t n) {
     }
     return i;
 }
+
+GO_TGT2 static inline __m256 silu8(__m256 x) {
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), expf8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+GO_TGT2 static int64_t silu_avx2(float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu8(_mm256_loadu_ps(y + i)));
+    return i;
+}
+
+GO_TGT2 static int64_t gate_avx2(const float *z, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(z + i)), _mm256_loadu_ps(y + i)));
+    return i;
+}
 #endif
 
 /* out (n, C) = silu(causal conv of the rows x (n, C; x_stride apart) after state (k - 1, C) + bias);
@@ -107,7 +143,7 @@ GO_TGT static int64_t gate_avx512(const float *z, float *y, int64_t n) {
  * runs 16 lanes at a time. state becomes the last k - 1 rows of [state; x]. */
 void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, float *state, const float *weight_t,
              const float *bias, float *out) {
-    const int simd = go_simd() == 2;
+    const int simd = go_simd();
     for (int64_t t = 0; t < n; t++) {
         float *o = out + t * C;
         for (int j = 0; j < k; j++) { /* tap j reads row t + j of [state; x] */
@@ -122,7 +158,8 @@ void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, floa
         for (int64_t c = 0; c < C; c++) o[c] = o[c] + bias[c];
         int64_t c = 0;
 #if GO_X86
-        if (simd) c = silu_avx512(o, C);
+        if (simd == 2) c = silu_avx512(o, C);
+        else if (simd == 1) c = silu_avx2(o, C);
 #endif
         for (; c < C; c++) o[c] = silu_lane(o[c]);
     }
@@ -218,6 +255,57 @@ GO_TGT static inline float row1_avx512(float *s, const float *A, const float *B,
 }
 #endif
 
+#if GO_X86
+GO_TGT2 static inline float row2_avx2(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
+    const int64_t np = ds & ~(int64_t)63;
+    const __m256 va = _mm256_set1_ps(dA), vx = _mm256_set1_ps(x_dt);
+    __m256 acc[8]; /* row2_avx512's acc[j], lanes 0..7 in acc[2j], 8..15 in acc[2j + 1] */
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 8; j++) {
+            const int64_t o = i + 8 * j;
+            const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + o), va), _mm256_mul_ps(_mm256_loadu_ps(B + o), vx));
+            acc[j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(Cm + o), acc[j]);
+            _mm256_storeu_ps(s + o, v);
+        }
+    float sum = 0.0f;
+    if (np) {
+        const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        sum = hsum16_halves(lo, hi);
+    }
+    for (int64_t i = np; i < ds; i++) {
+        const float v = s[i] * dA + B[i] * x_dt;
+        sum = sum + v * Cm[i];
+        s[i] = v;
+    }
+    return sum;
+}
+
+GO_TGT2 static inline float row1_avx2(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
+    const __m256 vsp = _mm256_set1_ps(sp), vx = _mm256_set1_ps(x_dt);
+    float sum = 0.0f;
+    int64_t i = 0;
+    for (; i + 16 <= ds; i += 16) {
+        __m256 p[2];
+        for (int e = 0; e < 2; e++) {
+            const int64_t o = i + 8 * e;
+            const __m256 dA = expf8(_mm256_mul_ps(vsp, _mm256_loadu_ps(A + o)));
+            const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + o), dA), _mm256_mul_ps(_mm256_loadu_ps(B + o), vx));
+            _mm256_storeu_ps(s + o, v);
+            p[e] = _mm256_mul_ps(v, _mm256_loadu_ps(Cm + o));
+        }
+        sum = sum + hsum16_halves(p[0], p[1]);
+    }
+    for (; i < ds; i++) {
+        const float v = s[i] * expf_lane(sp * A[i]) + B[i] * x_dt;
+        sum = sum + v * Cm[i];
+        s[i] = v;
+    }
+    return sum;
+}
+#endif
+
 /* One scan call's inputs (ss_scan's arguments), handed to the per-thread loops. */
 typedef struct {
     float *state, *y;
@@ -251,6 +339,7 @@ static void heads_portable(const ScanArgs *a, int64_t h0, int64_t h1) { SCAN_HEA
 
 #if GO_X86
 GO_TGT static void heads_avx512(const ScanArgs *a, int64_t h0, int64_t h1) { SCAN_HEADS(row1_avx512, row2_avx512) }
+GO_TGT2 static void heads_avx2(const ScanArgs *a, int64_t h0, int64_t h1) { SCAN_HEADS(row1_avx2, row2_avx2) }
 #endif
 
 /* y (n, nh * hd) = (scan + x D) * silu(z) over n rows, in order; state (nh, hd, ds) updated.
@@ -260,7 +349,7 @@ GO_TGT static void heads_avx512(const ScanArgs *a, int64_t h0, int64_t h1) { SCA
 int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const float *x, int64_t xs, const float *dt,
             int64_t dts, const float *dt_bias, const float *A, int a_per_state, const float *B, int64_t bs,
             const float *Cm, int64_t cs, const float *D, const float *z, int64_t zs, int64_t n, float *y, int threads) {
-    const int simd = go_simd() == 2;
+    const int simd = go_simd();
     float *sps = malloc(sizeof(float) * (size_t)(n * nh)); /* softplus(dt + dt_bias), (n, nh) */
     if (!sps) return -1;
     for (int64_t t = 0; t < n; t++) {
@@ -280,8 +369,10 @@ int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const 
         const int64_t per = (nh + nt - 1) / nt, h0 = per * it, h1 = h0 + per < nh ? h0 + per : nh;
         if (h0 < h1) {
 #if GO_X86
-            if (simd)
+            if (simd == 2)
                 heads_avx512(&args, h0, h1);
+            else if (simd == 1)
+                heads_avx2(&args, h0, h1);
             else
 #endif
                 heads_portable(&args, h0, h1);
@@ -294,7 +385,8 @@ int ss_scan(float *state, int64_t nh, int64_t hd, int64_t ds, int64_t ng, const 
         float *yt = y + t * nh * hd;
         int64_t i = 0;
 #if GO_X86
-        if (simd) i = gate_avx512(zt, yt, nh * hd);
+        if (simd == 2) i = gate_avx512(zt, yt, nh * hd);
+        else if (simd == 1) i = gate_avx2(zt, yt, nh * hd);
 #endif
         for (; i < nh * hd; i++) yt[i] = silu_lane(zt[i]) * yt[i];
     }
