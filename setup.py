@@ -2,7 +2,7 @@
 
 A failed build never fails the install: without OpenMP the library is built single-threaded,
 without a C compiler it is skipped, and tallow runs its torch paths (`tallow info` says which).
-No -march flag: the AVX-512 code is chosen at run time, so the same build runs on any x86-64.
+No -march flag: the AVX-512 and AVX2 code is chosen at run time, so the same build runs on any x86-64.
 """
 
 import sys

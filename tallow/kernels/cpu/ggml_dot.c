@@ -21,12 +21,12 @@
  *     fused), then acc = fma(that, dx, acc) block by block (see tiled_acc). Q4_1, Q5_0 and Q8_0 keep
  *     vec_dot's order at any row count (llamafile's tinyBLAS_Q0, which serves Q5_0/Q8_0 prompts, sums each
  *     output in that order).
- *   Integer sums are exact, so only the float steps above fix the result; the scalar code and the
- *   AVX-512 VNNI code below perform the same float operations in the same order and give the same
- *   bits (tests/test_ggml_dot.py checks that, and scripts/cpudot_vs_ggml.py checks both against
- *   libggml-cpu itself).
+ *   Integer sums are exact, so only the float steps above fix the result; the scalar code, the
+ *   AVX-512 VNNI code and the AVX2 code below perform the same float operations in the same order and
+ *   give the same bits (tests/test_ggml_dot.py checks that, and scripts/cpudot_vs_ggml.py checks each
+ *   against libggml-cpu itself).
  *
- * No -march flag: the AVX-512 functions carry target attributes and are chosen at run time
+ * No -march flag: the AVX-512 and AVX2 functions carry target attributes and are chosen at run time
  * (__builtin_cpu_supports), so one build runs on any x86-64. Build with -ffp-contract=off: a
  * multiply-add is fused exactly where ggml fuses it, nowhere else.
  *
