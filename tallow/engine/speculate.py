@@ -64,7 +64,9 @@ int4/int8 kernels work in blocks of 4 rows, so t(m) is far from flat). A draft o
 expected to commit 1 + a_c (1 + b_c + ... + b_c^(k-1)) tokens in t(k+1), plain decoding 1 in
 t(1); the k with the most tokens per second wins, and k = 0 is plain decoding: drafting
 switches itself off where it does not pay (prose), and a rare 1-token probe keeps measuring a_c
-there. Sizes not yet measured are priced optimistically from t(1) so that they get tried once.
+there. Sizes not yet measured are priced optimistically from t(1) so that they get tried once, but
+never below the cost per row that the largest smaller pass measured (where each row costs nearly a
+step, as with AVX2's products, a first 2-row pass keeps the larger ones from being tried for nothing).
 Both are kept per engine across requests, so a short answer starts from what earlier ones
 measured. (Longest-match drafting and the two rates per match class replaced latest-occurrence
 drafting with one rate per n-gram size: live on qwen2.5, the agent-loop bench 20.2 -> 21.1 tok/s
@@ -91,7 +93,9 @@ MATCH_CLASSES = (1, 2, 3, 4, 8, 16)  # acceptance is kept per class of match len
 ACCEPT_PRIOR = 0.5  # acceptance rate of a match class before any of its drafts were verified
 ACCEPT_WEIGHT = 0.1  # weight of the newest draft token in the acceptance rate
 TIME_WEIGHT = 0.25  # weight of the newest timing
-ROW_PRIOR = 0.1  # unmeasured pass sizes are priced at t(1) * (1 + ROW_PRIOR * (m - 1))
+# unmeasured pass sizes are priced at t(1) + (m - 1) times a row's cost: ROW_PRIOR * t(1), or more where a measured
+# smaller pass showed more (where the CPU kernels are compute-bound, AVX2: t(2) = 1.63 t(1), t(8) = 6.2 t(1))
+ROW_PRIOR = 0.1
 PROBE_EVERY = 16  # where drafting does not pay, every 16th match is verified anyway (k = 1)
 GUARD = True  # False: always draft K_MAX when there is a match (tests that need drafts)
 
@@ -271,8 +275,13 @@ class Speculation:
         c = match_class(length)
         (first, further), t1 = self.accept[c], self.cost[1]
 
-        def seconds(m: int) -> float:  # a pass of m tokens, measured or priced from t(1)
-            return self.cost.get(m, t1 * (1 + ROW_PRIOR * (m - 1)))
+        below = [n for n in self.cost if 1 < n]
+        def seconds(m: int) -> float:  # a pass of m tokens: measured, or priced from t(1) and the row cost seen
+            if m in self.cost:
+                return self.cost[m]
+            seen = max((n for n in below if n < m), default=0)  # the largest measured pass below m
+            row = t1 * ROW_PRIOR if not seen else max(t1 * ROW_PRIOR, (self.cost[seen] - t1) / (seen - 1))
+            return t1 + row * (m - 1)
 
         expected, reach = 1.0 + forced, first
         best_k, best_rate = 0, expected / seconds(forced + 1)
