@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import os
 import weakref
 
@@ -95,6 +96,7 @@ def _torch_vexp() -> tuple[int, int] | None:
         return None
 
 
+@functools.cache  # asked at every verification step; torch's kernel level is fixed when it loads
 def vector_lanes() -> int:
     """The float lanes of torch's vectorized CPU kernels here (16 AVX-512, 8 AVX2): its elementwise loops take
     two vectors a step, so SiLU whole blocks of 2 x lanes floats, the fp16 GELU of 4 x lanes halves."""

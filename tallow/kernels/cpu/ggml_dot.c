@@ -349,15 +349,48 @@ static float dot_q4_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t n
     return acc;
 }
 
-/* ---------------------------------------------------------------- AVX-512 VNNI row dots */
+/* ---------------------------------------------------------------- SIMD helpers (AVX2; the AVX-512 code inlines them too) */
 #if TG_X86
-#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TGT2 __attribute__((target("avx2,fma,f16c")))
 
-TGT static inline float hsum8_v(__m256 v) {
+TGT2 static inline float hsum8_v(__m256 v) {
     float a[8];
     _mm256_storeu_ps(a, v);
     return hsum8(a);
 }
+
+TGT2 static inline int32_t hsum_i32x8(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    return _mm_cvtsi128_si32(t);
+}
+
+TGT2 static inline int32_t hsum_i32x4(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1)));
+}
+
+/* a Q4_1 block's 16 code bytes as its 32 codes (0..15) in value order */
+TGT2 static inline __m256i q4_1_codes(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
+}
+
+/* a Q5_0 block's 32 values (-16..15) as int8 in value order: byte i gets 0xF0 where bit i of qh is clear,
+ * and lo | 0xF0 = lo - 16 as int8 */
+TGT2 static inline __m256i q5_0_codes(const uint8_t *w) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    uint32_t qh;
+    memcpy(&qh, w + 2, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
+    return _mm256_or_si256(q4_1_codes(w + 6), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+}
+
+/* ---------------------------------------------------------------- AVX-512 VNNI row dots */
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* sum of x[i]*y[i] per 4 bytes (signed x signed), as ggml's mul_sum_i8_pairs_float with VNNI */
 TGT static inline __m256i dot_i8_lanes(__m256i x, __m256i y) {
@@ -367,14 +400,11 @@ TGT static inline __m256i dot_i8_lanes(__m256i x, __m256i y) {
 TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
-    const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
-        __m128i t = _mm_loadu_si128((const __m128i *)(w + 4));
-        __m256i qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy));
+        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_1_codes(w + 4), qy));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
     }
     return hsum8_v(acc) + summs;
@@ -382,21 +412,10 @@ TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb)
 
 TGT static float dot_q5_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        uint32_t qh;
-        memcpy(&qh, w + 2, 4);
-        __m128i t = _mm_loadu_si128((const __m128i *)(w + 6));
-        __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-        /* byte i gets 0xF0 where bit i of qh is clear: lo | 0xF0 = lo - 16 as int8 */
-        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
-        __m256i qx = _mm256_or_si256(lo, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(qx, qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q5_0_codes(w), qy)), acc);
     }
     return hsum8_v(acc);
 }
@@ -440,13 +459,6 @@ TGT static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx512(const
     __m256i bsums = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
     __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(sc8)), 5);
     return _mm256_sub_epi32(lanes, sub);
-}
-
-TGT static inline int32_t hsum_i32x8(__m256i v) {
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    return _mm_cvtsi128_si32(t);
 }
 
 TGT static float dot_q6_k_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -555,9 +567,7 @@ TGT static float dot_q4_k_tiled_avx512(const uint8_t *w, const uint8_t *xp, int6
         memcpy(&dx, xp, 4);
         __m128i mins;
         const int32_t s = hsum_i32x8(q4_k_lanes_avx512(w, xp, &mins));
-        __m128i mm = _mm_add_epi32(mins, _mm_shuffle_epi32(mins, 0x4e));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
-        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)_mm_cvtsi128_si32(mm), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
+        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
     }
     return acc;
 }
@@ -567,13 +577,6 @@ TGT static float dot_q4_k_tiled_avx512(const uint8_t *w, const uint8_t *xp, int6
  * maddubs (unsigned x signed byte pairs into int16) then madd (int16 pairs into int32), as ggml's AVX2
  * code. No pair sum can saturate int16: the unsigned side is at most 63 (Q6_K), or the absolute value of
  * an int8 against at most 127 in magnitude (Q8_0, Q5_0). */
-#define TGT2 __attribute__((target("avx2,fma,f16c")))
-
-TGT2 static inline float hsum8_v2(__m256 v) {
-    float a[8];
-    _mm256_storeu_ps(a, v);
-    return hsum8(a);
-}
 
 /* lane l: sum over bytes 4l..4l+3 of u[i] * s[i], u unsigned, s signed */
 TGT2 static inline __m256i dot_u8_i8_avx2(__m256i u, __m256i s) {
@@ -588,36 +591,23 @@ TGT2 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
 TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
-    const __m256i m4 = _mm256_set1_epi8(15);
     for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
-        __m128i t = _mm_loadu_si128((const __m128i *)(w + 4));
-        __m256i qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_u8_i8_avx2(qx, qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w + 4), qy)), acc);
     }
-    return hsum8_v2(acc) + summs;
+    return hsum8_v(acc) + summs;
 }
 
 TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        uint32_t qh;
-        memcpy(&qh, w + 2, 4);
-        __m128i t = _mm_loadu_si128((const __m128i *)(w + 6));
-        __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
-        __m256i qx = _mm256_or_si256(lo, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(qx, qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(q5_0_codes(w), qy)), acc);
     }
-    return hsum8_v2(acc);
+    return hsum8_v(acc);
 }
 
 TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -628,7 +618,7 @@ TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(qx, qy)), acc);
     }
-    return hsum8_v2(acc);
+    return hsum8_v(acc);
 }
 
 /* Q6_K's eight integer lanes of one super-block (q6_k_lanes_scalar's): per 32-value chunk the 4-byte sums,
@@ -662,13 +652,6 @@ TGT2 static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx2(const 
     return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5));
 }
 
-TGT2 static inline int32_t hsum_i32x8_avx2(__m256i v) {
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    return _mm_cvtsi128_si32(t);
-}
-
 TGT2 static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
@@ -677,7 +660,7 @@ TGT2 static float dot_q6_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
         const float d = dx * _cvtsh_ss(rd16(w + 208));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q6_k_lanes_avx2(w, x)), acc);
     }
-    return hsum8_v2(acc);
+    return hsum8_v(acc);
 }
 
 TGT2 static float dot_q6_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -685,7 +668,7 @@ TGT2 static float dot_q6_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_
     for (int64_t b = 0; b < nb; b++, w += 210, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
-        acc = tiled_acc((float)hsum_i32x8_avx2(q6_k_lanes_avx2(w, x)) * _cvtsh_ss(rd16(w + 208)), dx, acc);
+        acc = tiled_acc((float)hsum_i32x8(q6_k_lanes_avx2(w, x)) * _cvtsh_ss(rd16(w + 208)), dx, acc);
     }
     return acc;
 }
@@ -727,7 +710,7 @@ TGT2 static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     }
     float m[4];
     _mm_storeu_ps(m, accm);
-    return hsum8_v2(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
+    return hsum8_v(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
 }
 
 TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -736,10 +719,8 @@ TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_
         float dx;
         memcpy(&dx, x, 4);
         __m128i mins;
-        const int32_t s = hsum_i32x8_avx2(q4_k_lanes_avx2(w, x, &mins));
-        __m128i mm = _mm_add_epi32(mins, _mm_shuffle_epi32(mins, 0x4e));
-        mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xb1));
-        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)_mm_cvtsi128_si32(mm), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
+        const int32_t s = hsum_i32x8(q4_k_lanes_avx2(w, x, &mins));
+        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
     }
     return acc;
 }

@@ -134,6 +134,17 @@ TGT2 static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
     for (int u = 0; u < 64; u++) memcpy(&out->codes[u][c], v + 4 * u, 4);
 }
 
+/* weight rows [c0, c0 + 16) of a K-quant part into the panel (past the part's end, its last row again); returns
+ * how many are real */
+TGT2 static int unpack_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, panel_t *pan) {
+    const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
+    for (int c = 0; c < PANEL; c++) {
+        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
+        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
+    }
+    return nc;
+}
+
 /* TILE activation rows x the panel's 16 rows over nsb super-blocks. Q4_K: x[i] the Q8_K rows, b8[i] their
  * 32-value block sums as int16 pairs; Q6_K: x[i] the codes + 128 (256 bytes a super-block), dx[i] the
  * Q8_K rows (for d). acc[i]: the 16 outputs of row i, carried in and out (super-blocks in order). */
@@ -469,11 +480,7 @@ TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int
 /* activation rows [m0, m) against weight rows [c0, c0 + 16) of one part (fewer at its end: the last repeated) */
 TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m0, int64_t m, const int32_t *sums,
                           const uint8_t *codes, panel_t *pan, float *carry, float *y, int64_t y_stride) {
-    const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
-    for (int c = 0; c < PANEL; c++) {
-        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
-        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
-    }
+    const int nc = unpack_panel(pt, nsb, c0, pan);
     const __mmask16 keep = (__mmask16)((1u << nc) - 1);
     for (int64_t b0 = 0; b0 < nsb; b0 += KC) {
         const int64_t nb = nsb - b0 < KC ? nsb - b0 : KC;
@@ -502,11 +509,7 @@ TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int
 /* run_panel with the AVX2 tiles: each 8-row half of the panel in turn */
 TGT2 static void run_panel2(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int64_t m0, int64_t m, const int32_t *sums,
                             const uint8_t *codes, panel_t *pan, float *carry, float *y, int64_t y_stride) {
-    const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
-    for (int c = 0; c < PANEL; c++) {
-        const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
-        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
-    }
+    const int nc = unpack_panel(pt, nsb, c0, pan);
     for (int h = 0; h < 2 && 8 * h < nc; h++) {
         const int keep = nc - 8 * h < 8 ? nc - 8 * h : 8;
         for (int64_t b0 = 0; b0 < nsb; b0 += KC) {

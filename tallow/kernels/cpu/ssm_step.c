@@ -174,6 +174,26 @@ void ss_conv(const float *x, int64_t x_stride, int64_t n, int64_t C, int k, floa
 
 /* ------------------------------------------------------------------ scan */
 
+/* the scalar end of a row (states i..ds-1, past the vector blocks), added to sum in order */
+static inline float row2_tail(float *s, const float *B, const float *Cm, int64_t i, int64_t ds, float dA, float x_dt, float sum) {
+    for (; i < ds; i++) {
+        const float v = s[i] * dA + B[i] * x_dt;
+        sum = sum + v * Cm[i];
+        s[i] = v;
+    }
+    return sum;
+}
+
+static inline float row1_tail(float *s, const float *A, const float *B, const float *Cm, int64_t i, int64_t ds, float sp, float x_dt,
+                              float sum) {
+    for (; i < ds; i++) {
+        const float v = s[i] * expf_lane(sp * A[i]) + B[i] * x_dt;
+        sum = sum + v * Cm[i];
+        s[i] = v;
+    }
+    return sum;
+}
+
 /* Mamba-2, one row of a head: s (ds) updated, returns sum of s C (ggml's AVX-512 order). */
 static inline float row2_portable(float *s, const float *B, const float *Cm, int64_t ds, float dA, float x_dt) {
     const int64_t np = ds & ~(int64_t)63;
@@ -187,12 +207,7 @@ static inline float row2_portable(float *s, const float *B, const float *Cm, int
     float lanes[16];
     for (int l = 0; l < 16; l++) lanes[l] = (acc[l] + acc[l + 32]) + (acc[l + 16] + acc[l + 48]);
     float sum = np ? hsum16_lanes(lanes) : 0.0f;
-    for (int64_t i = np; i < ds; i++) {
-        const float v = s[i] * dA + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row2_tail(s, B, Cm, np, ds, dA, x_dt, sum);
 }
 
 /* Mamba-1, one channel: decays per state; the products by the lane tree per 16, blocks added in order. */
@@ -207,12 +222,7 @@ static inline float row1_portable(float *s, const float *A, const float *B, cons
         }
         sum = sum + hsum16_lanes(p);
     }
-    for (; i < ds; i++) {
-        const float v = s[i] * expf_lane(sp * A[i]) + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row1_tail(s, A, B, Cm, i, ds, sp, x_dt, sum);
 }
 
 #if GO_X86
@@ -228,12 +238,7 @@ GO_TGT static inline float row2_avx512(float *s, const float *B, const float *Cm
             _mm512_storeu_ps(s + o, v);
         }
     float sum = np ? hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))) : 0.0f;
-    for (int64_t i = np; i < ds; i++) {
-        const float v = s[i] * dA + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row2_tail(s, B, Cm, np, ds, dA, x_dt, sum);
 }
 
 GO_TGT static inline float row1_avx512(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
@@ -246,12 +251,7 @@ GO_TGT static inline float row1_avx512(float *s, const float *A, const float *B,
         _mm512_storeu_ps(s + i, v);
         sum = sum + hsum16(_mm512_mul_ps(v, _mm512_loadu_ps(Cm + i)));
     }
-    for (; i < ds; i++) {
-        const float v = s[i] * expf_lane(sp * A[i]) + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row1_tail(s, A, B, Cm, i, ds, sp, x_dt, sum);
 }
 #endif
 
@@ -274,12 +274,7 @@ GO_TGT2 static inline float row2_avx2(float *s, const float *B, const float *Cm,
         const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
         sum = hsum16_halves(lo, hi);
     }
-    for (int64_t i = np; i < ds; i++) {
-        const float v = s[i] * dA + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row2_tail(s, B, Cm, np, ds, dA, x_dt, sum);
 }
 
 GO_TGT2 static inline float row1_avx2(float *s, const float *A, const float *B, const float *Cm, int64_t ds, float sp, float x_dt) {
@@ -297,12 +292,7 @@ GO_TGT2 static inline float row1_avx2(float *s, const float *A, const float *B, 
         }
         sum = sum + hsum16_halves(p[0], p[1]);
     }
-    for (; i < ds; i++) {
-        const float v = s[i] * expf_lane(sp * A[i]) + B[i] * x_dt;
-        sum = sum + v * Cm[i];
-        s[i] = v;
-    }
-    return sum;
+    return row1_tail(s, A, B, Cm, i, ds, sp, x_dt, sum);
 }
 #endif
 
