@@ -114,6 +114,27 @@ def test_a_changed_switch_file_or_mode_gets_its_own_entry(home, tmp_path, monkey
     assert _load(path).stats.load.weight_cache == "hit"
 
 
+def test_a_pack_without_the_c_kernel_is_not_served_with_it_or_back(home, tmp_path, monkeypatch):
+    """Which layers a load builds depends on whether the C kernel was built at install: a pack written
+    without it would run the slower torch layers forever once it is; one written with it would restore
+    layers whose library is missing (an AttributeError at the first token)."""
+    from tallow.kernels.cpu import ggml_dot
+
+    if not ggml_dot.usable():
+        pytest.skip(ggml_dot.unavailable_reason() or "the C kernel runs portable code here")
+    path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q4_1)
+    assert _load(path).stats.load.weight_cache == "written"
+    with monkeypatch.context() as m:
+        m.setattr(ggml_dot, "_lib", None)
+        m.setattr(ggml_dot, "_reason", "not built (test)")
+        without = _load(path)
+        assert without.stats.load.weight_cache == "written"
+        assert without.model.layers[0].attn_output.kind != "ggml_dot"
+        assert without.generate(PROMPT, max_tokens=3).tokens
+    assert _load(path).stats.load.weight_cache == "hit"
+    assert len(list(home.glob("*.tallowpack"))) == 2
+
+
 def test_the_fp32_reference_path_is_not_cached(home, tmp_path, monkeypatch):
     path = write_tiny_model("llama", tmp_path / "m.gguf", qtype=QT.Q4_1)
     assert _load(path, linear_mode="reference").stats.load.weight_cache == "off"

@@ -13,7 +13,8 @@ The key is a hash of everything that can change the packed bytes: the GGUF's fin
 header and tensor table, its size and sampled data pages — twins share a header), the format
 version, a digest of the packing code's source, the device, the linear mode, the value of every
 TALLOW_* switch that code reads at construction, the torch version (the int4 layout is an
-opaque aten format) and torch's CPU capability. Anything else gives another file.
+opaque aten format), torch's CPU capability and the C kernel's code level (none where it was
+not built). Anything else gives another file.
 
 File layout (little-endian):
 
@@ -53,6 +54,7 @@ import torch
 
 from .. import switches
 from ..gguf_file import GGUFFile
+from ..kernels.cpu import ggml_dot
 from ..durable import fsync_dir, pid_alive
 from ..families.tensors import TOKEN_EMBD, is_tied, model_roles
 
@@ -142,6 +144,7 @@ def cache_key(gf: GGUFFile, device: str, linear_mode: str | None) -> dict[str, A
         "switches": {name: repr(value) for name, value in switches.key_values("pack")},
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
+        "c_kernel": ggml_dot.simd(),  # its code level (PORTABLE: not built or not used): decides which layers exist
     }
 
 
