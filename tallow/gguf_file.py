@@ -63,6 +63,18 @@ class TensorInfo:
     offset: int  # absolute byte offset in the file
     n_bytes: int
     data: np.ndarray = field(repr=False)  # uint8 view of the raw bytes, (n_rows, bytes_per_row)
+    file: "GGUFFile | None" = field(default=None, repr=False, compare=False)  # where read_rows reads (None: only `data`)
+
+    def read_rows(self, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` copied out, (len(idx), bytes_per_row): read from the file (GGUFFile.read_rows)
+        where the tensor has one, else gathered from `data`."""
+        return self.file.read_rows(self, idx) if self.file is not None else self.data[idx]
+
+    def streamed(self) -> "np.ndarray | FileRows":
+        """The rows as a builder that reads the tensor once, in row slices, should take them: read
+        from the file per slice (FileRows) where the tensor has one, else `data`. Through the map,
+        every page read would stay resident until the load releases the map."""
+        return FileRows(self) if self.file is not None and self.file.can_read else self.data
 
     @property
     def n_rows(self) -> int:
@@ -166,6 +178,26 @@ class _Cursor:
         return self.scalar(_SCALAR_FORMATS[vtype])
 
 
+class FileRows:
+    """A tensor's rows, read from the file per slice (GGUFFile.read_span): what TensorInfo.streamed
+    gives a builder that walks a tensor once in row chunks (quant/pack.py's packers)."""
+
+    def __init__(self, tensor: TensorInfo):
+        self.tensor = tensor
+        self.shape = tensor.data.shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        if not isinstance(rows, slice):
+            raise TypeError("FileRows reads slices of rows only")
+        r0, r1, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise TypeError("FileRows reads contiguous rows only")
+        return self.tensor.file.read_span(self.tensor, r0, max(r0, r1))
+
+
 class GGUFFile:
     """A GGUF file opened read-only and memory-mapped. Closing it invalidates tensor views.
 
@@ -188,6 +220,7 @@ class GGUFFile:
             if size < 24:
                 raise ModelFileError(f"{self.path}: the file is too small to be a GGUF model ({size} bytes).")
             self._mmap = mmap.mmap(fd.fileno(), 0, access=mmap.ACCESS_READ)
+            self._fd = os.dup(fd.fileno()) if hasattr(os, "preadv") else None  # read_rows' own descriptor
         self.file_size = size
         buf = memoryview(self._mmap)
         cur = _Cursor(buf, self.path, skip_strings)
@@ -251,7 +284,7 @@ class GGUFFile:
                     f"{self.path}: the file is truncated (tensor {name!r} ends at byte {offset + n_bytes}, the file has {size})."
                 )
             data = np.frombuffer(self._mmap, dtype=np.uint8, count=n_bytes, offset=offset).reshape(n_rows, row_bytes)
-            self.tensors[name] = TensorInfo(name, qtype, shape, offset, n_bytes, data)
+            self.tensors[name] = TensorInfo(name, qtype, shape, offset, n_bytes, data, self)
             spans.append((offset, offset + n_bytes, name))
         spans.sort()
         for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
@@ -294,13 +327,54 @@ class GGUFFile:
         if hasattr(mmap, "MADV_DONTNEED"):
             self._mmap.madvise(mmap.MADV_DONTNEED)
 
+    @property
+    def can_read(self) -> bool:
+        """Whether rows can be read from the file rather than the map (os.preadv exists)."""
+        return self._fd is not None
+
+    def read_span(self, tensor: TensorInfo, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 of `tensor` copied from the file (one pread), (r1 - r0, bytes_per_row)."""
+        row_bytes = tensor.data.shape[1]
+        out = np.empty((r1 - r0, row_bytes), np.uint8)
+        self._pread(out.reshape(-1), tensor.offset + r0 * row_bytes, tensor.name)
+        return out
+
+    def _pread(self, into: np.ndarray, offset: int, name: str) -> None:
+        view, done = memoryview(into).cast("B"), 0
+        while done < len(view):  # a pread may return fewer bytes than asked (over 2 GiB on Linux)
+            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise ModelFileError(f"{self.path}: the file was cut short while in use (tensor {name!r}).")
+            done += n
+
+    def read_rows(self, tensor: TensorInfo, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` of `tensor` copied from the file with pread, not through the map: a fault on
+        the map makes its neighbouring pages resident too (the kernel maps up to 64 KiB around a
+        fault on pages already in the page cache), so a long prompt's scattered embedding rows would
+        make most of the table resident in this process, memory the plan does not count."""
+        if self._fd is None:
+            return tensor.data[idx]
+        row_bytes = tensor.data.shape[1]
+        out = np.empty((len(idx), row_bytes), np.uint8)
+        for i, row in enumerate(idx.tolist()):
+            self._pread(out[i], tensor.offset + row * row_bytes, tensor.name)
+        return out
+
     def close(self) -> None:
         self.tensors.clear()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         try:
             self._mmap.close()
         except BufferError:
             # Views into the map are still alive somewhere; the OS unmaps when they are collected.
             pass
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)  # (None too when __init__ failed before opening it)
+        if fd is not None:
+            os.close(fd)
 
     def __enter__(self) -> "GGUFFile":
         return self

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import os
 import sys
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from model_paths import model_path, require_model
@@ -81,6 +83,43 @@ def test_unknown_architecture(tmp_path):
         spec_from_gguf(GGUFFile(p))
 
 
+def _mapped_rss_kib(path) -> int:
+    """This process's resident KiB of its mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            inside = head[-1] == str(path)
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_embedding_rows_are_read_without_making_the_table_resident(tmp_path):
+    """A token's embedding row is read from the file, not through the map: a page fault there would make
+    that page and its neighbours resident in this process (memory the plan does not count), so a long
+    prompt's scattered rows would make most of the table resident."""
+    from tallow.kernels.cpu.linear import Embedding
+
+    p = tmp_path / "table.gguf"
+    table = np.random.default_rng(0).standard_normal((4096, 1024), dtype=np.float32)  # a 4 KiB page a row, 16 MiB
+    w = GGUFWriter(str(p), "llama")
+    w.add_tensor("token_embd.weight", table)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    gf = GGUFFile(p)
+    gf.release_pages()
+    before = _mapped_rss_kib(p)
+    idx = np.random.default_rng(1).permutation(4096)[:512]  # 2 MiB of rows were they read through the map
+    got = Embedding(gf.tensors["token_embd.weight"])(torch.from_numpy(idx))
+    assert torch.equal(got, torch.from_numpy(table[idx]))
+    assert _mapped_rss_kib(p) - before < 256
+    gf.close()
+
+
 def test_unsupported_tensor_type(tmp_path):
     p = tmp_path / "iq.gguf"
     w = GGUFWriter(str(p), "llama")
@@ -104,3 +143,32 @@ def test_cli_bad_file_is_one_sentence_exit_2(tmp_path, content):
     assert "Traceback" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("tallow: error:") and str(p) in lines[0]
+
+
+def test_rows_read_from_the_file_equal_the_map(tmp_path):
+    """FileRows (what the packers read a tensor through) and read_rows give the map's bytes; a file
+    cut short under a running process is one clear error."""
+    from tallow.gguf_file import FileRows
+
+    p = tmp_path / "t.gguf"
+    table = np.random.default_rng(0).standard_normal((300, 64), dtype=np.float32)
+    w = GGUFWriter(str(p), "llama")
+    w.add_tensor("token_embd.weight", table)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    gf = GGUFFile(p)
+    t = gf.tensors["token_embd.weight"]
+    rows = t.streamed()
+    assert isinstance(rows, FileRows) and rows.shape == t.data.shape
+    for r0, r1 in ((0, 300), (17, 130), (299, 400), (5, 5)):
+        assert np.array_equal(rows[r0:r1], t.data[r0:r1])
+    idx = np.array([299, 0, 7, 7])
+    assert np.array_equal(t.read_rows(idx), t.data[idx])
+    with pytest.raises(TypeError):
+        rows[::2]
+    os.truncate(p, t.offset + 10 * t.data.shape[1])
+    with pytest.raises(ModelFileError, match="cut short"):
+        rows[0:300]
+    gf.close()

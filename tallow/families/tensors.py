@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # Model-wide roles the memory plan and the kernels treat specially.
-TOKEN_EMBD = "token_embd"  # the token embedding table: rows gathered from the file map
+TOKEN_EMBD = "token_embd"  # the token embedding table: rows read from the file per lookup
 OUTPUT = "output"  # the output projection (absent: tied to TOKEN_EMBD)
 OUTPUT_NORM = "output_norm"
 ROPE_FREQS = "rope_freqs"
 EXPERT = "expert"  # one routed expert's slice of a 3-D tensor: the row-exact torch kernels (kernels/cpu/moe.py)
-PER_LAYER_TOKEN_EMBD = "per_layer_token_embd"  # gemma4's per-layer table: rows gathered from the map too
+PER_LAYER_TOKEN_EMBD = "per_layer_token_embd"  # gemma4's per-layer table: rows read from the file too
 
 # role -> GGUF name template (without its .weight/.bias suffix), from llama-arch.cpp.
 NAMES: dict[str, str] = {

@@ -10,8 +10,9 @@ The parts, each derived from what the code allocates:
 
 * weights:  every 2-D weight as the CPU kernels hold it after repacking (the rules of
   `kernels/cpu/linear.make_linear` and `quant/pack.py`); norms and biases as fp32; the token
-  embedding stays in the file map and costs nothing (unless tied to the output projection,
-  which is then repacked like any linear). A warm start maps the same packed bytes from the
+  embedding stays in the file and costs nothing (unless tied to the output projection, which is
+  then repacked like any linear): its rows are read with pread per lookup, never faulted in
+  through the map, whose fault-around would make most of the table resident uncounted. A warm start maps the same packed bytes from the
   weight cache (memory/weight_cache.py) instead of building them on the heap: file-backed
   pages rather than heap, but counted in the resident size (what the OOM killer sees) once
   touched, so the account is the same either way (tests/test_weight_cache.py checks it).
@@ -160,13 +161,13 @@ _C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # gg
 
 
 def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
-    """Bytes of every weight as resident after loading (embedding in the map: 0)."""
+    """Bytes of every weight as resident after loading (the embedding, read row by row from the file: 0)."""
     tied, roles = is_tied(header.tensors), model_roles(header.tensors)
     total = 0
     for t in header.tensors.values():
         role = roles.get(t.name)
         if (role == TOKEN_EMBD and not tied) or role == PER_LAYER_TOKEN_EMBD:
-            continue  # only its rows, read from the map on lookup (gemma4's per-layer table too)
+            continue  # only its rows, read from the file on lookup (gemma4's per-layer table too)
         if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
             total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
         elif len(t.shape) >= 2 and t.n_rows > 1:

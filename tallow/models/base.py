@@ -66,6 +66,7 @@ class DecoderModel:
         self.output_norm = self.norm_weight(self.tensor_names.name(OUTPUT_NORM))
         output = gf.tensors.get(self.tensor_names.name(OUTPUT)) or embd  # tied: the embedding table
         self.output = self.place.cached([output.name], lambda: self.place.linear(output, role=OUTPUT))
+        gf.release_pages()  # (a cold load reads every weight through the map: drop each block's pages once packed)
         self.rope = {}
         for layer in spec.layers:  # one table per distinct (base, rotated width, factors)
             if layer.rope_key not in self.rope:
@@ -76,7 +77,10 @@ class DecoderModel:
             for table in self.rope.values():
                 table.ensure(spec.context_length)
                 table.to(self.device)
-        self.layers = [self.load_layer(i) for i in range(spec.n_layers)]
+        self.layers = []
+        for i in range(spec.n_layers):
+            self.layers.append(self.load_layer(i))
+            gf.release_pages()
         self.backends = backends_for(self)  # RoPE, K/V writes and attention per regime (models/step.py)
 
     @functools.cached_property

@@ -8,7 +8,7 @@ unrotated, "proportional" RoPE). The trailing `shared_kv_layers` compute only Q 
 over an earlier layer's cache (spec.LayerSpec.kv_source; memory/kv_pool.py aliases it).
 
 Per-layer embeddings (E2B/E4B, spec.per_layer_input_dim > 0): every token gathers one row of
-`per_layer_token_embd` (n_layers x d values, read from the file map, never dequantized whole),
+`per_layer_token_embd` (n_layers x d values, read from the file per token, never dequantized whole),
 adds a projection of its scaled embedding, and each block mixes its slice in after the MLP
 through a GELU gate. An optional per-layer scalar scales each block's output; embeddings are
 scaled by sqrt(dim) and logits soft-capped.
@@ -39,7 +39,7 @@ class Gemma4Model(DecoderModel):
             if table.n_cols != d * n_layers or table.n_rows != spec.vocab_size:
                 raise self._shape_error(table, [d * n_layers, spec.vocab_size])
             self.per_layer = {
-                "token_embd": self.place.embedding(table),  # rows gathered per token from the map
+                "token_embd": self.place.embedding(table),  # rows read per token from the file
                 "model_proj": self.linear(names.name("per_layer_model_proj")),
                 "proj_norm": self.norm_weight(names.name("per_layer_proj_norm")),
             }

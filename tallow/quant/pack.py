@@ -156,8 +156,9 @@ class Int4Pack:
 
 
 def pack_int4(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> Int4Pack:
-    """Repack a Q4_0/Q4_1/Q4_K tensor (uint8 (N, row_bytes)) for `_weight_int4pack_mm_for_cpu`;
-    Q8_0/Q5_0/Q5_1/Q5_K are packed exactly as int4x2 (K doubled, see int4x2_codes).
+    """Repack a Q4_0/Q4_1/Q4_K tensor (uint8 (N, row_bytes), or gguf_file.FileRows: read in row
+    slices) for `_weight_int4pack_mm_for_cpu`; Q8_0/Q5_0/Q5_1/Q5_K are packed exactly as int4x2
+    (K doubled, see int4x2_codes).
 
     Rows are padded to a multiple of 16 (the packer's requirement) with zero weights; callers
     slice the output back to `out_features` columns.
@@ -209,7 +210,7 @@ def _requant_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_int8(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Requantize any supported type (uint8 (N, row_bytes)) to int8 per output channel for
+    """Requantize any supported type (uint8 (N, row_bytes), or FileRows) to int8 per output channel for
     `_weight_int8pack_mm`: returns (int8 (N, K), bf16 scales (N,))."""
     n = int(raw.shape[0])
     w8 = torch.empty(n, n_cols, dtype=torch.int8)

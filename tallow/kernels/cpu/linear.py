@@ -150,9 +150,9 @@ class DenseLinear(Linear):
             w = raw.view(torch.bfloat16).reshape(tensor.n_rows, tensor.n_cols)  # exact, no fp32 detour
         else:
             w = torch.empty(tensor.n_rows, tensor.n_cols, dtype=dtype)
-            step = max(1, (1 << 22) // max(tensor.n_cols, 1))
+            step, rows = max(1, (1 << 22) // max(tensor.n_cols, 1)), tensor.streamed()
             for r0 in range(0, tensor.n_rows, step):  # chunked: never a full fp32 copy of a big table
-                w[r0:r0 + step] = dequantize(tensor.data[r0:r0 + step], tensor.qtype, tensor.n_cols)
+                w[r0:r0 + step] = dequantize(rows[r0:r0 + step], tensor.qtype, tensor.n_cols)
         self.weight = w.contiguous()  # (N, K)
         self.dtype = dtype
         self.compute_dtype = dtype
@@ -176,7 +176,7 @@ class Int4Linear(Linear):
 
     def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None):
         super().__init__(tensor.name, tensor.n_cols, tensor.n_rows, bias)
-        p = pack_int4(tensor.data, tensor.qtype, tensor.n_cols)
+        p = pack_int4(tensor.streamed(), tensor.qtype, tensor.n_cols)
         self.packed = p.packed                       # uint8 (N_pad, K*parts/2)
         self.scales_and_zeros = p.scales_and_zeros   # bf16 (K*parts/32, N_pad, 2)
         self.k_parts = p.k_parts
@@ -225,7 +225,7 @@ def _int8_planes(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def pack_group_int8(raw: np.ndarray | torch.Tensor, qtype: QT, n_cols: int) -> Int4Pack:
-    """Any supported type (uint8 (N, row_bytes)) -> group-32 int8 packed for the int4 kernel over
+    """Any supported type (uint8 (N, row_bytes), or FileRows) -> group-32 int8 packed for the int4 kernel over
     a doubled K (see group_int8_codes); rows padded to a multiple of 16 like pack_int4."""
     if n_cols % GROUP_SIZE:
         raise ModelFileError(f"a row of {n_cols} elements is not a whole number of {GROUP_SIZE}-element groups")
@@ -262,7 +262,7 @@ class GroupInt8Linear(Int4Linear):
 
     def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None):
         Linear.__init__(self, tensor.name, tensor.n_cols, tensor.n_rows, bias)
-        p = pack_group_int8(tensor.data, tensor.qtype, tensor.n_cols)
+        p = pack_group_int8(tensor.streamed(), tensor.qtype, tensor.n_cols)
         self.packed = p.packed
         self.scales_and_zeros = p.scales_and_zeros
         self.k_parts = 2
@@ -277,7 +277,7 @@ class Int8Linear(Linear):
 
     def __init__(self, tensor: TensorInfo, bias: torch.Tensor | None = None):
         super().__init__(tensor.name, tensor.n_cols, tensor.n_rows, bias)
-        self.weight, self.scales = pack_int8(tensor.data, tensor.qtype, tensor.n_cols)  # int8 (N, K), bf16 (N,)
+        self.weight, self.scales = pack_int8(tensor.streamed(), tensor.qtype, tensor.n_cols)  # int8 (N, K), bf16 (N,)
 
     def _tensors(self) -> list[torch.Tensor]:
         return [self.weight, self.scales, *super()._tensors()]
@@ -392,12 +392,12 @@ class Embedding:
         self.name = tensor.name
         self.num_embeddings = tensor.n_rows
         self.embedding_dim = tensor.n_cols
-        self._data = tensor.data  # uint8 (vocab, row_bytes), a view of the file map
+        self._tensor = tensor  # its rows are read from the file per lookup (TensorInfo.read_rows)
         self._qtype = tensor.qtype
 
     @property
     def nbytes(self) -> int:
-        """Resident bytes beyond the file map: none."""
+        """Resident bytes: none (rows are read from the file per lookup)."""
         return 0
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
@@ -406,7 +406,7 @@ class Embedding:
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             bad = int(idx[(idx < 0) | (idx >= self.num_embeddings)][0])
             raise IndexError(f"token id {bad} is outside the vocabulary of {self.num_embeddings} ({self.name})")
-        rows = self._data[idx]  # (n, row_bytes) copy of just these rows
+        rows = self._tensor.read_rows(idx)  # (n, row_bytes) copy of just these rows
         return dequantize(rows, self._qtype, self.embedding_dim).reshape(*ids.shape, self.embedding_dim)
 
 
