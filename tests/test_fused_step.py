@@ -218,6 +218,41 @@ def test_integer_dot_decode_with_folded_q8(tmp_path, monkeypatch):
     check_rows_equal_steps("llama", tmp_path, None, passes=(1, 3, 2))  # every pass kind; the interpreter is slow
 
 
+def test_norm_add_writing_q8_is_bit_identical(tmp_path, monkeypatch):
+    """TALLOW_NORM_ADD_Q8 on the tiny E2B-style gemma4 with the whole GPU placement on CPU tensors
+    and every product on the integer-dot GEMV: the norms after the attention and per-layer joins
+    writing their output's Q8_1 blocks give the decode steps' logits bit for bit what the norm then
+    the quantization in launches of their own give (the switch off), and they did run; with them,
+    verification rows stay bit for bit decode steps."""
+    from gguf import GGMLQuantizationType as QT
+    from test_graph_step import check_rows_equal_steps
+
+    import tallow.kernels.gpu.linear as lin
+    import tallow.kernels.triton.mmvq as mmvq_module
+    from tallow.kernels.dispatch import Placement
+
+    monkeypatch.setattr(Placement, "on_gpu", property(lambda self: True))
+    monkeypatch.setattr(lin, "NARROW_MIN_WEIGHTS", 0)
+    calls = []
+    fused = mmvq_module.rmsnorm_add_q8
+    monkeypatch.setattr(mmvq_module, "rmsnorm_add_q8", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    gf = GGUFFile(write_tiny_model("gemma4", tmp_path / "gemma4.gguf", qtype=QT.Q8_0))
+    spec = spec_from_gguf(gf)
+    ids = tiny_prompt(2)
+
+    monkeypatch.setenv("TALLOW_NORM_ADD_Q8", "1")
+    on, model = _decode_steps(gf, spec, ids)
+    assert len(calls) == 2 * (2 * spec.n_layers - 1)  # two a block, but the last block's second
+    monkeypatch.setenv("TALLOW_NORM_ADD_Q8", "0")
+    calls.clear()
+    off, _ = _decode_steps(gf, spec, ids)
+    assert not calls and torch.equal(on, off)
+    monkeypatch.setenv("TALLOW_NORM_ADD_Q8", "1")
+    calls.clear()
+    check_rows_equal_steps("gemma4", tmp_path, None, passes=(1, 3, 2))  # verification rows = decode steps
+    assert calls
+
+
 def lin_layers(model):
     """The model's GPU linears (walking its attributes and lists)."""
     from tallow.kernels.gpu.linear import GPULinear

@@ -150,6 +150,34 @@ def test_q8_1_norm_in_one_pass_is_the_chunked_kernel(monkeypatch) -> None:
     assert torch.allclose(a.d.float(), b.d.float(), rtol=1e-3) and torch.allclose(a.s.float(), b.s.float(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("reload", [False, True])
+@pytest.mark.parametrize("m,k,scaled", [(1, 64, False), (3, 1536, True), (8, 96, True)])
+def test_rmsnorm_add_writing_q8_1_is_the_two_launches(m: int, k: int, scaled: bool, reload: bool) -> None:
+    """TALLOW_NORM_ADD_Q8: the norm after a residual join writing its normed output's Q8_1 blocks
+    gives the stream, the normed row and every byte of the blocks that rmsnorm_add then
+    quantize_q8_1 give (1536: E2B's width, 48 blocks in a 64-block row tile; 96: 3 in 4); rows
+    independent (a verification pass's rows = decode steps); the row too wide for one pass left
+    to the caller (None). Both ways to the blocks: h reshaped in registers, and h re-read."""
+    from tallow.kernels.triton.mmvq import rmsnorm_add_q8
+    from tallow.kernels.triton.rmsnorm import ONE_PASS_MAX, rmsnorm_add
+
+    g = torch.Generator().manual_seed(k + m)
+    x, res = torch.randn(m, k, generator=g) * 2.0, torch.randn(m, k, generator=g)
+    w, w2 = torch.randn(k, generator=g), torch.rand(k, generator=g) + 0.5
+    scale = torch.rand(1, generator=g) + 0.5 if scaled else None
+    out, h = rmsnorm_add(x, w, 1e-6, res, scale, next_weight=w2)
+    want = quantize_q8_1(h)
+    got_out, got_h, got = rmsnorm_add_q8(x, w, 1e-6, res, w2, scale, reload=reload)
+    assert torch.equal(got_out, out) and torch.equal(got_h, h)
+    for field in ("qs", "d", "s", "isum"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    one = rmsnorm_add_q8(x[-1:], w, 1e-6, res[-1:], w2, scale, reload=reload)[2]
+    assert all(torch.equal(getattr(one, f)[0], getattr(got, f)[-1]) for f in ("qs", "d", "s", "isum"))
+    wide = ONE_PASS_MAX + 32
+    z = torch.zeros(1, wide)
+    assert rmsnorm_add_q8(z, torch.ones(wide), 1e-6, z, torch.ones(wide)) is None
+
+
 def test_q8_1_rounds_half_away_from_zero() -> None:
     x = torch.zeros(1, 32)
     x[0, :8] = torch.tensor([127.0, 0.5, -0.5, 1.5, -2.5, 2.4999998, -0.49999997, 126.5])  # d = 1

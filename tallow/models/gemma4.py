@@ -161,8 +161,8 @@ class Gemma4Model(DecoderModel):
             x, h = ops.add_norm(x, delta, w.attn_norm, eps)
         proj = w.attn_qkv(h) if self.spec.layers[w.index].owns_kv else w.attn_q(h)
         q = self.attention_inputs(w, proj, kv, step)
-        x, h = ops.norm_add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm,
-                                 w.ffn_norm, eps)
+        x, h = self._norm_add_norm(x, w.attn_output(self.attend(w.index, q, kv, step)), w.post_attention_norm,
+                                   w.ffn_norm, eps, None, w.ffn_gate_up)
         mlp = w.ffn_down(ops.glu(w.ffn_gate_up(h), "geglu"))
         if w.get("ffn_experts") is not None:
             from .qwen3moe import gemma4_moe_ffn
@@ -181,5 +181,17 @@ class Gemma4Model(DecoderModel):
         branch, scale = w.ple_proj(gate), w.get("out_scale")
         if next_norm is None:
             return ops.norm_add(x, branch, w.ple_post_norm, eps, scale), None, None
-        x, h = ops.norm_add_norm(x, branch, w.ple_post_norm, next_norm, eps, scale)
+        nxt = self.layers[w.index + 1]  # h is its attention input alone
+        x, h = self._norm_add_norm(x, branch, w.ple_post_norm, next_norm, eps, scale,
+                                   nxt.attn_qkv if self.spec.layers[nxt.index].owns_kv else nxt.attn_q)
         return x, None, h
+
+    def _norm_add_norm(self, x, branch, weight, next_weight, eps, scale, consumer):
+        """ops.norm_add_norm, whose normed output h only `consumer` reads: with the GPU's Triton ops
+        the norm's launch also writes h's Q8_1 blocks where consumer takes them (gpu/linear.py
+        norm_add_norm_q8, TALLOW_NORM_ADD_Q8)."""
+        if self.ops.fused_step:
+            from ..kernels.gpu.linear import norm_add_norm_q8
+
+            return norm_add_norm_q8(self.ops, x, branch, weight, next_weight, eps, scale, consumer)
+        return self.ops.norm_add_norm(x, branch, weight, next_weight, eps, scale)

@@ -224,6 +224,28 @@ def q8_of(x) -> Q8Act:
     return x.q8
 
 
+def _takes_q8(consumer, x: torch.Tensor) -> bool:
+    """Whether a linear (or LinearGroup) reads decode input x as Q8_1 blocks (some part on the integer-dot GEMV)."""
+    parts = getattr(consumer, "parts", [consumer])
+    return _switch_on("TALLOW_Q8_PROLOGUE") and any(isinstance(p, GPULinear) and p.decode_q8(x) for p in parts)
+
+
+def norm_add_norm_q8(ops, x, branch, weight, next_weight, eps, scale, consumer):
+    """ops.norm_add_norm(x, branch, weight, next_weight, eps, scale) -> (stream, h), where h is the
+    input of `consumer` alone: when that consumer reads h on the integer-dot GEMV, the norm's launch
+    also writes h's Q8_1 blocks (mmvq.rmsnorm_add_q8, the bytes quantize_q8_1(h) writes) and h comes
+    back as a SharedQ8 holding them, so the quantization's own launch is gone (TALLOW_NORM_ADD_Q8;
+    Gemma 4's two norm pairs a block)."""
+    if (isinstance(ops, TritonOps) and _switch_on("TALLOW_NORM_ADD_Q8") and weight.dim() == 1 and next_weight.dim() == 1
+            and ops._rows(x) and ops._rows(branch) and x.shape[0] <= GEMV_MAX_ROWS and _takes_q8(consumer, branch)):
+        from ..triton.mmvq import rmsnorm_add_q8
+
+        r = rmsnorm_add_q8(branch, weight, eps, x, next_weight, scale)
+        if r is not None:
+            return r[0], SharedQ8(r[1], q8=r[2])
+    return ops.norm_add_norm(x, branch, weight, next_weight, eps, scale)
+
+
 class GPUEmbedding:
     """Token embedding from GGUF blocks on the GPU: the ids' rows are gathered from the byte
     planes and dequantized there, so a CUDA graph can look up a token the GPU just sampled."""

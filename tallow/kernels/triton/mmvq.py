@@ -53,9 +53,11 @@ from ... import switches
 from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
 from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x, epilogue_addend
+from .rmsnorm import _geometry as _norm_geometry
+from .rmsnorm import _rstd
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "nv_order_reference", "mmvq", "mmvq_q8", "mmvq_reference",
-           "mmvq_config", "MMVQ_TYPES"]
+           "mmvq_config", "MMVQ_TYPES", "rmsnorm_add_q8"]
 
 MMVQ_TYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
 
@@ -230,6 +232,71 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue 
         float(prologue.eps) if prologue is not None else 0.0, BLK=blk, PRO=pro, WRITE_SUM=sum_out is not None,
         NV_ORDER=nv_order, num_warps=2, **pdl.launch(dev))
     return out
+
+
+@triton.jit
+def _rmsnorm_add_q8_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, q_ptr, d_ptr, sb_ptr, i_ptr, D, eps,
+                           sxm, srm, sym, shm, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, RELOAD: tl.constexpr,
+                           PDL: tl.constexpr):
+    # rmsnorm.py's _rmsnorm_add_kernel (ONE_PASS, NORM2), the same operations in the same order at
+    # the same BLOCK and warps (so the same 1/RMS bits), then the normed row h as Q8_1 blocks: the
+    # quantization the integer-dot GEMV reading h would otherwise launch on its own
+    # (TALLOW_NORM_ADD_Q8). h is still written (a consumer on the fp32 GEMV reads it).
+    row = tl.program_id(0)
+    e = tl.arange(0, BLOCK)
+    msk = e < D
+    # the norm weights are never written inside a step: loaded before waiting for the kernel ahead
+    w = tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
+    w2 = tl.load(w2_ptr + e, mask=msk, other=0.0).to(tl.float32)
+    pdl.wait(PDL)
+    r = tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
+    v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
+    y = (v * _rstd(v, D, eps)) * w
+    y += r
+    if HAS_SCALE:
+        y = y * tl.load(scale_ptr).to(tl.float32)
+    tl.store(y_ptr + row * sym + e, y, mask=msk)
+    h = (y * _rstd(y, D, eps)) * w2
+    tl.store(h_ptr + row * shm + e, h, mask=msk)
+    blk = tl.arange(0, BLOCK // 32)
+    j = tl.arange(0, 32)
+    ok = blk < D // 32
+    if RELOAD:  # h read back as (blocks, 32) from where this program wrote it, not reshaped in registers
+        tl.debug_barrier()
+        h2 = tl.load(h_ptr + row * shm + blk[:, None] * 32 + j[None, :], mask=ok[:, None], other=0.0)
+    else:
+        h2 = tl.reshape(h, (BLOCK // 32, 32))
+    _store_q8_1(h2, row, blk, j, ok, D, D // 32, q_ptr, d_ptr, sb_ptr, i_ptr, BLOCK // 32, False)
+
+
+NORM_ADD_Q8_RELOAD = False  # the blocks from h re-read (L1) rather than h reshaped in registers (scripts/gpu_norm_add_q8.py)
+
+
+def rmsnorm_add_q8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor, next_weight: torch.Tensor,
+                   scale: torch.Tensor | None = None, out: torch.Tensor | None = None, reload: bool | None = None):
+    """rmsnorm.rmsnorm_add(x, weight, eps, residual, scale, out, next_weight) -> (out, h), and h's
+    Q8_1 blocks (Q8Act, the bytes quantize_q8_1(h) writes) from the same launch: (out, h, q8).
+    None where that launch cannot take the row (the norm's chunked loop: rows over ONE_PASS_MAX or
+    TALLOW_NORM_ONE_PASS=0; K not a multiple of 32): the caller runs rmsnorm_add. `reload`: the
+    blocks quantized from h read back from memory as (blocks, 32) (default NORM_ADD_Q8_RELOAD),
+    else h reshaped in registers; the bytes are the same either way."""
+    m, d = x.shape
+    block, warps, one_pass = _norm_geometry(d)
+    if not one_pass or d % 32 or d < 32 or x.stride(1) != 1 or residual.stride(1) != 1:
+        return None
+    dev = x.device
+    if out is None:
+        out = torch.empty((m, d), dtype=torch.float32, device=dev)
+    h = torch.empty((m, d), dtype=torch.float32, device=dev)
+    q8 = Q8Act(torch.empty((m, d), dtype=torch.int8, device=dev), torch.empty((m, d // 32), dtype=torch.float16, device=dev),
+               torch.empty((m, d // 32), dtype=torch.float16, device=dev),
+               torch.empty((m, d // 16), dtype=torch.int32, device=dev))
+    _rmsnorm_add_q8_kernel[(m,)](x, residual, weight, scale if scale is not None else weight, out, next_weight, h,
+                                 q8.qs, q8.d, q8.s, q8.isum, d, float(eps), x.stride(0), residual.stride(0),
+                                 out.stride(0), h.stride(0), HAS_SCALE=scale is not None, BLOCK=block,
+                                 RELOAD=NORM_ADD_Q8_RELOAD if reload is None else reload, num_warps=warps,
+                                 **pdl.launch(dev))
+    return out, h, q8
 
 
 def nv_order_reference(qs: torch.Tensor) -> torch.Tensor:

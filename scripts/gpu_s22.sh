@@ -1,0 +1,40 @@
+#!/bin/bash
+# Session 22's H100/H200 call for TALLOW_NORM_ADD_Q8 (issue 12, cut (1)): twins, the kernel check, the A/B, the profiles.
+#   bash scripts/gpu_s22.sh [kernel] [ab] [profile]
+# Carry: .whl (gguf 0.19.0, llguidance 1.9.1), .twins2 (make_twin.py + qwen3-4b.hdr/.json from ../shared/twins).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT /root/twins
+[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
+state() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/steps.log; }
+twin() {
+  local t=$1 f=/root/twins/$1.gguf
+  [ -s $f ] && return 0
+  case $t in
+    gemma4-*) python3 scripts/make_gemma4_twin.py ${t#gemma4-} $f.tmp ;;
+    *) python3 .twins2/make_twin.py make .twins2/$t $f.tmp ;;
+  esac >> $OUT/twins.log 2>&1 && mv $f.tmp $f
+}
+state; git log --oneline -1 2>/dev/null | tee -a $OUT/steps.log
+say "twins in the background"
+(twin gemma4-e2b || echo "gemma4-e2b FAILED"; twin qwen3-4b || echo "qwen3-4b FAILED") >> $OUT/twins.log 2>&1 &
+for step in "$@"; do
+  case $step in
+    kernel) say "kernel: scripts/gpu_norm_add_q8.py"
+      timeout 150 python3 scripts/gpu_norm_add_q8.py 2>&1 | grep -v Warning | tee $OUT/kernel.txt ;;
+    ab) wait; ls -la /root/twins | tee -a $OUT/steps.log
+      say "ab: tg128, default / TALLOW_NORM_ADD_Q8=0 / default"; state
+      python3 scripts/gpu_ab.py --work /root/twins --twins ${AB_TWINS:-gemma4-e2b,qwen3-4b} --tests "${AB_TESTS:--p 0 -n 128 -r 3}" \
+        base TALLOW_NORM_ADD_Q8=0 base 2>&1 | tee -a $OUT/ab.txt; state ;;
+    profile) wait
+      for v in 1 0; do say "profile E2B TALLOW_PDL=0 TALLOW_NORM_ADD_Q8=$v"
+        TALLOW_PDL=0 TALLOW_NORM_ADD_Q8=$v timeout 150 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 \
+          --decode 8 --sequence > $OUT/prof_$v.txt 2>&1
+        grep -A14 "^last replay" $OUT/prof_$v.txt | tee -a $OUT/steps.log; done ;;
+  esac
+done
+say "done"
