@@ -27,9 +27,9 @@ for step in "$@"; do
     kernel) say "kernel: scripts/gpu_norm_add_q8.py"
       timeout 150 python3 scripts/gpu_norm_add_q8.py 2>&1 | grep -v Warning | tee $OUT/kernel.txt ;;
     ab) wait; ls -la /root/twins | tee -a $OUT/steps.log
-      say "ab: tg128, default / TALLOW_NORM_ADD_Q8=0 / default"; state
+      say "ab: tg128, TALLOW_NORM_ADD_Q8=1 / 0 / 1 (explicit: independent of the default)"; state
       python3 scripts/gpu_ab.py --work /root/twins --twins ${AB_TWINS:-gemma4-e2b,qwen3-4b} --tests "${AB_TESTS:--p 0 -n 128 -r 3}" \
-        base TALLOW_NORM_ADD_Q8=0 base 2>&1 | tee -a $OUT/ab.txt; state ;;
+        TALLOW_NORM_ADD_Q8=1 TALLOW_NORM_ADD_Q8=0 TALLOW_NORM_ADD_Q8=1 2>&1 | tee -a $OUT/ab.txt; state ;;
     profile) wait
       for v in 1 0; do say "profile E2B TALLOW_PDL=0 TALLOW_NORM_ADD_Q8=$v"
         TALLOW_PDL=0 TALLOW_NORM_ADD_Q8=$v timeout 150 python3 scripts/gpu_profile.py /root/twins/gemma4-e2b.gguf --prefill 33 \
