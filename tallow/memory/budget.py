@@ -264,8 +264,9 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     VmHWM over the resident size after load): with large blocks forced to mmap (only live
     bytes resident) the prefill peak is 49.7 MiB on smollm2 against 50.3 MiB derived here
     once; with glibc's defaults it is 75.2 / 113.9 / 208.3 MiB on smollm2 / gemma3 /
-    qwen2.5 against 75.4 / 89.6 / 203.8 MiB derived with the x2. (gemma3's live peak also
-    exceeds the single-chunk account by ~16 MiB, not yet traced.) Forcing mmap (TALLOW_
+    qwen2.5 against 75.4 / 89.6 / 203.8 MiB derived with the x2. (Those peaks included the
+    token table's pages that embedding lookups then faulted in through the map, up to the 13 MiB
+    the prompt's ids span on gemma3; rows are read with pread since.) Forcing mmap (TALLOW_
     BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
     in page faults, so the account counts the heap as it behaves by default.
     """
