@@ -83,6 +83,17 @@ def test_unknown_architecture(tmp_path):
         spec_from_gguf(GGUFFile(p))
 
 
+def _write_table(path, table: np.ndarray):
+    """A GGUF holding one float32 tensor, token_embd.weight = table; returns its path."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", table)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _mapped_rss_kib(path) -> int:
     """This process's resident KiB of its mappings of `path` (/proc/self/smaps)."""
     total, inside = 0, False
@@ -102,14 +113,8 @@ def test_embedding_rows_are_read_without_making_the_table_resident(tmp_path):
     prompt's scattered rows would make most of the table resident."""
     from tallow.kernels.cpu.linear import Embedding
 
-    p = tmp_path / "table.gguf"
     table = np.random.default_rng(0).standard_normal((4096, 1024), dtype=np.float32)  # a 4 KiB page a row, 16 MiB
-    w = GGUFWriter(str(p), "llama")
-    w.add_tensor("token_embd.weight", table)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    p = _write_table(tmp_path / "table.gguf", table)
     gf = GGUFFile(p)
     gf.release_pages()
     before = _mapped_rss_kib(p)
@@ -150,14 +155,8 @@ def test_rows_read_from_the_file_equal_the_map(tmp_path):
     cut short under a running process is one clear error."""
     from tallow.gguf_file import FileRows
 
-    p = tmp_path / "t.gguf"
     table = np.random.default_rng(0).standard_normal((300, 64), dtype=np.float32)
-    w = GGUFWriter(str(p), "llama")
-    w.add_tensor("token_embd.weight", table)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    p = _write_table(tmp_path / "t.gguf", table)
     gf = GGUFFile(p)
     t = gf.tensors["token_embd.weight"]
     rows = t.streamed()
