@@ -219,7 +219,7 @@ def test_integer_dot_decode_with_folded_q8(tmp_path, monkeypatch):
 
 
 def test_norm_add_writing_q8_is_bit_identical(tmp_path, monkeypatch):
-    """TALLOW_NORM_ADD_Q8 on the tiny E2B-style gemma4 with the whole GPU placement on CPU tensors
+    """TALLOW_NORM_ADD_Q8 (gpu/linear.norm_add_norm_q8) on the tiny E2B-style gemma4 with the whole GPU placement on CPU tensors
     and every product on the integer-dot GEMV: the norms after the attention and per-layer joins
     writing their output's Q8_1 blocks give the decode steps' logits bit for bit what the norm then
     the quantization in launches of their own give (the switch off), and they did run."""

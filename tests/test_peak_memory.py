@@ -33,12 +33,14 @@ base = status("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS now
 llm = tallow.LLM(sys.argv[1], ctx=2048, device="cpu", kv_dtype="f16")
 load_peak = status("VmHWM:")
+after_load = status("VmRSS:")
 if sys.argv[2:] != ["load"]:
     ids = torch.randint(100, 20000, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
     llm.generate(ids, max_tokens=16, temperature=0)
 p = llm.memory
-print(json.dumps({"load_peak": load_peak - base, "peak": status("VmHWM:") - base, "end": status("VmRSS:") - base,
-                  "plan_total": p.total, "plan_resident": p.resident}))
+print(json.dumps({"load_peak": load_peak - base, "after_load": after_load - base, "peak": status("VmHWM:") - base,
+                  "end": status("VmRSS:") - base, "plan_total": p.total, "plan_resident": p.resident,
+                  "plan_weights": p.weights}))
 """
 
 
@@ -75,14 +77,19 @@ def test_peak_memory_matches_the_plan():
     assert 0.85 * m["plan_total"] <= m["peak"] <= 1.10 * m["plan_total"]
 
 
-def test_a_cold_load_stays_within_the_plan():
+def test_a_cold_load_holds_the_file_once():
     """A load that builds every weight (no weight cache: every first start) reads the GGUF once; were
     those reads to go through the map, the pages would stay resident beside the packed copy until the
-    load ends. gemma3-270m's tied 170 MiB embedding, repacked as the output projection, took the load's
-    peak to 658 MiB against a plan of 433 (session 22); read from the file in row slices, 428."""
+    load ends. Judged by what the load holds at its peak beyond what it keeps (the same process, so
+    torch's code paged in meanwhile counts on both sides). gemma3-270m with the C kernel (weights 297 MiB):
+    349 MiB above what it kept without each block's pages dropped once built, 67-109 with (session 22).
+    Without the C kernel its tied 170 MiB table is requantized as the output projection, which the
+    packers' reads from the file (FileRows) keep out of the map: 155 without them, 82 with (weights 248)."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the high-water mark")
     m = _measure(str(require_model("gemma3-270m")), "load", TALLOW_WEIGHT_CACHE="0")
     MiB = 1 << 20
-    print(f"\ngemma3-270m cold load: peak {m['load_peak'] / MiB:.1f} MiB, plan {m['plan_total'] / MiB:.1f} MiB")
-    assert m["load_peak"] <= 1.05 * m["plan_total"]
+    transient = m["load_peak"] - m["after_load"]
+    print(f"\ngemma3-270m cold load: peak {m['load_peak'] / MiB:.1f} MiB, {transient / MiB:.1f} above what it keeps;"
+          f" weights {m['plan_weights'] / MiB:.1f}, plan {m['plan_total'] / MiB:.1f} MiB")
+    assert transient <= 0.5 * m["plan_weights"]
