@@ -236,11 +236,11 @@ def test_norm_add_writing_q8_is_bit_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(mmvq_module, "rmsnorm_add_q8", lambda *a, **k: calls.append(1) or fused(*a, **k))
     gf = GGUFFile(write_tiny_model("gemma4", tmp_path / "gemma4.gguf", qtype=QT.Q8_0))
     spec = spec_from_gguf(gf)
-    ids = tiny_prompt(2)
+    ids = tiny_prompt(1)  # one step: the norms' inputs do not depend on the history (the interpreter is slow)
 
     monkeypatch.setenv("TALLOW_NORM_ADD_Q8", "1")
     on, model = _decode_steps(gf, spec, ids)
-    assert len(calls) == 2 * (2 * spec.n_layers - 1)  # two a block, but the last block's second
+    assert len(calls) == 2 * spec.n_layers - 1  # two a block, but the last block's second
     monkeypatch.setenv("TALLOW_NORM_ADD_Q8", "0")
     calls.clear()
     off, _ = _decode_steps(gf, spec, ids)
