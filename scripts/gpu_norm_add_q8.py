@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tallow.kernels.triton.mmvq import quantize_q8_1, rmsnorm_add_q8  # noqa: E402
 from tallow.kernels.triton.rmsnorm import rmsnorm_add  # noqa: E402
+from gpu_bench_kernels import graph_time_us  # noqa: E402
 
 FIELDS = ("qs", "d", "s", "isum")
 
@@ -50,32 +52,6 @@ def check(m: int, k: int, seed: int, reload: bool) -> bool:
     return ok
 
 
-def graph_us(fn, n: int = 50, reps: int = 15) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / n)
-    return sorted(times)[len(times) // 2]
-
-
 def timing(m: int, k: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(k)
     x = torch.randn(m, k, device="cuda", generator=g)
@@ -96,7 +72,7 @@ def timing(m: int, k: int) -> None:
     def fused_reload():
         rmsnorm_add_q8(x, w, 1e-6, res, w2, out=out, reload=True)
 
-    t_pair, t_norm, t_fused, t_reload = graph_us(pair), graph_us(norm_only), graph_us(fused), graph_us(fused_reload)
+    t_pair, t_norm, t_fused, t_reload = (graph_time_us([f] * 50) for f in (pair, norm_only, fused, fused_reload))
     print(f"time m={m} k={k}: norm + Q8_1 {t_pair:.2f} us/pair, norm alone {t_norm:.2f}, fused {t_fused:.2f} "
           f"(reshape in registers), {t_reload:.2f} (h re-read)")
 

@@ -2,15 +2,7 @@
 # Session 22's H100/H200 call for TALLOW_NORM_ADD_Q8 (issue 12, cut (1)): twins, the kernel check, the A/B, the profiles.
 #   bash scripts/gpu_s22.sh [kernel] [ab] [profile]
 # Carry: .whl (gguf 0.19.0, llguidance 1.9.1), .twins2 (make_twin.py + qwen3-4b.hdr/.json from ../shared/twins).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT /root/twins
-[ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-T0=$SECONDS
-say() { echo "[$((SECONDS - T0)) s $(date -u +%H:%M:%S)] $*" | tee -a $OUT/steps.log; }
-state() { nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader | tee -a $OUT/steps.log; }
+. scripts/gpu_lib.sh  # the wheels into /tmp/site, $OUT, say, state
 twin() {
   local t=$1 f=/root/twins/$1.gguf
   [ -s $f ] && return 0

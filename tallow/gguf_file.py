@@ -67,14 +67,18 @@ class TensorInfo:
 
     def read_rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` copied out, (len(idx), bytes_per_row): read from the file (GGUFFile.read_rows)
-        where the tensor has one, else gathered from `data`."""
-        return self.file.read_rows(self, idx) if self.file is not None else self.data[idx]
+        where it can be read, else gathered from `data`."""
+        return self.file.read_rows(self, idx) if self._readable else self.data[idx]
 
     def streamed(self) -> "np.ndarray | FileRows":
         """The rows as a builder that reads the tensor once, in row slices, should take them: read
         from the file per slice (FileRows) where the tensor has one, else `data`. Through the map,
         every page read would stay resident until the load releases the map."""
-        return FileRows(self) if self.file is not None and self.file.can_read else self.data
+        return FileRows(self) if self._readable else self.data
+
+    @property
+    def _readable(self) -> bool:
+        return self.file is not None and self.file.can_read
 
     @property
     def n_rows(self) -> int:
@@ -352,8 +356,6 @@ class GGUFFile:
         the map makes its neighbouring pages resident too (the kernel maps up to 64 KiB around a
         fault on pages already in the page cache), so a long prompt's scattered embedding rows would
         make most of the table resident in this process, memory the plan does not count."""
-        if self._fd is None:
-            return tensor.data[idx]
         row_bytes = tensor.data.shape[1]
         out = np.empty((len(idx), row_bytes), np.uint8)
         for i, row in enumerate(idx.tolist()):

@@ -12,10 +12,11 @@ The parts, each derived from what the code allocates:
   `kernels/cpu/linear.make_linear` and `quant/pack.py`); norms and biases as fp32; the token
   embedding stays in the file and costs nothing (unless tied to the output projection, which is
   then repacked like any linear): its rows are read with pread per lookup, never faulted in
-  through the map, whose fault-around would make most of the table resident uncounted. A warm start maps the same packed bytes from the
-  weight cache (memory/weight_cache.py) instead of building them on the heap: file-backed
-  pages rather than heap, but counted in the resident size (what the OOM killer sees) once
-  touched, so the account is the same either way (tests/test_weight_cache.py checks it).
+  through the map, whose fault-around would make most of the table resident uncounted. A warm
+  start maps the same packed bytes from the weight cache (memory/weight_cache.py) instead of
+  building them on the heap: file-backed pages rather than heap, but counted in the resident size
+  (what the OOM killer sees) once touched, so the account is the same either way
+  (tests/test_weight_cache.py checks it).
 * kv:       the KV pool in its dtype (f16, bf16, int8 or fp8 codes plus their per-position-head
             fp32 scales): global layers for every position of the context, sliding-window
             layers a ring of window + prefill chunk - 1 slots (`KVPool`'s layout).

@@ -54,7 +54,7 @@ from . import INTERPRETED, pdl
 from .planes import PlaneWeight, _nib
 from .quant_gemv import TICKET_SLOTS, Prologue, _finish_rows, _prologue, _q4_k_scale_min, _tickets, _x, epilogue_addend
 from .rmsnorm import _geometry as _norm_geometry
-from .rmsnorm import _rstd
+from .rmsnorm import _norm_add_row, _rstd
 
 __all__ = ["Q8Act", "quantize_q8_1", "quantize_q8_1_reference", "nv_order_reference", "mmvq", "mmvq_q8", "mmvq_reference",
            "mmvq_config", "MMVQ_TYPES", "rmsnorm_add_q8"]
@@ -70,6 +70,14 @@ class Q8Act:
     d: torch.Tensor  # fp16 (M, K/32): amax / 127
     s: torch.Tensor  # fp16 (M, K/32): the fp32 sum of the block's x (ggml's ds.y; unused by Q4_K/Q6_K)
     isum: torch.Tensor  # int32 (M, K/16): sums of the codes per 16
+
+    @classmethod
+    def empty(cls, m: int, k: int, device) -> "Q8Act":
+        """Buffers for M rows of K elements, to be written by a quantizing kernel."""
+        return cls(torch.empty((m, k), dtype=torch.int8, device=device),
+                   torch.empty((m, k // 32), dtype=torch.float16, device=device),
+                   torch.empty((m, k // 32), dtype=torch.float16, device=device),
+                   torch.empty((m, k // 16), dtype=torch.int32, device=device))
 
 
 # ------------------------------------------------------------------------------------------
@@ -207,10 +215,7 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Act | None = None, prologue: Prologue 
         x2 = x2.contiguous()
     dev = x2.device
     if out is None:
-        out = Q8Act(torch.empty((m, k), dtype=torch.int8, device=dev),
-                    torch.empty((m, k // 32), dtype=torch.float16, device=dev),
-                    torch.empty((m, k // 32), dtype=torch.float16, device=dev),
-                    torch.empty((m, k // 16), dtype=torch.int32, device=dev))
+        out = Q8Act.empty(m, k, dev)
     a = prologue.residual if pro == 1 else x2
     wt = prologue.weight if pro in (1, 2) else x2
     sum_out = prologue.sum_out if pro == 1 else None
@@ -251,10 +256,7 @@ def _rmsnorm_add_q8_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_pt
     pdl.wait(PDL)
     r = tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
     v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
-    y = (v * _rstd(v, D, eps)) * w
-    y += r
-    if HAS_SCALE:
-        y = y * tl.load(scale_ptr).to(tl.float32)
+    y = _norm_add_row(v, r, w, scale_ptr, D, eps, HAS_SCALE)
     tl.store(y_ptr + row * sym + e, y, mask=msk)
     h = (y * _rstd(y, D, eps)) * w2
     tl.store(h_ptr + row * shm + e, h, mask=msk)
@@ -288,9 +290,7 @@ def rmsnorm_add_q8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     if out is None:
         out = torch.empty((m, d), dtype=torch.float32, device=dev)
     h = torch.empty((m, d), dtype=torch.float32, device=dev)
-    q8 = Q8Act(torch.empty((m, d), dtype=torch.int8, device=dev), torch.empty((m, d // 32), dtype=torch.float16, device=dev),
-               torch.empty((m, d // 32), dtype=torch.float16, device=dev),
-               torch.empty((m, d // 16), dtype=torch.int32, device=dev))
+    q8 = Q8Act.empty(m, d, dev)
     _rmsnorm_add_q8_kernel[(m,)](x, residual, weight, scale if scale is not None else weight, out, next_weight, h,
                                  q8.qs, q8.d, q8.s, q8.isum, d, float(eps), x.stride(0), residual.stride(0),
                                  out.stride(0), h.stride(0), HAS_SCALE=scale is not None, BLOCK=block,

@@ -109,6 +109,17 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor
 
 
 @triton.jit
+def _norm_add_row(v, r, w, scale_ptr, D, eps, HAS_SCALE: tl.constexpr):
+    """A whole row's (r + rmsnorm(v) * w) * scale, fp32 (the one-pass norm-after-join, here and in
+    mmvq._rmsnorm_add_q8_kernel)."""
+    y = (v * _rstd(v, D, eps)) * w
+    y += r
+    if HAS_SCALE:
+        y = y * tl.load(scale_ptr).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, D, eps, sxm, srm, sym, shm,
                         HAS_SCALE: tl.constexpr, NORM2: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
                         PDL: tl.constexpr):
@@ -120,10 +131,7 @@ def _rmsnorm_add_kernel(x_ptr, res_ptr, w_ptr, scale_ptr, y_ptr, w2_ptr, h_ptr, 
         w = tl.load(w_ptr + e, mask=msk, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + row * srm + e, mask=msk, other=0.0).to(tl.float32)
         v = tl.load(x_ptr + row * sxm + e, mask=msk, other=0.0).to(tl.float32)
-        y = (v * _rstd(v, D, eps)) * w
-        y += r
-        if HAS_SCALE:
-            y = y * tl.load(scale_ptr).to(tl.float32)
+        y = _norm_add_row(v, r, w, scale_ptr, D, eps, HAS_SCALE)
         tl.store(y_ptr + row * sym + e, y, mask=msk)
         if NORM2:
             w2 = tl.load(w2_ptr + e, mask=msk, other=0.0).to(tl.float32)

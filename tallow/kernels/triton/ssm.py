@@ -242,9 +242,7 @@ def ssm_scan(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
             raise ValueError(f"ssm_scan: q8 wants rows a multiple of 32, got {rows}.")
         block_r = max(32, block_r)
         dev = x.device
-        xq = Q8Act(torch.empty((n, rows), dtype=torch.int8, device=dev), torch.empty((n, rows // 32), dtype=torch.float16, device=dev),
-                   torch.empty((n, rows // 32), dtype=torch.float16, device=dev),
-                   torch.empty((n, rows // 16), dtype=torch.int32, device=dev))
+        xq = Q8Act.empty(n, rows, dev)
     warps = max(1, min(4, block_r * block_s // 128))
     q_args = (xq.qs, xq.d, xq.s, xq.isum) if q8 else (out, out, out, out)
     _scan_kernel[(triton.cdiv(rows, block_r),)](
