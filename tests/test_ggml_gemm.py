@@ -1,5 +1,5 @@
 """The prefill product (tallow/kernels/cpu/ggml_gemm.c): Q4_K and Q6_K products of many activation rows in
-llama.cpp's tiled prompt order, bit for bit the row functions that compute that order one output at a time
+llama.cpp's tiled prompt order (Q4_1/Q5_0/Q8_0 in vec_dot's), bit for bit the row functions that compute that order one output at a time
 (themselves checked against libggml-cpu's ggml_mul_mat in test_ggml_dot.py, whose 8-row fixture now runs
 through this product), so a row's bits do not depend on the rows beside it; decode and verification rows
 (up to 8) keep vec_dot's order; TALLOW_CPU_GEMM builds the layers without a torch copy."""
@@ -15,14 +15,12 @@ from tallow.gguf_file import TensorInfo
 from tallow.kernels.cpu import ggml_dot
 from test_quant_reference import random_rows
 
-needs_simd = pytest.mark.skipif(not (ggml_dot.available() and ggml_dot.simd() == ggml_dot.AVX512),
-                                reason="needs the C kernel's AVX-512 VNNI code")
 needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_dot.unavailable_reason()}")
 
 
 @pytest.fixture(params=[ggml_dot.AVX512, ggml_dot.AVX2], ids=["avx512", "avx2"])
 def level(request):
-    """The K-quant product's AVX-512 VNNI and AVX2 code, each where this CPU runs it."""
+    """The product's AVX-512 VNNI and AVX2 code, each where this CPU runs it."""
     if ggml_dot.set_simd(request.param) != request.param:
         ggml_dot.set_simd(True)
         pytest.skip(f"this CPU runs {ggml_dot.status()}")
@@ -120,12 +118,14 @@ def test_switch_builds_the_layer_with_or_without_its_torch_copy(flag, monkeypatc
         assert torch.equal(y, layer.fallback[0](x))
 
 
-@needs_simd
+@needs_c
 @pytest.mark.parametrize("qt", VEC_DOT_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("n, k", [(8, 32), (37, 576), (100, 640)])
+@pytest.mark.parametrize("n, k", [(8, 32), (37, 576), (100, 640), (3, 64)])
 @pytest.mark.parametrize("m", [8, 9, 13, 64, 131])
-def test_gemm_of_32_value_blocks_is_vec_dots_order(qt, n, k, m):
-    """Q4_1/Q5_0/Q8_0 rows: the one-row kernel's bits at any number of rows (decode steps and prompts alike)."""
+def test_gemm_of_32_value_blocks_is_vec_dots_order(qt, n, k, m, level):
+    """Q4_1/Q5_0/Q8_0 rows: the one-row kernel's bits at any number of rows (decode steps and prompts alike);
+    panels with a short last one (n % 8, and under 4 rows: the AVX2 tile's halves), tiles with a short last
+    one (m % 4, m % 2)."""
     raw = random_rows(qt, n, k, seed=int(qt) * 1000 + n + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)) * 4
     x[0, :40] = 0.0
@@ -137,10 +137,31 @@ def test_gemm_of_32_value_blocks_is_vec_dots_order(qt, n, k, m):
 
 
 @needs_c
+@pytest.mark.parametrize("qt", VEC_DOT_TYPES, ids=lambda q: q.name)
+def test_32_value_blocks_at_their_extreme_codes_stay_exact(qt, level):
+    """The largest codes against activations at +-127: AVX2's int16 pair sums (maddubs) must not saturate
+    (Q5_0's codes 31, Q4_1's 15, Q8_0's -128 and 127 through the sign trick)."""
+    k, n, m = 640, 12, 10
+    raw = random_rows(qt, n, k, seed=11).copy()
+    blocks = raw.reshape(n, k // 32, -1)
+    if qt == QT.Q8_0:
+        blocks[0::2, :, 2:] = 0x80  # -128
+        blocks[1::2, :, 2:] = 0x7F  # 127
+    elif qt == QT.Q5_0:
+        blocks[:, :, 2:] = 0xFF  # the high bits and nibbles: codes 31
+    else:
+        blocks[:, :, 4:] = 0xFF  # codes 15
+    for sign in (1.0, -1.0):
+        x = torch.full((m, k), sign * 3.0)
+        x[1::2] *= -1
+        xq = ggml_dot.quantize(x, qt)
+        rows = np.concatenate([ggml_dot.gemv_quantized(raw, qt, k, xq[i : i + 1]) for i in range(m)])
+        assert (_bits(ggml_dot.gemv_quantized(raw, qt, k, xq)) == _bits(rows)).all()
+
+
+@needs_c
 def test_the_declared_types_are_the_c_ones(level):
-    """ggml_dot.GEMM_TYPES (in the weight cache's key) names exactly the types the AVX-512 product takes,
-    PREFILL_TYPES the AVX2 one's."""
-    declared = ggml_dot.GEMM_TYPES if level == ggml_dot.AVX512 else ggml_dot.PREFILL_TYPES
-    assert {qt for qt in QT if ggml_dot.gemm_takes(qt)} == set(declared)
+    """ggml_dot.GEMM_TYPES (in the weight cache's key) names exactly the types the product takes."""
+    assert {qt for qt in QT if ggml_dot.gemm_takes(qt)} == set(ggml_dot.GEMM_TYPES)
     lib = ggml_dot._load()
-    assert {qt for qt in QT if lib.tg_gemm_takes(int(qt))} == set(declared)
+    assert {qt for qt in QT if lib.tg_gemm_takes(int(qt))} == set(ggml_dot.GEMM_TYPES)

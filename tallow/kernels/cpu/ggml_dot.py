@@ -221,9 +221,9 @@ def gemm(on: bool | None = None) -> bool:
     return bool((_lib or _load()).tg_set_gemm(-1 if on is None else int(on)))
 
 
-# The types ggml_gemm.c's prefill product takes with AVX-512 VNNI: Q4_K/Q6_K in llama.cpp's tiled prompt order, the
-# others in vec_dot's (used wherever the C kernel serves many rows: TALLOW_NUMERICS=ggml, the output projection).
-# With AVX2 it takes the K-quants (PREFILL_TYPES).
+# The types ggml_gemm.c's prefill product takes (AVX-512 VNNI or AVX2): Q4_K/Q6_K in llama.cpp's tiled prompt
+# order, the others in vec_dot's (used wherever the C kernel serves many rows: TALLOW_NUMERICS=ggml, the output
+# projection).
 GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})
 # Those make_linear builds without a torch copy (TALLOW_CPU_GEMM), prefill in C: the K-quants, where one
 # integer per super-block lets the product run faster than torch's bf16 GEMM. Q4_1/Q5_0/Q8_0 keep the torch
@@ -234,12 +234,11 @@ PREFILL_TYPES: frozenset[QT] = frozenset({QT.Q4_K, QT.Q6_K})
 
 
 def gemm_takes(qtype: QT) -> bool:
-    """Whether the C prefill product runs this weight type here (GEMM_TYPES with AVX-512 VNNI, PREFILL_TYPES
-    with AVX2)."""
+    """Whether the C prefill product runs this weight type here (GEMM_TYPES, with AVX-512 VNNI or AVX2)."""
     lib = _load()
     if lib is None or simd() == PORTABLE:
         return False
-    return bool(qtype in (GEMM_TYPES if simd() == AVX512 else PREFILL_TYPES) and lib.tg_gemm_takes(int(qtype)))
+    return bool(qtype in GEMM_TYPES and lib.tg_gemm_takes(int(qtype)))
 
 
 def prefills(qtype: QT) -> bool:

@@ -64,10 +64,9 @@ static int k_quant(int type) { return type == G_Q4_K || type == G_Q6_K; }
 
 int tg_simd(void); /* ggml_dot.c: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 
-/* AVX-512 VNNI: every type; AVX2: the K-quants (Q4_1/Q5_0/Q8_0 prompts keep the row functions there) */
+/* every type with AVX-512 VNNI or AVX2 */
 int tg_gemm_takes(int type) {
-    const int simd = tg_simd();
-    return g_gemm && ((simd >= 1 && k_quant(type)) || (simd == 2 && (type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0)));
+    return g_gemm && tg_simd() >= 1 && (k_quant(type) || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0);
 }
 
 /* One super-block of a 16-row panel. */
@@ -363,7 +362,8 @@ static int block_bytes(int type) { return type == G_Q4_1 ? 20 : type == G_Q5_0 ?
 static int act_bytes0(int type) { return type == G_Q4_1 ? 36 : 34; }  /* Q8_1 or Q8_0 */
 static int act_codes0(int type) { return type == G_Q4_1 ? 4 : 2; }   /* where the 32 codes start */
 
-TGT static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c) {
+/* signed8: Q8_0's codes as they are (the AVX2 tile's sign trick) instead of offset to unsigned (dpbusd's) */
+TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, int signed8) {
     uint8_t *v = &out->codes[c >> 1][32 * (c & 1)];
     if (type == G_Q4_1) {
         for (int i = 0; i < 16; i++) {
@@ -377,15 +377,15 @@ TGT static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c) {
         for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? q[6 + i] & 15 : q[6 + i - 16] >> 4) | (((qh >> i) & 1) << 4));
         out->mw[c] = 0.0f;
     } else {
-        for (int i = 0; i < 32; i++) v[i] = q[2 + i] ^ 0x80; /* int8 w -> w + 128 */
+        for (int i = 0; i < 32; i++) v[i] = signed8 ? q[2 + i] : q[2 + i] ^ 0x80; /* int8 w -> w + 128 */
         out->mw[c] = 0.0f;
     }
     const float d = h2f(q);
     for (int t = 0; t < 8; t++) out->dw[c >> 1][8 * (c & 1) + t] = d;
 }
 
-static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nb, act0_t *out) {
-    const int off = type == G_Q4_1 ? 0 : type == G_Q5_0 ? 16 : 128, ab = act_bytes0(type), co = act_codes0(type);
+static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nb, act0_t *out, int signed8) {
+    const int off = type == G_Q4_1 ? 0 : type == G_Q5_0 ? 16 : signed8 ? 0 : 128, ab = act_bytes0(type), co = act_codes0(type);
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *x = xq + i * xq_stride + b * ab;
@@ -449,27 +449,102 @@ TGT static void tile0_q8_0(const panel0_t *pan, int64_t nb, const uint8_t *const
     tile0(G_Q8_0, pan, nb, x, a, 34, y);
 }
 
-/* activation rows [m0, m) against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part */
-TGT static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m0, int64_t m, const act0_t *act,
-                           panel0_t *pan, float *y, int64_t y_stride) {
+/* AVX2: a register holds one row's 32 codes; maddubs (unsigned x signed byte pairs into int16, which no pair
+ * here can saturate: Q4_1's codes are at most 15, Q5_0's 31, against |x| <= 127) then madd by ones give its
+ * eight 4-value lanes, as ggml's AVX2 vec_dot. Q8_0's +128 offset could saturate, so its codes stay signed
+ * and each product takes ggml's sign trick (|w| against x with w's sign). Rows 4h..4h+3 of the panel. */
+#define TILE0_2 2 /* activation rows per AVX2 tile: 8 accumulators for 4 rows x 2 */
+
+TGT2 static inline __attribute__((always_inline)) void tile0_2(const int type, const panel0_t *pan, int h, int64_t nb,
+                                                              const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
+                                                              int xstride, float y[TILE0_2][4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[TILE0_2][4];
+    __m128 sm[TILE0_2];
+    UNROLL for (int i = 0; i < TILE0_2; i++) {
+        UNROLL for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
+        sm[i] = _mm_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++, pan++) {
+        __m256i xv[TILE0_2], st[TILE0_2];
+        __m256 dx[TILE0_2];
+        UNROLL for (int i = 0; i < TILE0_2; i++) {
+            xv[i] = _mm256_loadu_si256((const __m256i *)(x[i] + b * xstride));
+            st[i] = _mm256_loadu_si256((const __m256i *)a[i][b].start);
+            dx[i] = _mm256_set1_ps(a[i][b].d);
+        }
+        UNROLL for (int r = 0; r < 4; r++) {
+            const int c = 4 * h + r;
+            const __m256i w = _mm256_loadu_si256((const __m256i *)&pan->codes[c >> 1][32 * (c & 1)]);
+            const __m256 dw = _mm256_loadu_ps(&pan->dw[c >> 1][8 * (c & 1)]);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            UNROLL for (int i = 0; i < TILE0_2; i++) {
+                const __m256i lanes = type == G_Q8_0
+                    ? _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[i], w)), ones)
+                    : _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, xv[i]), ones), st[i]);
+                acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[i]), _mm256_cvtepi32_ps(lanes), acc[i][r]);
+            }
+        }
+        if (type == G_Q4_1) {
+            const __m128 mw = _mm_loadu_ps(pan->mw + 4 * h);
+            UNROLL for (int i = 0; i < TILE0_2; i++) sm[i] = _mm_fmadd_ps(mw, _mm_set1_ps(a[i][b].s), sm[i]);
+        }
+    }
+    UNROLL for (int i = 0; i < TILE0_2; i++) {
+        float s[4];
+        _mm_storeu_ps(s, sm[i]);
+        UNROLL for (int r = 0; r < 4; r++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[i][r]);
+            y[i][r] = type == G_Q4_1 ? hsum8(l) + s[r] : hsum8(l);
+        }
+    }
+}
+
+TGT2 static void tile0_2_q4_1(const panel0_t *pan, int h, int64_t nb, const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
+                              float y[TILE0_2][4]) {
+    tile0_2(G_Q4_1, pan, h, nb, x, a, 36, y);
+}
+TGT2 static void tile0_2_q5_0(const panel0_t *pan, int h, int64_t nb, const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
+                              float y[TILE0_2][4]) {
+    tile0_2(G_Q5_0, pan, h, nb, x, a, 34, y);
+}
+TGT2 static void tile0_2_q8_0(const panel0_t *pan, int h, int64_t nb, const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
+                              float y[TILE0_2][4]) {
+    tile0_2(G_Q8_0, pan, h, nb, x, a, 34, y);
+}
+
+/* activation rows [m0, m) against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part, with the AVX-512 tile or
+ * (avx2) the AVX2 one over each 4-row half */
+TGT2 static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m0, int64_t m, const act0_t *act,
+                            panel0_t *pan, float *y, int64_t y_stride, int avx2) {
     const int type = (int)pt->type, nc = pt->n - c0 < 8 ? (int)(pt->n - c0) : 8;
     for (int c = 0; c < 8; c++) {
         const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
-        for (int64_t b = 0; b < nb; b++) unpack_row0(type, w + b * block_bytes(type), pan + b, c);
+        for (int64_t b = 0; b < nb; b++) unpack_row0(type, w + b * block_bytes(type), pan + b, c, avx2);
     }
-    for (int64_t i0 = m0; i0 < m; i0 += TILE0) {
+    const int tile = avx2 ? TILE0_2 : TILE0;
+    for (int64_t i0 = m0; i0 < m; i0 += tile) {
         const uint8_t *x[TILE0];
         const act0_t *a[TILE0];
-        for (int i = 0; i < TILE0; i++) {
+        for (int i = 0; i < tile; i++) {
             const int64_t row = i0 + i < m ? i0 + i : m - 1;
             x[i] = pt->xq + row * pt->xq_stride + act_codes0(type);
             a[i] = act + row * nb;
         }
         float out[TILE0][8];
-        if (type == G_Q4_1) tile0_q4_1(pan, nb, x, a, out);
+        if (avx2) {
+            for (int h = 0; h < 2 && 4 * h < nc; h++) {
+                float half[TILE0_2][4];
+                if (type == G_Q4_1) tile0_2_q4_1(pan, h, nb, x, a, half);
+                else if (type == G_Q5_0) tile0_2_q5_0(pan, h, nb, x, a, half);
+                else tile0_2_q8_0(pan, h, nb, x, a, half);
+                for (int i = 0; i < TILE0_2; i++) memcpy(&out[i][4 * h], half[i], sizeof half[i]);
+            }
+        } else if (type == G_Q4_1) tile0_q4_1(pan, nb, x, a, out);
         else if (type == G_Q5_0) tile0_q5_0(pan, nb, x, a, out);
         else tile0_q8_0(pan, nb, x, a, out);
-        for (int i = 0; i < TILE0 && i0 + i < m; i++) memcpy(y + (i0 + i) * y_stride + pt->col + c0, out[i], sizeof(float) * (size_t)nc);
+        for (int i = 0; i < tile && i0 + i < m; i++) memcpy(y + (i0 + i) * y_stride + pt->col + c0, out[i], sizeof(float) * (size_t)nc);
     }
 }
 
@@ -574,7 +649,7 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
             else prep_q6_k_codes(pt->xq, pt->xq_stride, m, nsb, prep[i]);
         } else {
             if (!(prep[i] = aligned_alloc(64, sizeof(act0_t) * (size_t)(m * nb)))) failed = 1;
-            else prep_act0(type, pt->xq, pt->xq_stride, m, nb, prep[i]);
+            else prep_act0(type, pt->xq, pt->xq_stride, m, nb, prep[i], !avx512);
         }
     }
     /* One pass of all rows per panel: passes of ~100 rows (their Q8_K bytes in L2, each panel unpacked again
@@ -606,7 +681,7 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
                     (avx512 ? run_panel : run_panel2)(pt, nsb, PANEL * (g - panels[i]), m0, m1, pt->type == G_Q4_K ? pp : 0,
                                                       pt->type == G_Q6_K ? pp : 0, pan, carry, y, y_stride);
                 else
-                    run_panel0(pt, nb, 8 * (g - panels[i]), m0, m1, pp, pan, y, y_stride);
+                    run_panel0(pt, nb, 8 * (g - panels[i]), m0, m1, pp, pan, y, y_stride, !avx512);
             }
             free(pan);
             free(carry);
