@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from .grammar import GrammarSpec, build_constraint
 from .kernels.gpu.machine_state import machine_state
 from .gguf_file import GGUFFile
 from .memory.budget import default_budget, plan_memory
+from .memory import heap
 from .memory.heap import bound_heap
 from .memory.weight_cache import WeightCache
 from .models import build_model
@@ -140,7 +140,7 @@ class LLM:
                 self.weight_cache.stop_progress()
         cache_status = self.weight_cache.save() if self.weight_cache is not None else "off"
         self.gguf.release_pages()
-        _return_freed_heap()
+        heap.return_freed()  # the repacking temporaries
         self.engine = Engine(self.model, n_ctx, kv_dtype=self.memory.kv_dtype)
         self.n_ctx = n_ctx
         self.stats = Stats(LoadStats(self.path, time.perf_counter() - t0, self.model.nbytes, self.engine.kv.nbytes, cache_status))
@@ -438,14 +438,6 @@ def resolve_device(device: str | None) -> str:
         except ImportError:
             raise UsageError("the GPU path needs Triton: pip install 'tallow[gpu]'.") from None
     return device
-
-
-def _return_freed_heap() -> None:
-    """Hand the repacking temporaries' freed heap back to the OS (glibc keeps it otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
 
 
 def load(

@@ -110,6 +110,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("TALLOW_KV_STORE_BYTES", "bytes", 2 * _G, "N", "the most bytes the saved-conversation KV folder keeps (default 2 GiB)", "load"),
     Switch("TALLOW_KV_RING", "flag", True, "0", "sliding-window layers (gemma3) hold the whole context instead of a ring of window + 511 slots", "load", numeric=True),
     Switch("TALLOW_KV_DTYPE", "text", None, "f16", "the default KV dtype (f16, bf16, int8, fp8) for models without `--kv-dtype` / `kv_dtype=`", "load", numeric=True),
+    Switch("TALLOW_HEAP_TRIM", "flag", True, "0", "CPU prefill: the heap's freed temporaries stay resident from one prompt chunk to the next (glibc's default) instead of their pages going back to the OS after each chunk (malloc_trim), which keeps a long prompt's peak at one chunk's live activations", "call"),
     Switch("TALLOW_BOUNDED_HEAP", "flag", False, "1", "large temporaries are mmapped and returned on free (lower peak memory, slower prefill)", "load"),
     Switch("TALLOW_SPECULATE", "flag", None, "0", "no prompt-lookup speculative decoding (on by default on the CPU and the GPU wherever verification is bit-exact: quantized weights in the row-exact kernels; on the GPU a CUDA graph per pass size; `=1`: also with dense float weights)", "request"),
     Switch("TALLOW_MEM_BUDGET", "text", "100%", "off", "no memory guard (or a size: `3GiB`, `80%`)", "load"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..memory.heap import return_freed, trim_between_chunks
 from ..memory.kv_store import KVStore, model_fingerprint, persist_enabled
 from ..memory.recurrent import make_memory
 from ..models.base import DecoderModel
@@ -212,6 +213,8 @@ class Engine:
                 logits = None
                 break
             logits = self.prefill_chunk_at(tokens[start:end], start)
+            if self.model.device.type == "cpu" and trim_between_chunks():
+                return_freed()  # this chunk's freed temporaries must not stay resident beside the next one's
             self.kv.checkpoint(end)  # a recurrent state is kept here to be reused (a no-op for K/V)
             if plan.extends_canonical(start, end, self.kv.canonical):
                 self.kv.canonical = end

@@ -258,18 +258,17 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     Logits for every position (`forward(all_logits=True)`, used only by conformance tests)
     would add C · vocab · 4 and are not part of the engine's account.
 
-    The heap keeps one chunk's activations (x2). glibc's mmap threshold is dynamic: once
-    the first chunk's large temporaries are freed it rises, and the next chunks' temporaries
-    come from the heap, where the freed ones of the chunk before stay resident as fragments
-    while the new ones are live. Measured 2026-11-29 (ctx 2048, a 2000-token prompt, peak
-    VmHWM over the resident size after load): with large blocks forced to mmap (only live
-    bytes resident) the prefill peak is 49.7 MiB on smollm2 against 50.3 MiB derived here
-    once; with glibc's defaults it is 75.2 / 113.9 / 208.3 MiB on smollm2 / gemma3 /
-    qwen2.5 against 75.4 / 89.6 / 203.8 MiB derived with the x2. (Those peaks included the
-    token table's pages that embedding lookups then faulted in through the map, up to the 13 MiB
-    the prompt's ids span on gemma3; rows are read with pread since.) Forcing mmap (TALLOW_
-    BOUNDED_HEAP=1, memory/heap.py) removes the x2 but costs 50-77% more prefill CPU time
-    in page faults, so the account counts the heap as it behaves by default.
+    One chunk's activations are counted twice (x2). With glibc's defaults the heap kept the
+    freed temporaries of the chunk before resident beside the live ones (its mmap threshold is
+    dynamic: after the first chunk large temporaries come from the heap, and freed runs stay):
+    measured 2026-11-29 (ctx 2048, a 2000-token prompt) 75.2 / 113.9 / 208.3 MiB of prefill
+    peak on smollm2 / gemma3 / qwen2.5 against 75.4 / 89.6 / 203.8 derived with the x2. The
+    heap's free runs now go back to the OS after every chunk (TALLOW_HEAP_TRIM, memory/heap.py),
+    yet what one chunk holds at once is still more than the formula above: measured (VmHWM
+    during a chunk over VmRSS before it, less the chunk's new K/V pages) 36 MiB on smollm2 and
+    119 on qwen2.5 at 1-2k against 16.9 and 87.8 derived (1.4-2.1x), and on Falcon-H1-0.5B
+    growing with the depth, 50 at 6k to 70-114 at 12-16k against 40.9 (docs/performance.md,
+    session 23). So the x2 stays, as the measured envelope rather than the heap's copy.
     """
     return (2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
             + (PREFILL_DEQUANT_SCRATCH if dequant_tiles else 0) + TORCH_CODE_PAGES)

@@ -10,10 +10,15 @@ prefill peak rose 75 MiB above the resident size with glibc's defaults, 50 MiB w
 threshold fixed at 256 KiB (only live bytes resident; the plan's single-chunk account is
 51 MiB). But every large temporary then page-faults fresh zeroed pages: the prefill took 72%
 more CPU time (7.06 s against 4.11 s, 1.5 M minor faults against 14 k; 4 MiB: +33% and most of
-the retention kept). So this is opt-in, and the plan (budget.scratch_bytes) counts the heap
-as glibc keeps it by default (docs/performance.md, "Peak memory vs plan").
+the retention kept). So this is opt-in.
 
 TALLOW_BOUNDED_HEAP=1 fixes the threshold (for a tight memory budget).
+
+Between prefill chunks (TALLOW_HEAP_TRIM, on by default): malloc_trim(0), which gives the
+pages of every whole free run inside the heap back to the OS (glibc >= 2.8 walks the free
+chunks, not only the top), so the freed temporaries of the chunks before do not stay resident
+beside the next chunk's. Each chunk then faults in the pages its first block touches again;
+its later blocks reuse them.
 
 Always: one malloc arena (`single_arena`). glibc gives threads that allocate concurrently
 arenas of their own, each keeping its own freed chunks, so with torch's intra-op threads the
@@ -47,6 +52,18 @@ def single_arena() -> bool:
         return ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 1) == 1
     except (OSError, AttributeError):
         return False  # not glibc: nothing to tune
+
+
+def return_freed() -> None:
+    """Hand the pages of the heap's free runs back to the OS (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
+
+
+def trim_between_chunks() -> bool:
+    return switches.enabled("TALLOW_HEAP_TRIM")
 
 
 def bound_heap() -> bool:
