@@ -627,7 +627,8 @@ TGT2 static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx2(const 
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const int8_t *sc = (const int8_t *)(w + 192);
+    /* scales 0..7 and 8..15 as int16 in both register halves: chunk c's pair (2c, 2c+1) is one in-lane byte shuffle */
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00), sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
     const uint8_t *y = x + 4;
     __m256i sum = _mm256_setzero_si256();
     for (int j = 0; j < 2; j++) {
@@ -641,10 +642,13 @@ TGT2 static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx2(const 
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            const int chunk = 4 * j + c;
+            const int chunk = 4 * j + c, e = 2 * chunk % 8; /* int16 index of scale 2*chunk within its half */
             const __m256i p = _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y + 32 * chunk)));
-            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * chunk + 1]), _mm_set1_epi16(sc[2 * chunk]));
+            const __m256i pick = _mm256_set_m128i(_mm_set1_epi16((short)(((2 * e + 3) << 8) | (2 * e + 2))),
+                                                  _mm_set1_epi16((short)(((2 * e + 1) << 8) | (2 * e))));
+            const __m256i s = _mm256_shuffle_epi8(j ? sc_hi : sc_lo, pick);
             sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s));
         }
     }
@@ -679,21 +683,26 @@ TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const 
     const __m256i m4 = _mm256_set1_epi8(15);
     uint32_t u[4];
     q4_k_unpack(w + 4, u);
-    const uint8_t *sc = (const uint8_t *)u, *y = x + 4;
+    /* the scales as int16 in both register halves, each broadcast by a byte shuffle: kept in registers, not stored
+     * and read back a byte at a time (which waited on store forwarding; docs/performance.md, session 23) */
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0])));
+    const uint8_t *y = x + 4;
     __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
         const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(raw, m4), _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
         const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
                                                 _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
-        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
-                                                     _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
+        const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
+        const __m256i s_hi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * j + 3) << 8) | (4 * j + 2))));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, s_lo), _mm256_madd_epi16(hi, s_hi)));
     }
     /* 32-value activation sums (pairs of the 16-value ones) against the mins, two per lane */
     const __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 4 + QKK));
     const __m256i s32 = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
     const __m128i s8 = _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    *mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 2))), s8);
+    *mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])), s8);
     return sum;
 }
 
