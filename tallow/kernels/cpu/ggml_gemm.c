@@ -25,9 +25,10 @@
  * Q4_1, Q5_0 and Q8_0 (32-value blocks with one scale) keep vec_dot's order at every row count in llama.cpp
  * (llamafile's tinyBLAS for Q5_0/Q8_0 sums each output in that order too), so here as well: per block, eight
  * float lanes acc[l] = fma(dw * dx, lane l, acc[l]), Q4_1's summs = fma(m, s, summs), ggml's horizontal sum
- * -- the decode rows' bits. Two weight rows share a register (lanes 0-7 and 8-15), dpbusd gives each row's
- * eight 4-value lanes of a block at once; Q5_0's and Q8_0's codes are stored unsigned (+16, +128) and each
- * lane starts at minus that offset times the activation's 4-value sum.
+ * -- the decode rows' bits. AVX-512: two weight rows share a register (lanes 0-7 and 8-15), dpbusd gives each
+ * row's eight 4-value lanes of a block at once; Q5_0's and Q8_0's codes are stored unsigned (+16, +128) and each
+ * lane starts at minus that offset times the activation's 4-value sum. AVX2: one row a register, maddubs and
+ * madd (tile0_2; Q8_0 signed, by ggml's sign trick).
  *
  * Threads: OpenMP over the panels (16- or 8-row groups) of every part, static split.
  */
