@@ -147,7 +147,9 @@ def test_freed_prefill_temporaries_do_not_stay_resident(trim):
     """Between prefill chunks the heap's free runs go back to the OS (TALLOW_HEAP_TRIM, memory/heap.py), so a
     chunk's freed temporaries are not resident beside the next one's. Judged after a four-chunk prompt on
     smollm2-135m by what glibc's heap (the one arena: [heap] in smaps) holds resident beyond its bytes in use:
-    measured -1.1 MiB with the trim, 35.7 MiB without it (=0, the reference, checked to be over 16 MiB)."""
+    measured -1.1 MiB with the trim; without it (=0, the reference, checked to be over 8 MiB) 35.7-44 MiB here and
+    13.1 in CI's fresh venv beside the other pytest-xdist worker (which allocations glibc serves from the heap
+    varies with the process's history)."""
     if not os.path.exists("/proc/self/smaps"):
         pytest.skip("needs Linux's /proc/self/smaps")
     out = subprocess.run([sys.executable, "-c", HEAP_SCRIPT, str(require_model("smollm2-135m"))], capture_output=True,
@@ -155,4 +157,4 @@ def test_freed_prefill_temporaries_do_not_stay_resident(trim):
     assert out.returncode == 0, out.stderr[-2000:]
     free_resident = json.loads(out.stdout.strip().splitlines()[-1])["free_resident"] / (1 << 20)
     print(f"\nTALLOW_HEAP_TRIM={trim}: the heap holds {free_resident:.1f} MiB resident beyond its bytes in use")
-    assert free_resident < 4 if trim == "1" else free_resident > 16
+    assert free_resident < 4 if trim == "1" else free_resident > 8
