@@ -7,25 +7,13 @@ A fresh process loads MODEL at context CTX, prefills CTX - 17 tokens (the bench'
 decodes 16. After every chunk it prints the position reached, then from mallinfo2 the heap's size
 (`arena`), the bytes in use there (`inuse`) and free but kept (`free`), the bytes in mmapped blocks;
 then VmRSS and VmHWM. Last, the plan's total and the peak."""
-import ctypes
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from proc_memory import MALLINFO_SOURCE, STATUS_SOURCE  # noqa: E402
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def status(key: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
+exec(STATUS_SOURCE + MALLINFO_SOURCE)  # status(key) and mallinfo(), as the tests read them
 os.environ.setdefault("TALLOW_PERSIST_KV", "0")
 
 import tallow  # noqa: E402
@@ -42,7 +30,7 @@ chunk_at = Engine.prefill_chunk_at
 
 def traced(self, chunk, start):
     out = chunk_at(self, chunk, start)
-    m = libc.mallinfo2()
+    m = mallinfo()
     print(start + len(chunk), *(f"{v / MiB:.1f}" for v in (m.arena, m.uordblks, m.fordblks, m.hblkhd,
                                                           status("VmRSS:") - base, status("VmHWM:") - base)), flush=True)
     return out

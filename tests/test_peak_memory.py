@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from model_paths import require_model
-from proc_memory import STATUS_SOURCE
+from proc_memory import MALLINFO_SOURCE, SMAPS_SOURCE, STATUS_SOURCE
 
 SCRIPT = STATUS_SOURCE + r"""
 import json, sys
@@ -74,23 +74,14 @@ def test_peak_memory_matches_the_plan():
     assert 0.80 * m["plan_total"] <= m["peak"] <= 1.10 * m["plan_total"]
 
 
-MAP_SCRIPT = r"""
+MAP_SCRIPT = SMAPS_SOURCE + r"""
 import json, sys
 import tallow
 from tallow.gguf_file import GGUFFile
 path = sys.argv[1]
-def mapped_kib():
-    total, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        head = line.split()
-        if "-" in head[0] and len(head) >= 5:
-            inside = head[-1] == path
-        elif inside and head[0] == "Rss:":
-            total += int(head[1])
-    return total
 seen = []
 release = GGUFFile.release_pages
-GGUFFile.release_pages = lambda self: (seen.append(mapped_kib()), release(self))[1]
+GGUFFile.release_pages = lambda self: (seen.append(mapping_rss(path) // 1024), release(self))[1]
 tallow.LLM(path, ctx=256, device="cpu")
 print(json.dumps({"max_kib": max(seen), "releases": len(seen)}))
 """
@@ -116,29 +107,15 @@ def test_a_cold_load_drops_the_map_block_by_block():
     assert m["releases"] > 1 and m["max_kib"] <= 0.8 * size_kib
 
 
-HEAP_SCRIPT = r"""
-import ctypes, json, sys
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                                               "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
+HEAP_SCRIPT = SMAPS_SOURCE + MALLINFO_SOURCE + r"""
+import json, sys
 import torch
 import tallow
-def heap_rss():
-    total, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        head = line.split()
-        if "-" in head[0] and len(head) >= 5:
-            inside = head[-1] == "[heap]"
-        elif inside and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
+from tallow.engine.engine import GenerationStats
 llm = tallow.LLM(sys.argv[1], ctx=2048, device="cpu")
 ids = torch.randint(100, 20000, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
-from tallow.engine.engine import GenerationStats
 llm.engine.prefill(ids, GenerationStats())
-print(json.dumps({"free_resident": heap_rss() - libc.mallinfo2().uordblks}))
+print(json.dumps({"free_resident": mapping_rss("[heap]") - mallinfo().uordblks}))
 """
 
 

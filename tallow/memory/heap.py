@@ -31,6 +31,7 @@ plan counts one heap; this makes the process have one.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 from .. import switches
 
@@ -46,20 +47,28 @@ def bounded_heap_enabled() -> bool:
     return switches.enabled("TALLOW_BOUNDED_HEAP")
 
 
+@functools.cache
+def _glibc():
+    """glibc's malloc controls, looked up once (trims run after every prefill chunk); None where the C
+    library is another: nothing to tune."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def single_arena() -> bool:
     """One malloc arena for all threads (set before they allocate: arenas made earlier stay)."""
-    try:
-        return ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 1) == 1
-    except (OSError, AttributeError):
-        return False  # not glibc: nothing to tune
+    libc = _glibc()
+    return libc is not None and libc.mallopt(M_ARENA_MAX, 1) == 1
 
 
 def return_freed() -> None:
     """Hand the pages of the heap's free runs back to the OS (glibc keeps them otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def trim_between_chunks() -> bool:
@@ -75,11 +84,10 @@ def bound_heap() -> bool:
     single_arena()
     if not bounded_heap_enabled():
         return _done
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-        ok = libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD) == 1 and ok
-    except (OSError, AttributeError):
-        return False  # not glibc: nothing to tune
+    libc = _glibc()
+    if libc is None:
+        return False
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD) == 1 and ok
     _done = ok
     return ok
