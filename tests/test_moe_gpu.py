@@ -142,7 +142,7 @@ def test_gpu_bank_integer_dot_path(tmp_path, monkeypatch, arch, qtype):
     spec, _, gpu = _models(tmp_path, monkeypatch, arch, qtype)
     bank = gpu.layers[1].ffn_experts
     g = torch.Generator().manual_seed(2)
-    n, k = 3, spec.n_experts_used  # several tokens, few: the interpreter is slow
+    n, k = 2, spec.n_experts_used  # two tokens (a pair path of several rows, and its row 1 alone): the interpreter is slow
     h = torch.randn(n, spec.dim, generator=g)
     weights, ids = cpu_moe.route_softmax(torch.randn(n, spec.n_experts, generator=g), k)
     glu = (lambda gu: gpu.ops.glu(gu, "swiglu")) if arch == "qwen3moe" else (lambda gu: gpu.ops.glu(gu, "geglu"))
