@@ -493,42 +493,55 @@ GO_TGT2 static void softmax_f16_avx2(float *p, int64_t n16) {
     for (int64_t i = 0; i < n16; i += 8) _mm256_storeu_ps(p + i, go2_f16(_mm256_mul_ps(_mm256_loadu_ps(p + i), inv)));
 }
 
-/* head_avx512 (a prompt row, tinyBLAS's 16 lanes) */
-GO_TGT2 static void head_avx2(const go_attn_t *a, int r, int h, float *p, float *q16) {
+/* head_avx512 (a prompt row, tinyBLAS's 16 lanes); acc: 16 * dv floats of scratch. The small loops are
+ * unrolled so their accumulators stay in registers (at -O2 GCC kept them on the stack, each multiply-add a
+ * store and a reload). */
+GO_TGT2 static void head_avx2(const go_attn_t *a, int r, int h, float *p, float *q16, float *acc) {
     int64_t i0, i1;
     visible(a, r, &i0, &i1);
-    const int64_t n16 = (i1 + 15) / 16 * 16;
+    const int64_t n16 = (i1 + 15) / 16 * 16, dk = a->dk, dv = a->dv;
     const int g = h / a->group;
     const float *q = a->q + r * a->sqr + h * a->sqh;
     const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
-    for (int d = 0; d < a->dk; d += 8) _mm256_storeu_ps(q16 + d, go2_f16(_mm256_loadu_ps(q + d)));
+    for (int d = 0; d < dk; d += 8) _mm256_storeu_ps(q16 + d, go2_f16(_mm256_loadu_ps(q + d)));
     for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
     for (int64_t c0 = i0; c0 < i1; c0 += 4) { /* 4 keys at a time, each its 16 lanes as two halves */
         const int nk = i1 - c0 < 4 ? (int)(i1 - c0) : 4;
         const uint16_t *kr[4];
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++) kr[k] = key_row(a, kb, a->skt, c0 + (k < nk ? k : 0));
         __m256 lo[4], hi[4];
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++) lo[k] = hi[k] = _mm256_setzero_ps();
-        for (int d = 0; d < a->dk; d += 16) {
+        for (int64_t d = 0; d < dk; d += 16) {
             const __m256 ql = _mm256_loadu_ps(q16 + d), qh = _mm256_loadu_ps(q16 + d + 8);
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 lo[k] = _mm256_fmadd_ps(ql, go2_ld8(kr[k] + d), lo[k]);
                 hi[k] = _mm256_fmadd_ps(qh, go2_ld8(kr[k] + d + 8), hi[k]);
             }
         }
-        for (int k = 0; k < nk; k++) p[c0 + k] = hsum16_halves(lo[k], hi[k]) * a->scale;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            if (k < nk) p[c0 + k] = hsum16_halves(lo[k], hi[k]) * a->scale;
     }
     softmax_f16_avx2(p, n16);
-    float *o = a->out + ((int64_t)r * a->n_heads + h) * a->dv;
-    const int64_t first = i0 / 16 * 16;
-    for (int d = 0; d < a->dv; d += 8) { /* 8 output columns at a time: lane l of the 16 sums keys i % 16 == l */
+    /* V: lane l of the 16 sums the keys i % 16 == l in order (acc row l); the keys' rows read once, in order */
+    memset(acc, 0, sizeof(float) * 16 * (size_t)dv);
+    for (int64_t i = i0; i < i1; i++) {
+        const __m256 w = _mm256_set1_ps(p[i]);
+        const uint16_t *vr = key_row(a, vb, a->svt, i);
+        float *ac = acc + (i % 16) * dv;
+        for (int64_t d = 0; d < dv; d += 8) _mm256_storeu_ps(ac + d, _mm256_fmadd_ps(w, go2_ld8(vr + d), _mm256_loadu_ps(ac + d)));
+    }
+    float *o = a->out + ((int64_t)r * a->n_heads + h) * dv;
+    for (int64_t d = 0; d < dv; d += 8) {
         __m256 c[16];
-        for (int l = 0; l < 16; l++) c[l] = _mm256_setzero_ps();
-        for (int64_t b = first; b < i1; b += 16)
-            for (int l = 0; l < 16; l++)
-                if (b + l >= i0 && b + l < i1)
-                    c[l] = _mm256_fmadd_ps(_mm256_set1_ps(p[b + l]), go2_ld8(key_row(a, vb, a->svt, b + l) + d), c[l]);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) c[l] = _mm256_loadu_ps(acc + l * dv + d);
+#pragma GCC unroll 8
         for (int l = 0; l < 8; l++) c[l] = _mm256_add_ps(c[l], c[l + 8]);
+#pragma GCC unroll 4
         for (int l = 0; l < 4; l++) c[l] = _mm256_add_ps(c[l], c[l + 4]);
         _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
     }
@@ -553,12 +566,21 @@ GO_TGT2 static void group_one_row_avx2(const go_attn_t *a, int h0, int h1, float
         for (int j = 0; j < nh; j++) {
             const float *qj = q16 + (int64_t)j * dk;
             __m256 lo[4], hi[4]; /* accumulator (d / 16) % 4, lanes 0..7 and 8..15 */
+#pragma GCC unroll 4
             for (int e = 0; e < 4; e++) lo[e] = hi[e] = _mm256_setzero_ps();
-            for (int d = 0; d < dk; d += 16) {
-                const int e = (d / 16) % 4;
-                lo[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d), go2_ld8(kr + d), lo[e]);
-                hi[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 8), go2_ld8(kr + d + 8), hi[e]);
-            }
+            int d = 0;
+            for (; d + 64 <= dk; d += 64) /* e = 0..3 spelled out: a computed index kept the eight on the stack */
+#pragma GCC unroll 4
+                for (int e = 0; e < 4; e++) {
+                    lo[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 16 * e), go2_ld8(kr + d + 16 * e), lo[e]);
+                    hi[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 16 * e + 8), go2_ld8(kr + d + 16 * e + 8), hi[e]);
+                }
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++)
+                if (d + 16 * e < dk) {
+                    lo[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 16 * e), go2_ld8(kr + d + 16 * e), lo[e]);
+                    hi[e] = _mm256_fmadd_ps(_mm256_loadu_ps(qj + d + 16 * e + 8), go2_ld8(kr + d + 16 * e + 8), hi[e]);
+                }
             const __m256 tl = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
             const __m256 th = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
             p[j * n16 + i] = hsum16_halves(tl, th) * a->scale;
@@ -626,7 +648,7 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
             continue;
         }
         if (simd == 1) {
-            head_avx2(&a, r, h, s, s + n16);
+            head_avx2(&a, r, h, s, s + n16, s + n16 + dk); /* per holds n16 + dk + 64 * dv floats */
             continue;
         }
 #endif
