@@ -98,11 +98,13 @@ def test_prefetch_distance_changes_no_bit(rows):
 
 @needs_c
 @pytest.mark.parametrize("qt", sorted(ggml_dot.TYPES, key=int), ids=lambda q: q.name)
-def test_quantization_matches_the_torch_reference(qt):
+def test_quantization_matches_the_torch_reference(qt, simd):
     g = torch.Generator().manual_seed(int(qt))
     x = torch.randn(3, 512, generator=g) * torch.randn(3, 512, generator=g) ** 2
     x[1, 32:64] = 0
-    x[2, 7], x[2, 9] = -30.0, 30.0  # a largest magnitude held by both signs
+    x[2, 7], x[2, 9] = -30.0, 30.0  # a largest magnitude held by both signs, the negative first
+    x[0, 100], x[0, 101] = 25.0, -25.0  # and the positive first
+    x[0, 320:351], x[0, 351] = torch.arange(31) - 15.5, 127.0  # scale 1 (and -1 for Q8_K): every code a tie, k + 0.5
     act = q8_activations.VEC_DOT_TYPE[qt]
     raw = ggml_dot.quantize(x, qt)
     if act == QT.Q8_K:
