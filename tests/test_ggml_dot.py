@@ -155,6 +155,31 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
     assert np.abs(ys[0] - ref).max() <= 2e-6 * scale  # float summation order only
 
 
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_pairs_change_no_bit(threads, monkeypatch):
+    """TALLOW_CPU_ROW_PAIRS: one-row Q4_1 products reading two weight rows per call (an odd row count, so
+    a thread's share can end on a single row) give the one-row-per-call bits, and the portable code's."""
+    monkeypatch.setattr(ggml_dot, "_threads", lambda: threads)
+    qt, n, k = QT.Q4_1, 37, 512
+    raw = random_rows(qt, n, k, seed=3)
+    xq = ggml_dot.quantize(torch.randn(1, k, generator=torch.Generator().manual_seed(6)), qt)
+    before = ggml_dot.row_pairs(True)
+    try:
+        paired = ggml_dot.gemv_quantized(raw, qt, k, xq)
+        ggml_dot.row_pairs(False)
+        single = ggml_dot.gemv_quantized(raw, qt, k, xq)
+    finally:
+        ggml_dot.row_pairs(before)
+    level = ggml_dot.set_simd(ggml_dot.PORTABLE)
+    try:
+        portable = ggml_dot.gemv_quantized(raw, qt, k, xq)
+    finally:
+        ggml_dot.set_simd(True)
+    assert level >= ggml_dot.PORTABLE
+    assert (paired.view(np.uint32) == single.view(np.uint32)).all() and (paired.view(np.uint32) == portable.view(np.uint32)).all()
+
+
 @needs_c_layers
 def test_linear_layer_and_fallback(monkeypatch):
     """TALLOW_CPU_GGML_DOT (on unless =0): make_linear wraps the torch layer, up to 8 rows in C (each

@@ -675,6 +675,25 @@ TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     return hsum8_v(acc) + summs;
 }
 
+/* dot_q4_1_avx2 of two weight rows against one activation row, interleaved: each row's operations and order
+ * unchanged (so its bits), the activation block's load and scale conversions shared and the two rows'
+ * chains overlapping (one-row products, decode) */
+TGT2 static void dot2_q4_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint8_t *x, int64_t nb, float *y0, float *y1) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float summs0 = 0.0f, summs1 = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w0 += 20, w1 += 20, x += Q8_1_BYTES) {
+        const float dx = _cvtsh_ss(rd16(x)), sx = _cvtsh_ss(rd16(x + 2));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
+        const float d0 = _cvtsh_ss(rd16(w0)) * dx, d1 = _cvtsh_ss(rd16(w1)) * dx;
+        summs0 = fmaf(_cvtsh_ss(rd16(w0 + 2)), sx, summs0);
+        summs1 = fmaf(_cvtsh_ss(rd16(w1 + 2)), sx, summs1);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w0 + 4), qy)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w1 + 4), qy)), acc1);
+    }
+    *y0 = hsum8_v(acc0) + summs0;
+    *y1 = hsum8_v(acc1) + summs1;
+}
+
 TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
@@ -897,13 +916,39 @@ int64_t tg_set_prefetch(int64_t bytes) {
     return old;
 }
 
+typedef void (*row_dot2_fn)(const uint8_t *, const uint8_t *, const uint8_t *, int64_t, float *, float *);
+
+/* the two-row form of a row function, where there is one (TALLOW_CPU_ROW_PAIRS: tg_set_row_pairs) */
+static int g_row_pairs = 1;
+
+int tg_set_row_pairs(int on) {
+    const int old = g_row_pairs;
+    if (on >= 0) g_row_pairs = on;
+    return old;
+}
+
+static row_dot2_fn pair_of(row_dot_fn fn) {
+#if TG_X86
+    if (g_row_pairs && fn == dot_q4_1_avx2) return dot2_q4_1_avx2;
+#endif
+    (void)fn;
+    return 0;
+}
+
 static void run_rows(const job_t *j, int64_t r0, int64_t r1) {
     const uint8_t *end = j->w + r1 * j->row_bytes;
     const uint8_t *pf = j->w + r0 * j->row_bytes + g_prefetch;
+    const row_dot2_fn fn2 = j->m == 1 ? pair_of(j->fn) : 0;
     for (int64_t r = r0; r < r1; r++) { /* a weight row stays in L1 across the m activation rows */
+        const int two = fn2 && r + 1 < r1;
         if (g_prefetch) {
-            const uint8_t *stop = j->w + (r + 1) * j->row_bytes + g_prefetch;
+            const uint8_t *stop = j->w + (r + 1 + two) * j->row_bytes + g_prefetch;
             for (; pf < stop && pf < end; pf += 64) __builtin_prefetch(pf, 0, 0);
+        }
+        if (two) {
+            fn2(j->w + r * j->row_bytes, j->w + (r + 1) * j->row_bytes, j->xq, j->nb, j->y + r, j->y + r + 1);
+            r++;
+            continue;
         }
         for (int64_t i = 0; i < j->m; i++)
             j->y[i * j->y_stride + r] = j->fn(j->w + r * j->row_bytes, j->xq + i * j->xq_stride, j->nb);
@@ -924,7 +969,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 6; }
+int tg_abi_version(void) { return 7; }
 
 /* the code in use: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 int tg_simd(void) {

@@ -45,7 +45,7 @@ __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd
 TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K})
 _ACT = {QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 6  # 6: code levels (tg_simd: 2 AVX-512 VNNI, 1 AVX2, 0 portable)
+_ABI = 7  # 6: code levels (tg_simd: 2 AVX-512 VNNI, 1 AVX2, 0 portable); 7: tg_set_row_pairs
 MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
 PORTABLE, AVX2, AVX512 = 0, 1, 2  # ggml_dot.c's code levels
 _LEVEL_NAMES = {AVX512: "AVX-512 VNNI", AVX2: "AVX2", PORTABLE: "portable C (no AVX2 on this CPU)"}
@@ -94,8 +94,12 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_act_row_bytes.argtypes = [i32, i64]
     lib.tg_set_gemm.argtypes = [i32]
     lib.tg_gemm_takes.argtypes = [i32]
+    lib.tg_set_row_pairs.argtypes = [i32]
     for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
+    from ... import switches
+
+    lib.tg_set_row_pairs(int(switches.enabled("TALLOW_CPU_ROW_PAIRS")))
     _lib, _reason = lib, ""
     return lib
 
@@ -219,6 +223,13 @@ def gemm(on: bool | None = None) -> bool:
     """Whether products of more than MAX_ROWS rows take ggml_gemm.c's register-tiled product (the same bits
     as the row kernel); with `on`, set it (returns the previous value). For tests and measurements."""
     return bool((_lib or _load()).tg_set_gemm(-1 if on is None else int(on)))
+
+
+def row_pairs(on: bool | None = None) -> bool:
+    """Whether one-row products read two weight rows per call where the type has that form (Q4_1 on AVX2:
+    the same bits; TALLOW_CPU_ROW_PAIRS); with `on`, set it (returns the previous value). For tests and
+    measurements."""
+    return bool((_lib or _load()).tg_set_row_pairs(-1 if on is None else int(on)))
 
 
 # The types ggml_gemm.c's prefill product takes (AVX-512 VNNI or AVX2): Q4_K/Q6_K in llama.cpp's tiled prompt
