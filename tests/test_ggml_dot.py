@@ -156,6 +156,25 @@ def test_simd_and_portable_agree_and_match_the_dequantized_product(qt):
 
 
 @needs_c
+def test_q8_k_quantization_of_non_finite_blocks_is_the_scalar_loops():
+    """A Q8_K block holding a NaN or an infinity (a broken model's activations) gets the scalar loop's bytes at
+    every code level, and never a read past its block (the vector code looks for the largest value's first
+    occurrence, which a NaN hides)."""
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
+    x[0, 5], x[1, 300], x[2, 40] = float("nan"), float("inf"), -float("inf")
+    x[2, 256:512] = float("nan")
+    best = ggml_dot.set_simd(True)
+    try:
+        outs = []
+        for level in range(best, ggml_dot.PORTABLE - 1, -1):
+            ggml_dot.set_simd(level)
+            outs.append(ggml_dot.quantize(x, QT.Q4_K))
+    finally:
+        ggml_dot.set_simd(True)
+    assert all((o == outs[-1]).all() for o in outs)
+
+
+@needs_c
 @pytest.mark.parametrize("threads", [1, 2])
 def test_row_pairs_change_no_bit(threads, monkeypatch):
     """TALLOW_CPU_ROW_PAIRS: one-row Q4_1 products reading two weight rows per call (an odd row count, so

@@ -589,7 +589,8 @@ TGT2 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
 }
 
 /* quantize_q8_01 in ggml's AVX2 form (its quantize_row_q8_0/q8_1): the same max, scale, products and
- * round-to-nearest-even, so the same bytes; eight values per instruction instead of a libm call each */
+ * round-to-nearest-even, so the same bytes for finite values (a block with an infinity or a NaN gets ggml's
+ * AVX2 bytes, which differ from its scalar code's); eight values per instruction instead of a libm call each */
 TGT2 static void quantize_q8_01_avx2(const float *x, uint8_t *out, int64_t k, int with_sum) {
     const int bytes = with_sum ? Q8_1_BYTES : Q8_0_BYTES;
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -626,8 +627,12 @@ TGT2 static void quantize_q8_01_avx2(const float *x, uint8_t *out, int64_t k, in
 TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < k / QKK; b++, x += QKK, out += Q8_K_BYTES) {
-        __m256 m = _mm256_setzero_ps();
-        for (int j = 0; j < QKK; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int j = 0; j < QKK; j += 8) {
+            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j));
+            m = _mm256_max_ps(m, a);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(INFINITY), _CMP_NLT_UQ)); /* an infinity or a NaN */
+        }
         __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -635,12 +640,16 @@ TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
         int8_t *qs = (int8_t *)(out + 4);
         int16_t bsums[16];
         float d = 0.0f;
+        int first = 0;
+        while (first < QKK && fabsf(x[first]) != amax) first++;
+        if (first == QKK || _mm256_movemask_ps(bad)) { /* a NaN or an infinity in the block: the scalar loop's bytes */
+            quantize_q8_k(x, out, QKK);
+            continue;
+        }
         if (amax == 0.0f) {
             memset(qs, 0, QKK);
             memset(bsums, 0, sizeof bsums);
         } else {
-            int first = 0;
-            while (fabsf(x[first]) != amax) first++;
             const float iscale = -127.f / x[first];
             const __m256 is = _mm256_set1_ps(iscale);
             for (int j = 0; j < QKK; j += 32) {
