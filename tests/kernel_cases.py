@@ -505,13 +505,14 @@ def _ggml_attention_reference(a):
 
 # shapes: (n_kv, heads, head_dim, slots, lo, start, query rows, window, scale) — one-token steps with
 # smollm2's and qwen2.5's heads, gemma3's 256-wide ones under a window, a ring that wraps, a head_dim
-# not a multiple of 16; prompt rows (tinyBLAS's 16 lanes), causal, with a window
+# not a multiple of 16; prompt rows (tinyBLAS's 16 lanes), causal, with a window, and a head_dim of 48 (the AVX2
+# prompt code's 32-column V blocks and a 16-column tail)
 register(op="ggml_attend", impl="tallow.kernels.cpu.ggml_ops:attend", needs="ggml_dot", metric="exact",
          inputs=_ggml_attention_inputs,
          shapes=((3, 9, 64, 200, 0, 36, 1, None, 0.125), (2, 12, 128, 1000, 0, 699, 1, None, 0.088),
                  (1, 4, 256, 600, 0, 519, 1, 510, 1.0), (1, 4, 256, 40, 30, 64, 1, 32, 0.0625), (2, 4, 40, 50, 0, 4, 1, None, 0.3),
                  (3, 9, 64, 200, 0, 0, 40, None, 0.125), (2, 4, 128, 300, 0, 100, 37, None, 0.088), (1, 4, 256, 600, 0, 30, 70, 50, 1.0),
-                 (1, 2, 64, 100, 20, 60, 21, 40, 0.5)),
+                 (1, 2, 64, 100, 20, 60, 21, 40, 0.5), (2, 6, 48, 100, 0, 40, 9, None, 0.2)),
          run=lambda a: _ggml_ops().attend(a["q"], a["k"], a["v"], a["lo"], a["start"], a["window"], a["scale"]),
          reference=_ggml_attention_reference)
 
@@ -867,6 +868,7 @@ NOT_KERNELS: frozenset[str] = frozenset({
     "tallow.kernels.cpu.ggml_dot:gemm", "tallow.kernels.cpu.ggml_dot:gemm_takes",  # the prefill product's flag and types (test_ggml_gemm.py: same bits on and off)
     "tallow.kernels.cpu.ggml_dot:prefills",  # whether a type prefills in C with no torch copy (test_ggml_gemm.py, the memory plan tests)
     "tallow.kernels.cpu.ggml_dot:parallel_min_bytes",  # the two-thread threshold, a setting
+    "tallow.kernels.cpu.ggml_dot:row_pairs",  # the two-row Q4_1 form's flag (test_ggml_dot.py: same bits on and off)
     "tallow.kernels.cpu.ggml_dot:prefetch_bytes",  # the weight-row prefetch distance, a setting (test_ggml_dot checks it changes no bit)
     "tallow.kernels.cpu.linear:Linear", "tallow.kernels.cpu.linear:ReferenceLinear",
     "tallow.kernels.cpu.linear:make_linear", "tallow.kernels.cpu.linear:make_embedding",

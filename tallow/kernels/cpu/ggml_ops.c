@@ -493,57 +493,90 @@ GO_TGT2 static void softmax_f16_avx2(float *p, int64_t n16) {
     for (int64_t i = 0; i < n16; i += 8) _mm256_storeu_ps(p + i, go2_f16(_mm256_mul_ps(_mm256_loadu_ps(p + i), inv)));
 }
 
-/* head_avx512 (a prompt row, tinyBLAS's 16 lanes); acc: 16 * dv floats of scratch. The small loops are
- * unrolled so their accumulators stay in registers (at -O2 GCC kept them on the stack, each multiply-add a
- * store and a reload). */
-GO_TGT2 static void head_avx2(const go_attn_t *a, int r, int h, float *p, float *q16, float *acc) {
+/* head_avx512 (a prompt row, tinyBLAS's 16 lanes) for nh = 1 or 2 heads h0.. of one KV group, which share each
+ * key's and value's f16 row as it is widened: p (nh * n16), q16 (nh * dk), acc (nh * 16 * dv floats of scratch).
+ * Each score, softmax and output is the one-head computation's, operation for operation. The small loops are
+ * unrolled so their accumulators stay in registers (at -O2 GCC kept them on the stack, each multiply-add a store
+ * and a reload). */
+GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float *p, float *q16, float *acc) {
     int64_t i0, i1;
     visible(a, r, &i0, &i1);
     const int64_t n16 = (i1 + 15) / 16 * 16, dk = a->dk, dv = a->dv;
-    const int g = h / a->group;
-    const float *q = a->q + r * a->sqr + h * a->sqh;
+    const int g = h0 / a->group;
     const uint16_t *kb = a->k + g * a->skh, *vb = a->v + g * a->svh;
-    for (int d = 0; d < dk; d += 8) _mm256_storeu_ps(q16 + d, go2_f16(_mm256_loadu_ps(q + d)));
-    for (int64_t i = 0; i < n16; i++) p[i] = -INFINITY;
-    for (int64_t c0 = i0; c0 < i1; c0 += 4) { /* 4 keys at a time, each its 16 lanes as two halves */
-        const int nk = i1 - c0 < 4 ? (int)(i1 - c0) : 4;
-        const uint16_t *kr[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) kr[k] = key_row(a, kb, a->skt, c0 + (k < nk ? k : 0));
-        __m256 lo[4], hi[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) lo[k] = hi[k] = _mm256_setzero_ps();
+    for (int j = 0; j < nh; j++) {
+        const float *q = a->q + r * a->sqr + (h0 + j) * a->sqh;
+        for (int64_t d = 0; d < dk; d += 8) _mm256_storeu_ps(q16 + j * dk + d, go2_f16(_mm256_loadu_ps(q + d)));
+        for (int64_t i = 0; i < n16; i++) p[j * n16 + i] = -INFINITY;
+    }
+    const float *qa = q16, *qb = q16 + (nh > 1 ? dk : 0); /* one head: its sums twice, the second set unused */
+    for (int64_t c0 = i0; c0 < i1; c0 += 2) { /* 2 keys x 2 heads at a time, each sum its 16 lanes as two halves */
+        const int nk = i1 - c0 < 2 ? 1 : 2;
+        const uint16_t *k0 = key_row(a, kb, a->skt, c0), *k1 = key_row(a, kb, a->skt, c0 + nk - 1);
+        __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l, b0l = a0l, b0h = a0l, b1l = a0l, b1h = a0l;
         for (int64_t d = 0; d < dk; d += 16) {
-            const __m256 ql = _mm256_loadu_ps(q16 + d), qh = _mm256_loadu_ps(q16 + d + 8);
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                lo[k] = _mm256_fmadd_ps(ql, go2_ld8(kr[k] + d), lo[k]);
-                hi[k] = _mm256_fmadd_ps(qh, go2_ld8(kr[k] + d + 8), hi[k]);
-            }
+            const __m256 x0l = go2_ld8(k0 + d), x0h = go2_ld8(k0 + d + 8), x1l = go2_ld8(k1 + d), x1h = go2_ld8(k1 + d + 8);
+            const __m256 ql = _mm256_loadu_ps(qa + d), qh = _mm256_loadu_ps(qa + d + 8);
+            a0l = _mm256_fmadd_ps(ql, x0l, a0l);
+            a0h = _mm256_fmadd_ps(qh, x0h, a0h);
+            a1l = _mm256_fmadd_ps(ql, x1l, a1l);
+            a1h = _mm256_fmadd_ps(qh, x1h, a1h);
+            const __m256 rl = _mm256_loadu_ps(qb + d), rh = _mm256_loadu_ps(qb + d + 8);
+            b0l = _mm256_fmadd_ps(rl, x0l, b0l);
+            b0h = _mm256_fmadd_ps(rh, x0h, b0h);
+            b1l = _mm256_fmadd_ps(rl, x1l, b1l);
+            b1h = _mm256_fmadd_ps(rh, x1h, b1h);
         }
+        p[c0] = hsum16_halves(a0l, a0h) * a->scale;
+        if (nk > 1) p[c0 + 1] = hsum16_halves(a1l, a1h) * a->scale;
+        if (nh > 1) {
+            p[n16 + c0] = hsum16_halves(b0l, b0h) * a->scale;
+            if (nk > 1) p[n16 + c0 + 1] = hsum16_halves(b1l, b1h) * a->scale;
+        }
+    }
+    for (int j = 0; j < nh; j++) softmax_f16_avx2(p + j * n16, n16);
+    /* V: lane l of the 16 sums the keys i % 16 == l in order, into acc row l of each head. Lane by lane and 32
+     * columns at a time, the sums stay in registers over the lane's keys and each widened value serves both heads. */
+    const float *pa = p, *pb = p + (nh - 1) * n16;
+    for (int l = 0; l < 16; l++) {
+        const int64_t first = i0 + (((l - i0) % 16) + 16) % 16;
+        for (int64_t d0 = 0; d0 < dv; d0 += 32) {
+            const int w = dv - d0 >= 32 ? 4 : 2; /* dv is a multiple of 16 */
+            __m256 ca[4], cb[4];
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++)
-            if (k < nk) p[c0 + k] = hsum16_halves(lo[k], hi[k]) * a->scale;
+            for (int u = 0; u < 4; u++) ca[u] = cb[u] = _mm256_setzero_ps();
+            for (int64_t i = first; i < i1; i += 16) {
+                const uint16_t *vr = key_row(a, vb, a->svt, i) + d0;
+                const __m256 wa = _mm256_set1_ps(pa[i]), wb = _mm256_set1_ps(pb[i]);
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+                    if (u < w) {
+                        const __m256 x = go2_ld8(vr + 8 * u);
+                        ca[u] = _mm256_fmadd_ps(wa, x, ca[u]);
+                        cb[u] = _mm256_fmadd_ps(wb, x, cb[u]);
+                    }
+            }
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                if (u < w) {
+                    _mm256_storeu_ps(acc + l * dv + d0 + 8 * u, ca[u]);
+                    _mm256_storeu_ps(acc + ((nh - 1) * 16 + l) * dv + d0 + 8 * u, nh > 1 ? cb[u] : ca[u]);
+                }
+        }
     }
-    softmax_f16_avx2(p, n16);
-    /* V: lane l of the 16 sums the keys i % 16 == l in order (acc row l); the keys' rows read once, in order */
-    memset(acc, 0, sizeof(float) * 16 * (size_t)dv);
-    for (int64_t i = i0; i < i1; i++) {
-        const __m256 w = _mm256_set1_ps(p[i]);
-        const uint16_t *vr = key_row(a, vb, a->svt, i);
-        float *ac = acc + (i % 16) * dv;
-        for (int64_t d = 0; d < dv; d += 8) _mm256_storeu_ps(ac + d, _mm256_fmadd_ps(w, go2_ld8(vr + d), _mm256_loadu_ps(ac + d)));
-    }
-    float *o = a->out + ((int64_t)r * a->n_heads + h) * dv;
-    for (int64_t d = 0; d < dv; d += 8) {
-        __m256 c[16];
+    for (int j = 0; j < nh; j++) {
+        float *o = a->out + ((int64_t)r * a->n_heads + h0 + j) * dv;
+        const float *accj = acc + (int64_t)j * 16 * dv;
+        for (int64_t d = 0; d < dv; d += 8) {
+            __m256 c[16];
 #pragma GCC unroll 16
-        for (int l = 0; l < 16; l++) c[l] = _mm256_loadu_ps(acc + l * dv + d);
+            for (int l = 0; l < 16; l++) c[l] = _mm256_loadu_ps(accj + l * dv + d);
 #pragma GCC unroll 8
-        for (int l = 0; l < 8; l++) c[l] = _mm256_add_ps(c[l], c[l + 8]);
+            for (int l = 0; l < 8; l++) c[l] = _mm256_add_ps(c[l], c[l + 8]);
 #pragma GCC unroll 4
-        for (int l = 0; l < 4; l++) c[l] = _mm256_add_ps(c[l], c[l + 4]);
-        _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+            for (int l = 0; l < 4; l++) c[l] = _mm256_add_ps(c[l], c[l + 4]);
+            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+        }
     }
 }
 
@@ -635,6 +668,24 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
 #if GO_X86
     if (simd && n_q == 1) return one_row_grouped(&a, n_kv, nthreads);
 #endif
+#if GO_X86
+    if (simd == 1) { /* (row, pair of heads of one KV group) items: each key's row widened once for both */
+        const int pairs = (a.group + 1) / 2, per_group = n_kv * pairs;
+        const int64_t items2 = (int64_t)n_q * per_group, per2 = 2 * (n16 + dk + 16 * (int64_t)dv);
+        if (nthreads > items2) nthreads = (int)items2;
+        float *scratch = malloc(sizeof(float) * (size_t)(per2 * nthreads));
+        if (!scratch) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+        for (int64_t it = 0; it < items2; it++) {
+            float *s = thread_slice(scratch, per2);
+            const int r = (int)(it / per_group), gp = (int)(it % per_group), g = gp / pairs, j = gp % pairs;
+            const int h0 = g * a.group + 2 * j, nh = a.group - 2 * j < 2 ? 1 : 2;
+            heads_avx2(&a, r, h0, nh, s, s + 2 * n16, s + 2 * (n16 + dk));
+        }
+        free(scratch);
+        return 0;
+    }
+#endif
     if (nthreads > items) nthreads = (int)items;
     float *scratch = malloc(sizeof(float) * (size_t)(per * nthreads));
     if (!scratch) return -1;
@@ -645,10 +696,6 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
 #if GO_X86
         if (simd == 2) {
             head_avx512(&a, r, h, s, s + n16);
-            continue;
-        }
-        if (simd == 1) {
-            head_avx2(&a, r, h, s, s + n16, s + n16 + dk); /* per holds n16 + dk + 64 * dv floats */
             continue;
         }
 #endif
