@@ -660,46 +660,36 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
     go_attn_t a = {q, sqr, sqh, k, v, skh, skt, svh, svt, cap, lo, n, start, window, lo % cap,
                    n_q, n_heads, n_heads / n_kv, dk, dv, n_q > 1 ? 16 : 64, scale, out};
     const int simd = GO_X86 && dk % 16 == 0 && dv % 16 == 0 ? go_simd() : 0;
-    const int64_t n16 = (n + 15) / 16 * 16, per = n16 + 64 * (int64_t)dv + dk;
-    const int64_t items = (int64_t)n_q * n_heads;
+    const int64_t n16 = (n + 15) / 16 * 16;
     /* a parallel region costs a few microseconds: only where each thread gets real work */
-    const double work = (double)items * (double)n * (double)(dk + dv);
+    const double work = (double)n_q * n_heads * (double)n * (double)(dk + dv);
     if (nthreads < 1 || work < 1.5e5) nthreads = 1;
 #if GO_X86
     if (simd && n_q == 1) return one_row_grouped(&a, n_kv, nthreads);
 #endif
-#if GO_X86
-    if (simd == 1) { /* (row, pair of heads of one KV group) items: each key's row widened once for both */
-        const int pairs = (a.group + 1) / 2, per_group = n_kv * pairs;
-        const int64_t items2 = (int64_t)n_q * per_group, per2 = 2 * (n16 + dk + 16 * (int64_t)dv);
-        if (nthreads > items2) nthreads = (int)items2;
-        float *scratch = malloc(sizeof(float) * (size_t)(per2 * nthreads));
-        if (!scratch) return -1;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
-        for (int64_t it = 0; it < items2; it++) {
-            float *s = thread_slice(scratch, per2);
-            const int r = (int)(it / per_group), gp = (int)(it % per_group), g = gp / pairs, j = gp % pairs;
-            const int h0 = g * a.group + 2 * j, nh = a.group - 2 * j < 2 ? 1 : 2;
-            heads_avx2(&a, r, h0, nh, s, s + 2 * n16, s + 2 * (n16 + dk));
-        }
-        free(scratch);
-        return 0;
-    }
-#endif
+    /* an item: a query row and a head, or on AVX2 a pair of heads of one KV group (each key's row widened once for both) */
+    const int pairs = (a.group + 1) / 2, paired = simd == 1;
+    const int64_t units = paired ? (int64_t)n_kv * pairs : n_heads, items = (int64_t)n_q * units;
+    const int64_t per = paired ? 2 * (n16 + dk + 16 * (int64_t)dv) : n16 + 64 * (int64_t)dv + dk;
     if (nthreads > items) nthreads = (int)items;
     float *scratch = malloc(sizeof(float) * (size_t)(per * nthreads));
     if (!scratch) return -1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
     for (int64_t it = 0; it < items; it++) {
         float *s = thread_slice(scratch, per);
-        const int r = (int)(it / n_heads), h = (int)(it % n_heads);
+        const int r = (int)(it / units), u = (int)(it % units);
 #if GO_X86
+        if (paired) {
+            const int h0 = u / pairs * a.group + 2 * (u % pairs);
+            heads_avx2(&a, r, h0, a.group - 2 * (u % pairs) < 2 ? 1 : 2, s, s + 2 * n16, s + 2 * (n16 + dk));
+            continue;
+        }
         if (simd == 2) {
-            head_avx512(&a, r, h, s, s + n16);
+            head_avx512(&a, r, u, s, s + n16);
             continue;
         }
 #endif
-        head_portable(&a, r, h, s, s + n16);
+        head_portable(&a, r, u, s, s + n16);
     }
     free(scratch);
     return 0;
