@@ -40,7 +40,9 @@ setup(
                  "tallow/kernels/cpu/ggml_ops.c", "tallow/kernels/cpu/decode_layer.c", "tallow/kernels/cpu/ssm_step.c",
                  "tallow/kernels/cpu/ggml_gemm.c"],
         depends=["tallow/kernels/cpu/ggml_dot.h", "tallow/kernels/cpu/ggml_math.h"],
-        extra_compile_args=["-O2", "-ffp-contract=off", "-fno-math-errno", *OPENMP] if unix else [],
+        # -falign-functions=64: a hot loop's speed no longer moves with the size of unrelated code linked before it
+        # (ggml's one-row attention read 1.1-1.3x slower after an edit elsewhere shifted it; docs/performance.md, session 24)
+        extra_compile_args=["-O2", "-ffp-contract=off", "-fno-math-errno", "-falign-functions=64", *OPENMP] if unix else [],
         extra_link_args=list(OPENMP) if unix else [],
         libraries=["m"] if unix else [],
     )],

@@ -267,8 +267,10 @@ def scratch_bytes(spec: ModelSpec, n_ctx: int, prefill_chunk: int = DEFAULT_PREF
     yet what one chunk holds at once is still more than the formula above: measured (VmHWM
     during a chunk over VmRSS before it, less the chunk's new K/V pages) 36 MiB on smollm2 and
     119 on qwen2.5 at 1-2k against 16.9 and 87.8 derived (1.4-2.1x), and on Falcon-H1-0.5B
-    growing with the depth, 50 at 6k to 70-114 at 12-16k against 40.9 (docs/performance.md,
-    session 23). So the x2 stays, as the measured envelope rather than the heap's copy.
+    growing with the depth, 50 at 6k to 70-114 at 12-16k against 40.9 — while torch's live
+    tensors stay within the formula (33.8 / 42.8 MiB at 2k / 8k): the excess is the heap's
+    fragments within a chunk, which TALLOW_BOUNDED_HEAP=1 removes (docs/performance.md,
+    sessions 23-24). So the x2 stays, as the measured envelope rather than the heap's copy.
     """
     return (2 * chunk_activation_bytes(spec, n_ctx, prefill_chunk, kv_dtype) + logits_bytes(spec)
             + (PREFILL_DEQUANT_SCRATCH if dequant_tiles else 0) + TORCH_CODE_PAGES)

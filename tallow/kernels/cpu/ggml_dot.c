@@ -588,6 +588,21 @@ TGT2 static inline __m256i dot_i8_avx2(__m256i x, __m256i y) {
     return dot_u8_i8_avx2(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
+/* the largest of v's eight lanes (ggml's order of maxima) */
+TGT2 static inline float hmax8_v(__m256 v) {
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
+/* 32 rounded values as int32 (four registers) -> 32 int8 codes in value order at out (saturating, as ggml) */
+TGT2 static inline __m256i pack_codes_avx2(const __m256i q[4], uint8_t *out) {
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* packs interleave the 128-bit lanes */
+    _mm256_storeu_si256((__m256i *)out, p);
+    return p;
+}
+
 /* quantize_q8_01 in ggml's AVX2 form (its quantize_row_q8_0/q8_1): the same max, scale, products and
  * round-to-nearest-even, so the same bytes for finite values (a block with an infinity or a NaN gets ggml's
  * AVX2 bytes, which differ from its scalar code's); eight values per instruction instead of a libm call each */
@@ -597,22 +612,15 @@ TGT2 static void quantize_q8_01_avx2(const float *x, uint8_t *out, int64_t k, in
     for (int64_t b = 0; b < k / QK; b++, x += QK, out += bytes) {
         __m256 v[4];
         for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(x + 8 * j);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
+        const float amax = hmax8_v(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
         const float d = amax / 127.f;
         const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
         __m256i q[4];
         for (int j = 0; j < 4; j++)
             q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         const int32_t sum = hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-        /* int32 -> int8 with saturation, back in value order (packs interleave the 128-bit lanes) */
-        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(out + (with_sum ? 4 : 2)), p);
+        pack_codes_avx2(q, out + (with_sum ? 4 : 2));
         uint16_t dh = f32_to_f16(d);
         memcpy(out, &dh, 2);
         if (with_sum) {
@@ -633,10 +641,7 @@ TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
             m = _mm256_max_ps(m, a);
             bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(INFINITY), _CMP_NLT_UQ)); /* an infinity or a NaN */
         }
-        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
+        const float amax = hmax8_v(m);
         int8_t *qs = (int8_t *)(out + 4);
         int16_t bsums[16];
         float d = 0.0f;
@@ -657,9 +662,7 @@ TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
                 for (int u = 0; u < 4; u++)
                     q[u] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(is, _mm256_loadu_ps(x + j + 8 * u)),
                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                _mm256_storeu_si256((__m256i *)(qs + j), p);
+                const __m256i p = pack_codes_avx2(q, (uint8_t *)qs + j);
                 /* the two 16-value sums of these 32 codes */
                 const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
                 bsums[j / 16] = (int16_t)hsum_i32x4(_mm256_castsi256_si128(s16));
@@ -672,15 +675,17 @@ TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
     }
 }
 
+/* one Q4_1 block of a weight row against the activation block whose scale dx, sum sx and codes qy are given */
+TGT2 static inline void q4_1_block_avx2(const uint8_t *w, float dx, float sx, __m256i qy, __m256 *acc, float *summs) {
+    *summs = fmaf(_cvtsh_ss(rd16(w + 2)), sx, *summs);
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(rd16(w)) * dx), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w + 4), qy)), *acc);
+}
+
 TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
-        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w + 4), qy)), acc);
-    }
+    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES)
+        q4_1_block_avx2(w, _cvtsh_ss(rd16(x)), _cvtsh_ss(rd16(x + 2)), _mm256_loadu_si256((const __m256i *)(x + 4)), &acc, &summs);
     return hsum8_v(acc) + summs;
 }
 
@@ -693,11 +698,8 @@ TGT2 static void dot2_q4_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint
     for (int64_t b = 0; b < nb; b++, w0 += 20, w1 += 20, x += Q8_1_BYTES) {
         const float dx = _cvtsh_ss(rd16(x)), sx = _cvtsh_ss(rd16(x + 2));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        const float d0 = _cvtsh_ss(rd16(w0)) * dx, d1 = _cvtsh_ss(rd16(w1)) * dx;
-        summs0 = fmaf(_cvtsh_ss(rd16(w0 + 2)), sx, summs0);
-        summs1 = fmaf(_cvtsh_ss(rd16(w1 + 2)), sx, summs1);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w0 + 4), qy)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w1 + 4), qy)), acc1);
+        q4_1_block_avx2(w0, dx, sx, qy, &acc0, &summs0);
+        q4_1_block_avx2(w1, dx, sx, qy, &acc1, &summs1);
     }
     *y0 = hsum8_v(acc0) + summs0;
     *y1 = hsum8_v(acc1) + summs1;

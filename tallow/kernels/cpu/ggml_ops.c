@@ -498,7 +498,8 @@ GO_TGT2 static void softmax_f16_avx2(float *p, int64_t n16) {
  * Each score, softmax and output is the one-head computation's, operation for operation. The small loops are
  * unrolled so their accumulators stay in registers (at -O2 GCC kept them on the stack, each multiply-add a store
  * and a reload). */
-GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float *p, float *q16, float *acc) {
+GO_TGT2 static inline __attribute__((always_inline)) void heads_avx2(const go_attn_t *a, int r, int h0, const int nh, float *p,
+                                                                      float *q16, float *acc) {
     int64_t i0, i1;
     visible(a, r, &i0, &i1);
     const int64_t n16 = (i1 + 15) / 16 * 16, dk = a->dk, dv = a->dv;
@@ -509,7 +510,7 @@ GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float 
         for (int64_t d = 0; d < dk; d += 8) _mm256_storeu_ps(q16 + j * dk + d, go2_f16(_mm256_loadu_ps(q + d)));
         for (int64_t i = 0; i < n16; i++) p[j * n16 + i] = -INFINITY;
     }
-    const float *qa = q16, *qb = q16 + (nh > 1 ? dk : 0); /* one head: its sums twice, the second set unused */
+    const float *qa = q16, *qb = q16 + dk; /* nh is a constant (heads1_avx2, heads2_avx2): one head's code has no b sums */
     for (int64_t c0 = i0; c0 < i1; c0 += 2) { /* 2 keys x 2 heads at a time, each sum its 16 lanes as two halves */
         const int nk = i1 - c0 < 2 ? 1 : 2;
         const uint16_t *k0 = key_row(a, kb, a->skt, c0), *k1 = key_row(a, kb, a->skt, c0 + nk - 1);
@@ -521,11 +522,13 @@ GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float 
             a0h = _mm256_fmadd_ps(qh, x0h, a0h);
             a1l = _mm256_fmadd_ps(ql, x1l, a1l);
             a1h = _mm256_fmadd_ps(qh, x1h, a1h);
-            const __m256 rl = _mm256_loadu_ps(qb + d), rh = _mm256_loadu_ps(qb + d + 8);
-            b0l = _mm256_fmadd_ps(rl, x0l, b0l);
-            b0h = _mm256_fmadd_ps(rh, x0h, b0h);
-            b1l = _mm256_fmadd_ps(rl, x1l, b1l);
-            b1h = _mm256_fmadd_ps(rh, x1h, b1h);
+            if (nh > 1) {
+                const __m256 rl = _mm256_loadu_ps(qb + d), rh = _mm256_loadu_ps(qb + d + 8);
+                b0l = _mm256_fmadd_ps(rl, x0l, b0l);
+                b0h = _mm256_fmadd_ps(rh, x0h, b0h);
+                b1l = _mm256_fmadd_ps(rl, x1l, b1l);
+                b1h = _mm256_fmadd_ps(rh, x1h, b1h);
+            }
         }
         p[c0] = hsum16_halves(a0l, a0h) * a->scale;
         if (nk > 1) p[c0 + 1] = hsum16_halves(a1l, a1h) * a->scale;
@@ -537,7 +540,7 @@ GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float 
     for (int j = 0; j < nh; j++) softmax_f16_avx2(p + j * n16, n16);
     /* V: lane l of the 16 sums the keys i % 16 == l in order, into acc row l of each head. Lane by lane and 32
      * columns at a time, the sums stay in registers over the lane's keys and each widened value serves both heads. */
-    const float *pa = p, *pb = p + (nh - 1) * n16;
+    const float *pa = p, *pb = p + n16;
     for (int l = 0; l < 16; l++) {
         const int64_t first = i0 + (((l - i0) % 16) + 16) % 16;
         for (int64_t d0 = 0; d0 < dv; d0 += 32) {
@@ -547,20 +550,20 @@ GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float 
             for (int u = 0; u < 4; u++) ca[u] = cb[u] = _mm256_setzero_ps();
             for (int64_t i = first; i < i1; i += 16) {
                 const uint16_t *vr = key_row(a, vb, a->svt, i) + d0;
-                const __m256 wa = _mm256_set1_ps(pa[i]), wb = _mm256_set1_ps(pb[i]);
+                const __m256 wa = _mm256_set1_ps(pa[i]), wb = nh > 1 ? _mm256_set1_ps(pb[i]) : wa;
 #pragma GCC unroll 4
                 for (int u = 0; u < 4; u++)
                     if (u < w) {
                         const __m256 x = go2_ld8(vr + 8 * u);
                         ca[u] = _mm256_fmadd_ps(wa, x, ca[u]);
-                        cb[u] = _mm256_fmadd_ps(wb, x, cb[u]);
+                        if (nh > 1) cb[u] = _mm256_fmadd_ps(wb, x, cb[u]);
                     }
             }
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++)
                 if (u < w) {
                     _mm256_storeu_ps(acc + l * dv + d0 + 8 * u, ca[u]);
-                    _mm256_storeu_ps(acc + ((nh - 1) * 16 + l) * dv + d0 + 8 * u, nh > 1 ? cb[u] : ca[u]);
+                    if (nh > 1) _mm256_storeu_ps(acc + (16 + l) * dv + d0 + 8 * u, cb[u]);
                 }
         }
     }
@@ -578,6 +581,13 @@ GO_TGT2 static void heads_avx2(const go_attn_t *a, int r, int h0, int nh, float 
             _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
         }
     }
+}
+
+GO_TGT2 static void heads1_avx2(const go_attn_t *a, int r, int h, float *p, float *q16, float *acc) {
+    heads_avx2(a, r, h, 1, p, q16, acc);
+}
+GO_TGT2 static void heads2_avx2(const go_attn_t *a, int r, int h0, float *p, float *q16, float *acc) {
+    heads_avx2(a, r, h0, 2, p, q16, acc);
 }
 
 /* group_one_row_avx512 (one query row, ggml_vec_dot_f16's 64 lanes), heads h0..h1-1 of one KV group; kf unused */
@@ -681,7 +691,8 @@ int go_attend(const float *q, int64_t sqr, int64_t sqh, int n_q, int n_heads, in
 #if GO_X86
         if (paired) {
             const int h0 = u / pairs * a.group + 2 * (u % pairs);
-            heads_avx2(&a, r, h0, a.group - 2 * (u % pairs) < 2 ? 1 : 2, s, s + 2 * n16, s + 2 * (n16 + dk));
+            if (a.group - 2 * (u % pairs) < 2) heads1_avx2(&a, r, h0, s, s + 2 * n16, s + 2 * (n16 + dk));
+            else heads2_avx2(&a, r, h0, s, s + 2 * n16, s + 2 * (n16 + dk));
             continue;
         }
         if (simd == 2) {
