@@ -29,6 +29,7 @@ from .memory import heap
 from .memory.heap import bound_heap
 from .memory.weight_cache import WeightCache
 from .models import build_model
+from .numerics_choice import choose as choose_numerics
 from .registry import resolve_model
 from .sampling import Sampler, SamplingParams
 from .spec import spec_from_gguf
@@ -120,9 +121,10 @@ class LLM:
         self.gguf = GGUFFile(path)
         self.spec = spec_from_gguf(self.gguf)
         self.device = resolve_device(device)
+        self.numerics = choose_numerics(self.gguf, self.device, linear_mode)  # llama.cpp's arithmetic or torch's
         self.memory = plan_memory(self.gguf, ctx if isinstance(ctx, int) and ctx >= 16 else None,  # type: ignore[arg-type]
                                   default_budget() if mem_budget is None else mem_budget, reserve, linear_mode, spec=self.spec, default_ctx=DEFAULT_CTX,
-                                  kv_dtype=kv_dtype, device=self.device)
+                                  kv_dtype=kv_dtype, device=self.device, numerics=self.numerics)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.template = ChatTemplate.from_gguf(self.gguf)
         self.gguf.drop_vocabulary()
@@ -132,9 +134,9 @@ class LLM:
         if n_ctx > self.spec.context_length:
             raise UsageError(f"a context of {n_ctx} exceeds what the model was trained for ({self.spec.context_length}).")
         self.memory.check()  # refuse before loading weights, never mid-answer
-        self.weight_cache = WeightCache.open(self.gguf, self.device, linear_mode, progress)
+        self.weight_cache = WeightCache.open(self.gguf, self.device, linear_mode, progress, self.numerics)
         try:
-            self.model = build_model(self.gguf, self.spec, linear_mode, self.device, self.weight_cache)
+            self.model = build_model(self.gguf, self.spec, linear_mode, self.device, self.weight_cache, self.numerics)
         finally:
             if self.weight_cache is not None:
                 self.weight_cache.stop_progress()

@@ -237,6 +237,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .gguf_file import GGUFFile
     from .kernels.cpu import ggml_dot
+    from .numerics_choice import describe as describe_numerics
     from .registry import resolve_model
     from .spec import spec_from_gguf
 
@@ -268,6 +269,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"memory @ctx {ctx}: weights {tensor_bytes / 2**20:.1f} MiB + KV (f16) {kv_bytes / 2**20:.1f} MiB"
         f" = {(tensor_bytes + kv_bytes) / 2**20:.1f} MiB  ({spec.kv_bytes_per_token_f16} KV bytes/token)",
         f"CPU C kernel  {ggml_dot.in_use_status()}",
+        f"CPU numerics  {describe_numerics(gf)}",
     ]
     from .memory.budget import kv_bytes_per_token
     from .spec import layer_kind_lines

@@ -76,6 +76,16 @@ class TensorInfo:
         every page read would stay resident until the load releases the map."""
         return FileRows(self) if self._readable else self.data
 
+    def private_view(self) -> np.ndarray:
+        """The bytes as a writable array over a private copy-on-write map of the file
+        (GGUFFile.private_map): kernels that read the file's own blocks keep them there, in the
+        page cache, instead of a copy in anonymous memory; nothing ever writes them. A tensor
+        without a file gets a copy of `data`."""
+        if self.file is None:
+            return np.array(self.data, copy=True)
+        return np.frombuffer(self.file.private_map(), dtype=np.uint8, count=self.n_bytes,
+                             offset=self.offset).reshape(self.data.shape)
+
     @property
     def _readable(self) -> bool:
         return self.file is not None and self.file.can_read
@@ -225,6 +235,7 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: the file is too small to be a GGUF model ({size} bytes).")
             self._mmap = mmap.mmap(fd.fileno(), 0, access=mmap.ACCESS_READ)
             self._fd = os.dup(fd.fileno()) if hasattr(os, "preadv") else None  # read_rows' own descriptor
+        self._private = None  # private_map, opened on first use
         self.file_size = size
         buf = memoryview(self._mmap)
         cur = _Cursor(buf, self.path, skip_strings)
@@ -331,6 +342,18 @@ class GGUFFile:
         if hasattr(mmap, "MADV_DONTNEED"):
             self._mmap.madvise(mmap.MADV_DONTNEED)
 
+    def private_map(self) -> mmap.mmap:
+        """A second map of the file, private and copy-on-write (writable to numpy and torch, which
+        the shared read-only map is not), opened on first use. Arrays over it keep it alive after
+        close()."""
+        if self._private is None:
+            if self._fd is not None:  # the file opened at load, even if its path now names another
+                self._private = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+            else:
+                with open(self.path, "rb") as fd:
+                    self._private = mmap.mmap(fd.fileno(), 0, access=mmap.ACCESS_COPY)
+        return self._private
+
     @property
     def can_read(self) -> bool:
         """Whether rows can be read from the file rather than the map (os.preadv exists)."""
@@ -367,6 +390,7 @@ class GGUFFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._private = None  # (unmapped when the last array over it goes)
         try:
             self._mmap.close()
         except BufferError:

@@ -1,4 +1,5 @@
-"""ggml's arithmetic for the elementwise parts of a forward pass (TALLOW_NUMERICS=ggml).
+"""ggml's arithmetic for the elementwise parts of a forward pass (llama.cpp's numerics: the CPU
+default where numerics_choice.py finds every part in C, and TALLOW_NUMERICS=ggml).
 
 llama.cpp's CPU backend rounds in places tallow's default path does not, and in the fixtures'
 configuration (scripts/numerics_reference.py: flash attention off, f16 K/V, no repacking) those
@@ -32,19 +33,6 @@ import ctypes.util
 
 import numpy as np
 import torch
-
-from . import switches
-
-MODES = ("default", "ggml")
-
-
-def numerics_mode() -> str:
-    """TALLOW_NUMERICS: "ggml" for llama.cpp's CPU arithmetic, anything else the default path."""
-    return "ggml" if str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml" else "default"
-
-
-def ggml_enabled() -> bool:
-    return numerics_mode() == "ggml"
 
 
 def ggml_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -25,10 +25,12 @@ def test_prefix_reuse_gives_identical_output_and_counts(monkeypatch):
         assert s.prompt_tokens == s.reused_tokens + s.prefill_tokens
         assert s.reused_from_disk == 0
         warm.append((out.tokens, s))
-    # The system prompt was reused by the second and third requests, up to the last 64 prompt
-    # tokens, which a CPU prefill always recomputes (engine/prefill_plan.py).
+    # The system prompt was reused by the second and third requests, up to the question or the last
+    # min_rows prompt tokens, which a CPU prefill always recomputes (engine/prefill_plan.py: 8 in
+    # llama.cpp's numerics, 64 in the torch paths').
+    min_rows = llm.engine.prefill_plan().min_rows
     for _, s in warm[1:]:
-        assert s.reused_tokens == s.prompt_tokens - 64 and s.reused_tokens > 50
+        assert s.reused_tokens > 50 and s.prefill_tokens >= min_rows
     assert warm[1][1].saved_s > 0
     assert warm[0][1].saved_s == 0.0
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import switches
+from ..numerics_choice import GGML
 from ..layers import block_aligned_keys_enabled as aligned_reuse_enabled  # one switch: TALLOW_ALIGNED_REUSE
 
 
@@ -100,6 +101,13 @@ def plan_for(model, chunk: int) -> PrefillPlan:
 
     if not aligned_reuse_enabled():
         return PrefillPlan(chunk, row_invariant=False, stable=False)
+    if model.device.type == "cpu" and model.numerics == GGML and model.spec.attn_logit_softcap is None and all(
+            set(str(t.kind).split("+")) == {"ggml_dot"} for t in model_linears(model)):
+        # llama.cpp's numerics (numerics_choice.py): a chunk of TILED_MIN_ROWS or more rows computes each row's
+        # products in the tiled order and its attention over that row's own keys, whatever the chunk's length.
+        from ..kernels.cpu.ggml_dot import TILED_MIN_ROWS
+
+        return PrefillPlan(chunk, row_invariant=True, min_rows=min(TILED_MIN_ROWS, chunk))
     if model.device.type == "cpu" and model.spec.attn_logit_softcap is None and rows_are_exact(model):
         # Fewer rows than MIN_ROWS run in the low-bit kernel instead of the dequantized tile;
         # one row would take the decode attention instead of the padded prefill one.
@@ -126,5 +134,5 @@ def numerics_key(model, plan: PrefillPlan) -> str:
         where = f"{torch.backends.cpu.get_cpu_capability()} threads={torch.get_num_threads()}"
     kinds = sorted({str(t.kind) for t in model_linears(model)})
     numeric = switches.key_values("numeric")  # the switches declared to change a prefill's numbers
-    text = repr((model.device.type, where, torch.__version__, kinds, plan, numeric))
+    text = repr((model.device.type, where, torch.__version__, kinds, plan, numeric, model.numerics))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

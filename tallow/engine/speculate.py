@@ -82,7 +82,7 @@ from collections import deque
 import torch
 
 from .. import switches
-from ..numerics import ggml_enabled
+from ..numerics_choice import GGML
 from .prefill_plan import model_linears
 
 K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)
@@ -116,7 +116,7 @@ def rows_are_exact(model) -> bool:
     if model.device.type == "cuda":
         parts = [p for t in linears for p in getattr(t, "parts", [t])]
         return all(str(p.kind).startswith(("triton_", "mmvq_")) and p.use_gemv for p in parts)
-    if model.device.type != "cpu" or ggml_enabled():  # ggml's products change order from 8 rows on
+    if model.device.type != "cpu" or model.numerics == GGML:  # ggml's products change order from 8 rows on
         return False
     return all(set(str(t.kind).split("+")) <= ROW_EXACT_KINDS for t in linears)
 
@@ -128,7 +128,7 @@ def speculation_enabled(model, kv=None) -> bool:
     forced = switches.value("TALLOW_SPECULATE")  # None: auto
     if forced is not None:
         return forced
-    if ggml_enabled() and model.device.type == "cpu":
+    if model.numerics == GGML and model.device.type == "cpu":
         c_step = getattr(model, "c_decode", None)  # (the families with a C step)
         return kv is not None and c_step is not None and c_step.verifies_in_ggml(K_MAX + 1, kv)
     return rows_are_exact(model)  # a walk over ~200 layer objects: microseconds per request

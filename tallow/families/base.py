@@ -20,6 +20,9 @@ class Family:
     # Routed experts (spec.expert_counts): a routed family (qwen3moe) needs `expert_count`;
     # for the others (gemma4: the 26B-A4B variant) a file without it is dense.
     routed_experts_required: bool = False
+    # Its decode step is one the C step computes in llama.cpp's arithmetic (kernels/cpu/decode_layer.py:
+    # the llama block and gemma3's), so the CPU may run it in llama.cpp's numerics (numerics_choice.py).
+    ggml_step: bool = False
 
     def spec(self, gf: GGUFFile) -> ModelSpec:
         """The file's ModelSpec. For attention + MLP blocks the shared reading (spec.attention_spec)

@@ -22,6 +22,7 @@ GEMMA_BLOCK_ROLES = (*BLOCK_ROLES, "attn_q_norm", "attn_k_norm", "attn_post_norm
 class Gemma3(Family):
     architecture = "gemma3"
     model = "tallow.models.gemma3:Gemma3Model"
+    ggml_step = True
     tensors = TensorTable(*MODEL_ROLES, *GEMMA_BLOCK_ROLES)
     layer_kinds = (FULL_ATTENTION, SLIDING_ATTENTION)
 

@@ -13,5 +13,6 @@ MODEL_ROLES = (TOKEN_EMBD, OUTPUT_NORM, OUTPUT)
 class Llama(Family):
     architecture = "llama"
     model = "tallow.models.llama:LlamaModel"
+    ggml_step = True
     tensors = TensorTable(*MODEL_ROLES, *BLOCK_ROLES)
     rope_style = "norm"  # llama's converter permutes Q/K so adjacent pairs rotate

@@ -11,12 +11,14 @@ from .tensors import TensorTable
 class Qwen2(Family):
     architecture = "qwen2"
     model = "tallow.models.qwen:Qwen2Model"
+    ggml_step = True
     tensors = TensorTable(*MODEL_ROLES, *BLOCK_ROLES)  # attn_q/k/v also with .bias
 
 
 class Qwen3(Family):
     architecture = "qwen3"
     model = "tallow.models.qwen:Qwen3Model"
+    ggml_step = True
     tensors = TensorTable(*MODEL_ROLES, *BLOCK_ROLES, "attn_q_norm", "attn_k_norm")
 
 

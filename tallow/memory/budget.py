@@ -43,6 +43,7 @@ from .. import switches
 from ..errors import MemoryBudgetError, UsageError
 from ..families.tensors import OUTPUT, PER_LAYER_TOKEN_EMBD, TOKEN_EMBD, is_tied, model_roles
 from ..gguf_file import GGUFFile
+from ..numerics_choice import GGML, choose as choose_numerics
 from ..spec import ModelSpec, spec_from_gguf
 from .kv_format import kv_format, user_kv_format
 
@@ -141,15 +142,15 @@ def linear_bytes(n_rows: int, n_cols: int, kind: str) -> int:
     return n_rows * n_cols * 4  # dense_f32, reference
 
 
-def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | None:
+def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False, ggml: bool = False) -> int | None:
     """The C kernel (kernels/cpu/ggml_dot.py) reads a wrapped weight from the file map: its file
-    bytes, instead of (TALLOW_NUMERICS=ggml, the output projection, Q4_K/Q6_K under TALLOW_CPU_GEMM) or
-    on top of (the default mode's other types: prefill's) the torch layer."""
+    bytes, instead of (ggml: llama.cpp's numerics, numerics_choice.py; the output projection;
+    Q4_K/Q6_K under TALLOW_CPU_GEMM) or on top of (the default numerics' other types: prefill's)
+    the torch layer."""
     if linear_mode not in (None, "auto") or len(t.shape) != 2 or t.n_rows <= 1 or t.qtype not in _C_KERNEL_TYPES:
         return None
     if not switches.enabled("TALLOW_CPU_GGML_DOT"):  # ggml_dot.wanted(), without importing torch
         return None
-    ggml = str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == "ggml"
     from ..kernels.cpu import ggml_dot  # wanted: weights are about to be loaded, torch is there
 
     if not ggml_dot.usable():
@@ -161,7 +162,7 @@ def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False) -> int | N
 _C_KERNEL_TYPES = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K})  # ggml_dot.TYPES
 
 
-def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
+def weights_bytes(header: GGUFFile, linear_mode: str | None = None, ggml: bool = False) -> int:
     """Bytes of every weight as resident after loading (the embedding, read row by row from the file: 0)."""
     tied, roles = is_tied(header.tensors), model_roles(header.tensors)
     total = 0
@@ -172,14 +173,14 @@ def weights_bytes(header: GGUFFile, linear_mode: str | None = None) -> int:
         if len(t.shape) == 3:  # routed experts: one linear per expert (kernels/cpu/moe.py), each padded alone
             total += t.shape[2] * linear_bytes(t.shape[1], t.n_cols, linear_kind(t.qtype, linear_mode))
         elif len(t.shape) >= 2 and t.n_rows > 1:
-            c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD))
+            c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD), ggml)
             total += c_bytes if c_bytes is not None else linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
         else:
             total += t.n_rows * t.n_cols * 4  # norms and biases, dequantized to fp32
     return total
 
 
-def dequantizes_for_prefill(header: GGUFFile, linear_mode: str | None = None) -> bool:
+def dequantizes_for_prefill(header: GGUFFile, linear_mode: str | None = None, ggml: bool = False) -> bool:
     """Whether some weight prefills through a torch int4/int8 layer, whose products share the
     dequantization tiles (PREFILL_DEQUANT_SCRATCH); not when the C kernel prefills every one."""
     tied, roles = is_tied(header.tensors), model_roles(header.tensors)
@@ -191,7 +192,7 @@ def dequantizes_for_prefill(header: GGUFFile, linear_mode: str | None = None) ->
             continue
         if len(t.shape) == 3:
             return True  # routed experts: torch layers (kernels/cpu/moe.py)
-        c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD))
+        c_bytes = _c_kernel_bytes(t, linear_mode, role == OUTPUT or (tied and role == TOKEN_EMBD), ggml)
         if c_bytes != t.n_bytes:  # a torch layer beside (or instead of) the C kernel's bytes
             return True
     return False
@@ -649,6 +650,7 @@ def plan_memory(
     default_ctx: int = 4096,
     kv_dtype: str | None = None,
     device: str = "cpu",
+    numerics: str | None = None,
 ) -> MemoryPlan:
     """The account for a GGUF file (path or scanned header) at a context, against a budget.
 
@@ -657,6 +659,8 @@ def plan_memory(
     of GPU memory — weights as planes, KV, dequant scratch and prefill activations, the CUDA
     runtime — and a budget given as a fraction is of the GPU's free memory. (The host then
     holds only the tokenizer and the mapped file's pages, released after loading.)
+    numerics: the model's arithmetic (numerics_choice.choose; None: chosen here), which decides
+    whether torch copies of the weights are made beside the file's.
     """
     header = scan_header(source) if isinstance(source, (str, os.PathLike)) else source  # or an open GGUFFile
     spec = spec or spec_from_gguf(header)  # type: ignore[arg-type]  # duck-typed header
@@ -666,13 +670,14 @@ def plan_memory(
     budget, budget_text = parse_size(mem_budget, "--mem-budget", available)
     reserve_bytes, _ = parse_size(reserve, "--reserve", available)
     kv_dtype = kv_dtype_arg(kv_dtype) or default_kv_dtype(header)
+    ggml = not on_gpu and (numerics or choose_numerics(header, device, linear_mode)) == GGML
     return MemoryPlan(
         model=os.path.basename(header.path),
         n_ctx=ctx,
-        weights=gpu_weights_bytes(header) + gpu_rope_bytes(spec) if on_gpu else weights_bytes(header, linear_mode),
+        weights=gpu_weights_bytes(header) + gpu_rope_bytes(spec) if on_gpu else weights_bytes(header, linear_mode, ggml),
         kv=kv_bytes(spec, ctx, kv_dtype, prefill_chunk),
         scratch=(gpu_scratch_bytes(spec, header, ctx, prefill_chunk, kv_dtype) if on_gpu else
-                 scratch_bytes(spec, ctx, prefill_chunk, kv_dtype, dequantizes_for_prefill(header, linear_mode))),
+                 scratch_bytes(spec, ctx, prefill_chunk, kv_dtype, dequantizes_for_prefill(header, linear_mode, ggml))),
         prefix_cache=0 if on_gpu else prefix_cache_bytes(spec, ctx, kv_dtype),
         runtime=GPU_RUNTIME if on_gpu else runtime_bytes(header),
         reserve=reserve_bytes or 0,

@@ -225,16 +225,16 @@ class WeightCache:
         self._read()
 
     @classmethod
-    def open(cls, gf: GGUFFile, device: str, linear_mode: str | None = None, progress: bool | None = None
-             ) -> "WeightCache | None":
+    def open(cls, gf: GGUFFile, device: str, linear_mode: str | None = None, progress: bool | None = None,
+             numerics: str = "default") -> "WeightCache | None":
         """The cache for this load, or None where it does not apply (TALLOW_WEIGHT_CACHE=0, a GPU,
-        the fp32 reference path).
+        the fp32 reference path, llama.cpp's numerics: numerics_choice.py).
         progress: show a bar on stderr while packing (None: see _progress_default)."""
         if not cache_enabled() or not str(device).startswith("cpu"):
             return None
         reference = linear_mode == "reference" or (linear_mode in (None, "auto") and switches.enabled("TALLOW_REFERENCE"))
-        if switches.value("TALLOW_NUMERICS") == "ggml":
-            return None  # GgmlLinear holds fp32 weights built at load, like the reference
+        if numerics == "ggml":
+            return None  # nothing to pack: the C kernel reads the file's map (GgmlLinear's fp32 weights for other types)
         if reference:  # fp32 weights are 4-8x the file (15 GiB for a 4B model) and quick to dequantize
             return None
         show = progress if progress is not None else _progress_default()

@@ -18,7 +18,7 @@ from ..errors import ModelFileError
 from ..families import family
 from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
-from ..numerics import ggml_enabled
+from ..numerics_choice import choose as choose_numerics, ggml_enabled, scope as numerics_scope
 from ..kernels.cpu.decode_layer import DecodeLayers
 from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, rms_norm, softcap_logits
@@ -53,7 +53,13 @@ class DecoderModel:
     fused_attention_inputs = True
 
     def __init__(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None = None, device: str | torch.device = "cpu",
-                 weight_cache=None):
+                 weight_cache=None, numerics: str | None = None):
+        """numerics: "ggml" or "default" (numerics_choice.py; None: chosen here for this file and device)."""
+        self.numerics = numerics or choose_numerics(gf, str(device), linear_mode)
+        with numerics_scope(self.numerics):  # the layers, tables and kernels built below read it
+            self._load(gf, spec, linear_mode, device, weight_cache)
+
+    def _load(self, gf: GGUFFile, spec: ModelSpec, linear_mode: str | None, device: str | torch.device, weight_cache) -> None:
         self.gf = gf
         self.spec = spec
         self.linear_mode = linear_mode
@@ -213,6 +219,10 @@ class DecoderModel:
         Returns the logits of the rows `step.logits` names ((1, vocab) for LAST, (n, vocab) for
         ALL, one row per index of a tensor), or the final-norm hidden states (n, dim) for None.
         Graph-safe when the step's start is a device tensor. Leaves `kv.tokens` to the caller."""
+        with numerics_scope(self.numerics):
+            return self._run(step, kv)
+
+    def _run(self, step: Step, kv: KVPool) -> torch.Tensor:
         step.backend = self.backends[step.phase, step.on_host]
         step.scratch.clear()
         if step.on_host:

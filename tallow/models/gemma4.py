@@ -28,9 +28,9 @@ from .step import FusedHeads, Step
 
 
 class Gemma4Model(DecoderModel):
-    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None, numerics=None):
         self.v_is_k: set[int] = set()  # layers whose V is their K projection (no attn_v)
-        super().__init__(gf, spec, linear_mode, device, weight_cache)
+        super().__init__(gf, spec, linear_mode, device, weight_cache, numerics)
         self.per_layer = None
         if spec.per_layer_input_dim:
             d, n_layers = spec.per_layer_input_dim, spec.n_layers

@@ -44,8 +44,8 @@ class MambaModel(DecoderModel):
 
     fused_attention_inputs = False
 
-    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
-        super().__init__(gf, spec, linear_mode, device, weight_cache)
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None, numerics=None):
+        super().__init__(gf, spec, linear_mode, device, weight_cache, numerics)
         self.ssm_ops = mixer_ops(self.device)  # torch on the CPU (or TALLOW_SSM_TRITON=0), else Triton
         # CPU decode: each layer's whole mixer in one C call (TALLOW_CPU_C_MIXER), built at its first
         # step: layer index -> c_ssm.MixerStep, or None where the layer's weights do not fit it

@@ -151,10 +151,10 @@ def gemma4_moe_ffn(w: LayerWeights, x: torch.Tensor, mlp: torch.Tensor, ops, eps
 
 
 class Qwen3MoeModel(Qwen3Model):
-    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None):
+    def __init__(self, gf, spec, linear_mode=None, device="cpu", weight_cache=None, numerics=None):
         if not spec.n_experts:
             raise ModelFileError(f"{gf.path}: a qwen3moe model needs {spec.architecture}.expert_count > 0.")
-        super().__init__(gf, spec, linear_mode, device, weight_cache)
+        super().__init__(gf, spec, linear_mode, device, weight_cache, numerics)
 
     def load_layer(self, i: int) -> LayerWeights:
         refuse_unapplied_scales(self, i)

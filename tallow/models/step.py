@@ -40,7 +40,8 @@ from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attenti
                       block_aligned_keys_enabled, c_attention_enabled, decode_attention, fast_paths_enabled)
 from ..memory.budget import attention_query_rows
 from ..memory.kv_pool import KVPool
-from ..numerics import ggml_attention, ggml_enabled
+from ..numerics import ggml_attention
+from ..numerics_choice import ggml_enabled
 
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 ALL, LAST = "all", "last"  # Step.logits: every row's, the last row's (a tensor: those rows; None: hidden states)

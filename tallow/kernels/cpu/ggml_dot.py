@@ -242,6 +242,9 @@ GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6
 # smollm2/gemma3 prefilled 0.7x as fast (docs/performance.md, session 14). Declared here, not only in C, so
 # that the weight cache's key (a digest of this file) changes with them.
 PREFILL_TYPES: frozenset[QT] = frozenset({QT.Q4_K, QT.Q6_K})
+# ggml_dot.c's TG_TILED_MIN_ROWS: in llama.cpp's numerics a product of this many rows or more takes the
+# K-quants' tiled order (each row's bits then the same for any such count), fewer vec_dot's.
+TILED_MIN_ROWS = 8
 
 
 def gemm_takes(qtype: QT) -> bool:
@@ -308,7 +311,7 @@ def products_of(layer) -> _Products:
     """The C plan of a layer's weights (`layer._weights()`, side by side), built at its first use and kept."""
     run = _products.get(layer)
     if run is None:
-        from ...numerics import ggml_enabled
+        from ...numerics_choice import ggml_enabled
 
         run = _products[layer] = _Products(layer._weights(), layer.in_features, row_invariant=not ggml_enabled())
     return run
@@ -341,7 +344,7 @@ class GgmlDotLinear(Linear):
         if tensor.qtype not in TYPES or not available():
             raise ValueError(f"{tensor.name}: the C kernel does not take {QT(tensor.qtype).name}")
         self.qtype = QT(tensor.qtype)
-        self.weight = _as_uint8_tensor(tensor.data)  # (N, row bytes): a view of the file map, no copy
+        self.weight = torch.from_numpy(tensor.private_view())  # (N, row bytes): the file's bytes, mapped, no copy
         self.fallback = [fallback] if fallback is not None else []  # a list: memory/weight_cache.py restores lists
 
     def _tensors(self) -> list[torch.Tensor]:

@@ -1,0 +1,104 @@
+"""Which arithmetic a model runs in: llama.cpp's ("ggml", numerics.py and the C kernels) or the
+torch paths' ("default").
+
+TALLOW_NUMERICS=ggml or =default forces one for every model. Unset (or =auto), a model gets
+llama.cpp's arithmetic wherever tallow computes it at full speed: on the CPU, with the C library
+built for this CPU (kernels/cpu/ggml_dot.c's products, ggml_ops.c's elementwise ops, decode_layer.c's
+step), a family whose decode step that C step computes in ggml's arithmetic (Family.ggml_step),
+every matrix in a type the C kernel takes, the automatic linear mode. Elsewhere (the GPU, other
+types and families, the fp32 reference) the default path.
+
+The choice belongs to the model (DecoderModel.numerics), made once before its weights are
+planned and loaded. Code running on a model's behalf asks `ggml_enabled()`, which answers for the
+model whose construction or forward pass is running (`scope`); outside one, only
+TALLOW_NUMERICS=ggml turns it on. This module imports nothing heavy until a CPU file is judged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+from . import switches
+from .errors import UsageError
+
+GGML, DEFAULT, AUTO = "ggml", "default", "auto"
+
+_in_force: contextvars.ContextVar[str | None] = contextvars.ContextVar("tallow_numerics", default=None)
+
+
+def requested() -> str:
+    """TALLOW_NUMERICS as asked: ggml, default or auto (unset). A UsageError for anything else."""
+    text = str(switches.value("TALLOW_NUMERICS") or AUTO).strip().lower()
+    if text not in (GGML, DEFAULT, AUTO):
+        raise UsageError(f"TALLOW_NUMERICS={text!r} is not one of ggml, default or auto.")
+    return text
+
+
+def choose(header, device: str = "cpu", linear_mode: str | None = None) -> str:
+    """The arithmetic for a model file (a GGUFFile or a scanned header) on `device`."""
+    asked = requested()
+    if asked != AUTO:
+        return asked
+    return DEFAULT if why_not_ggml(header, device, linear_mode) else GGML
+
+
+def why_not_ggml(header, device: str = "cpu", linear_mode: str | None = None) -> str | None:
+    """None where every part of this model's CPU forward pass has its ggml arithmetic in C (see the
+    module doc), else what stands in the way: such a model would run some of it as torch
+    emulations or over fp32 weights, many times slower."""
+    from .families import FAMILIES
+    from .families.tensors import TOKEN_EMBD, is_tied, model_roles
+
+    arch = str(header.get("general.architecture") or "")
+    if not str(device).startswith("cpu"):
+        return "on the GPU"
+    if linear_mode not in (None, "auto"):
+        return f"the linear mode {linear_mode!r}"
+    if arch not in FAMILIES or not FAMILIES[arch].ggml_step:
+        return f"no C step in llama.cpp's arithmetic for {arch}"
+    from .kernels.cpu import decode_layer, ggml_dot, ggml_ops  # (torch: the weights are about to load)
+
+    if not (ggml_dot.wanted() and ggml_dot.usable() and ggml_ops.usable() and decode_layer.usable()):
+        return "the C library is not built or not in use for this CPU"
+    tied, roles = is_tied(header.tensors), model_roles(header.tensors)
+    for t in header.tensors.values():
+        if len(t.shape) < 2 or t.n_rows <= 1 or (roles.get(t.name) == TOKEN_EMBD and not tied):
+            continue  # vectors; the embedding table, read a row at a time (exactly, any type)
+        if len(t.shape) > 2:
+            return "routed experts"
+        if t.qtype not in ggml_dot.TYPES:
+            return f"{t.qtype.name} weights ({t.name})"
+    return None
+
+
+def describe(header, device: str = "cpu", linear_mode: str | None = None) -> str:
+    """One line for `tallow inspect`: which arithmetic a load would choose, and why."""
+    mode, why = choose(header, device, linear_mode), why_not_ggml(header, device, linear_mode)
+    if mode == GGML:
+        return "llama.cpp's (its CPU arithmetic bit for bit" + (")" if why is None else f"; TALLOW_NUMERICS=ggml, slow here: {why})")
+    return "tallow's torch paths (" + ("TALLOW_NUMERICS=default)" if why is None else f"llama.cpp's is not run in C here: {why})")
+
+
+def in_force() -> str:
+    """The arithmetic of the model being built or run (`scope`); outside one, TALLOW_NUMERICS=ggml's
+    or the default."""
+    mode = _in_force.get()
+    if mode is not None:
+        return mode
+    return GGML if str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == GGML else DEFAULT
+
+
+def ggml_enabled() -> bool:
+    return in_force() == GGML
+
+
+@contextlib.contextmanager
+def scope(mode: str) -> Iterator[None]:
+    """Run the body in `mode`'s arithmetic (a model's construction and each of its forward passes)."""
+    token = _in_force.set(mode)
+    try:
+        yield
+    finally:
+        _in_force.reset(token)
