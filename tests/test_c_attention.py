@@ -52,9 +52,10 @@ def test_decode_attention_routes_f16_caches_to_c_unless_switched_off(monkeypatch
     assert torch.equal(decode_attention(q, k, v, 300, 0.125, window=256), want)  # torch's SDPA
 
 
-def test_speculation_stays_exact_with_it(tmp_path):
+def test_speculation_stays_exact_with_it(tmp_path, monkeypatch):
     """Verification asks the C attention query by query (models/step.EagerRowsAttention), so
     speculation keeps running: rows of a verification pass equal decode steps bit for bit."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     from gguf import GGMLQuantizationType as QT
     from tiny_models import write_tiny_model
 

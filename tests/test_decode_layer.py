@@ -107,6 +107,7 @@ def test_tiny_models_bit_identical(arch, qtype, chunk, tmp_path, monkeypatch):
     proportional RoPE, output scales; 31B-style: V is K on the global layers) models: 10 decode steps in one C
     call each give the composed path's logits bit for bit, and the K/V they write are the same bits. chunk 4:
     a pool with rings (the sliding layers hold 8 + 4 - 1 slots and wrap)."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     from tallow.memory.kv_pool import KVPool
     from tiny_models import write_tiny_model
 
@@ -198,6 +199,7 @@ def test_real_models_bit_identical(name, prompt, ctx, steps, monkeypatch):
     shared-KV layers, head sizes 256/512, rings): a prompt and `steps` greedy decode steps, then a verification of
     6 rows through engine.decode_rows, every logit and the K/V left in the pool the composed path's, every step
     in C."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     path = Path(name if "/" in name else os.path.expanduser(f"~/.cache/tallow/models/{name}.gguf"))
     if not path.exists():
         pytest.skip(f"{name} is not downloaded")

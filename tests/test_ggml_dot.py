@@ -309,6 +309,7 @@ def test_tiny_model_decode_through_the_kernel(qtype, tmp_path, monkeypatch):
 def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
     """TALLOW_CPU_GGML_DOT=1 with the weight cache: a warm load maps GgmlDotLinear (its bytes and the
     torch layer it wraps) and decodes the same logits as the cold load."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     import tallow
     from tallow import switches
     from tiny_models import write_tiny_model
@@ -377,6 +378,7 @@ def test_group_equals_its_parts(types, monkeypatch):
 def test_prefill_plan_keeps_short_chunks_off_the_c_rows(tmp_path, monkeypatch):
     """Without the dequantized prefill tiles, prefill chunks must be longer than the C kernel's rows
     (its Q/K/V and gate/up groups included), or a row's bits would depend on the chunk's length."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     from tallow.engine.prefill_plan import plan_for
     from tallow.gguf_file import GGUFFile
     from tallow.models import build_model

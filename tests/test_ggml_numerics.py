@@ -205,8 +205,8 @@ EXACT_TOKENS = 64
 
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_ggml_path_with_the_c_kernel_equals_llama_cpp(model, monkeypatch):
-    """TALLOW_NUMERICS=ggml with the C kernel (its default there): teacher-forced logits equal to
-    llama.cpp b11434's in the fixtures' configuration (repacking off), bit for bit, over 64 tokens of
+    """The CPU default for these files, llama.cpp's numerics with the C kernel (numerics_choice.py):
+    teacher-forced logits equal to llama.cpp b11434's in the fixtures' configuration (repacking off), bit for bit, over 64 tokens of
     the conformance text: every product in vec_dot's or, for 8+ prompt rows, the tiled K-quant order.
     (The fixtures of smollm2 and gemma3 come from that configuration; qwen2.5's does not, so it is
     checked against llama.cpp itself by scripts/numerics_conformance.py --live.)"""
@@ -218,9 +218,10 @@ def test_ggml_path_with_the_c_kernel_equals_llama_cpp(model, monkeypatch):
     if not ggml_dot.usable():
         pytest.skip(f"C kernel: {ggml_dot.status()}")
     path = require_model(model)
-    monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
+    monkeypatch.delenv("TALLOW_NUMERICS", raising=False)
     monkeypatch.delenv("TALLOW_CPU_GGML_DOT", raising=False)
     llm = tallow.LLM(path, ctx=256)
+    assert llm.model.numerics == "ggml"
     assert {p.kind for layer in llm.model.layers for p in [layer.attn_output, layer.ffn_down]} == {"ggml_dot"}
     tf = json.loads((Path(__file__).parent / "fixtures" / f"conformance_{model}.json").read_text())["teacher_forced"]
     ids = tf["ids"][:EXACT_TOKENS]

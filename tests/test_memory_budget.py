@@ -168,6 +168,7 @@ base = status('VmRSS')
 import tallow
 path, ctx, n_prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = tallow.LLM(path, ctx=ctx)
+llm.generate([500], max_tokens=1)  # a mapped weight is resident once a token has read it (llama.cpp's numerics)
 loaded = status('VmRSS')
 peak = None
 if n_prompt:
@@ -186,8 +187,8 @@ print(json.dumps({"base": base, "loaded": loaded, "peak": peak, "resident": p.re
 
 def _measure(name: str, ctx: int, n_prompt: int) -> None:
     path = require_model(name)
-    # The cold load: a warm one maps its packed weights (memory/weight_cache.py), which become
-    # resident only as the first token reads them, so RSS right after load would undercount them
+    # The cold load, then one token: a warm one maps its packed weights (memory/weight_cache.py), and
+    # llama.cpp's numerics map the file's, which become resident only as the first token reads them
     # (test_weight_cache checks that the plan counts the mapped bytes).
     r = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(ctx), str(n_prompt)], capture_output=True, text=True,
                        timeout=600, cwd=ROOT, env={**os.environ, "TALLOW_WEIGHT_CACHE": "0"})

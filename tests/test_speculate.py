@@ -100,6 +100,7 @@ def test_verification_logits_are_bit_identical_to_decode_steps(tmp_path, monkeyp
     """Rows of one (k+1)-token verification pass == k+1 decode steps, bit for bit, over the
     row-exact kernel kinds (int8g, Q6_K's, needs 256-wide rows: the real qwen2.5 test has it;
     gemma3's tiny window of 8 is crossed)."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths: this test's subject
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     engine, _ = _tiny_engine(tmp_path, arch, qtype)

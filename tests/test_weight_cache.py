@@ -31,6 +31,7 @@ def home(tmp_path, monkeypatch):
     for var in ("TALLOW_WEIGHT_CACHE", "TALLOW_WEIGHT_CACHE_BYTES", "TALLOW_INT4", "TALLOW_INT8", "TALLOW_INT4X2",
                 "TALLOW_FUSE", "TALLOW_OUTPUT_INT8G", "TALLOW_REFERENCE", "TALLOW_PROGRESS"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the cache holds the torch paths' layers (llama.cpp's map the file)
     return tmp_path / "home" / "packed"
 
 
