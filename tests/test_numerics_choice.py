@@ -119,3 +119,19 @@ def test_the_plan_counts_llamacpps_numerics_as_loaded(arch, tmp_path, monkeypatc
     assert llm.memory.weights == plan.weights
     monkeypatch.setenv("TALLOW_NUMERICS", "default")
     assert plan_memory(path, 64).weights > plan.weights  # the torch layers beside the C kernel's bytes
+
+
+@needs_c
+def test_weights_copied_into_memory_on_request_give_the_same_logits(tmp_path, monkeypatch):
+    """TALLOW_CPU_MAP_WEIGHTS=0: the C kernel's weights are a copy in memory, not the file's map; same bits."""
+    monkeypatch.delenv("TALLOW_NUMERICS", raising=False)
+    path = write_tiny_model("qwen2", tmp_path / "q80.gguf", qtype=QT.Q8_0)
+    got = []
+    for mapped in ("1", "0"):
+        monkeypatch.setenv("TALLOW_CPU_MAP_WEIGHTS", mapped)
+        llm = tallow.LLM(path, ctx=64)
+        layer = llm.model.layers[0].attn_output
+        assert layer.kind == "ggml_dot" and _mapped(layer.weight, llm.gguf) == (mapped == "1")
+        llm.engine.reset()
+        got.append(llm.model.forward(tiny_prompt(12), 0, llm.engine.kv, all_logits=True))
+    assert torch.equal(*got)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from ... import switches
 from ...gguf_file import TensorInfo
 from ...quant.reference import _as_uint8_tensor
 from .linear import Linear
@@ -97,8 +98,6 @@ def _load() -> ctypes.CDLL | None:
     lib.tg_set_row_pairs.argtypes = [i32]
     for f in (lib.tg_quantize, lib.tg_gemv_q, lib.tg_linear, lib.tg_linear_multi):
         f.restype = i32
-    from ... import switches
-
     lib.tg_set_row_pairs(int(switches.enabled("TALLOW_CPU_ROW_PAIRS")))
     _lib, _reason = lib, ""
     return lib
@@ -122,8 +121,6 @@ def bound(probe: str, declare) -> ctypes.CDLL | None:
 
 def wanted() -> bool:
     """TALLOW_CPU_GGML_DOT: on unless =0 (where the library is built: `usable`)."""
-    from ... import switches
-
     return switches.enabled("TALLOW_CPU_GGML_DOT")
 
 
@@ -258,8 +255,6 @@ def gemm_takes(qtype: QT) -> bool:
 def prefills(qtype: QT) -> bool:
     """Whether a layer of this type prefills in C with no torch copy behind it (TALLOW_CPU_GEMM and
     PREFILL_TYPES): make_linear builds it so and the memory plan counts its file bytes only."""
-    from ... import switches
-
     return switches.enabled("TALLOW_CPU_GEMM") and qtype in PREFILL_TYPES and gemm_takes(qtype)
 
 
@@ -344,7 +339,9 @@ class GgmlDotLinear(Linear):
         if tensor.qtype not in TYPES or not available():
             raise ValueError(f"{tensor.name}: the C kernel does not take {QT(tensor.qtype).name}")
         self.qtype = QT(tensor.qtype)
-        self.weight = torch.from_numpy(tensor.private_view())  # (N, row bytes): the file's bytes, mapped, no copy
+        # (N, row bytes): the file's bytes, mapped (TALLOW_CPU_MAP_WEIGHTS=0: copied into memory)
+        self.weight = torch.from_numpy(tensor.private_view() if switches.enabled("TALLOW_CPU_MAP_WEIGHTS") else
+                                       np.array(tensor.data, copy=True))
         self.fallback = [fallback] if fallback is not None else []  # a list: memory/weight_cache.py restores lists
 
     def _tensors(self) -> list[torch.Tensor]:
