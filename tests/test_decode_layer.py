@@ -233,11 +233,9 @@ def test_real_models_bit_identical(name, prompt, ctx, steps, monkeypatch):
 # ------------------------------------------------------------------ the C step in ggml's arithmetic (TALLOW_CPU_GGML_STEP)
 
 def _numerics(monkeypatch, ggml: bool) -> None:
-    """TALLOW_NUMERICS=ggml or the default: read at load (linears, RoPE tables, the C step) and per call (the ops)."""
-    if ggml:
-        monkeypatch.setenv("TALLOW_NUMERICS", "ggml")
-    else:
-        monkeypatch.delenv("TALLOW_NUMERICS", raising=False)
+    """TALLOW_NUMERICS=ggml or =default (the torch paths; unset, these tiny files would choose llama.cpp's numerics):
+    read at load (linears, RoPE tables, the C step) and, outside a model's own passes, per call (the ops)."""
+    monkeypatch.setenv("TALLOW_NUMERICS", "ggml" if ggml else "default")
     switches.refresh()
 
 
@@ -264,6 +262,7 @@ def test_ggml_step_is_ggml_numerics(arch, qtype, chunk, tmp_path, monkeypatch):
     from tiny_models import write_tiny_model
 
     path = write_tiny_model(arch, tmp_path / "m.gguf", qtype=qtype)
+    _numerics(monkeypatch, False)
     model, reference = _model(path)[0], _ggml_model(path, monkeypatch)
     assert model.c_decode is not None and model.c_decode.ggml_capable
     kv = KVPool(model.spec, 64, max_chunk=chunk) if chunk else KVPool(model.spec, 64, "f16")

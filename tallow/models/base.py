@@ -18,7 +18,7 @@ from ..errors import ModelFileError
 from ..families import family
 from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
-from ..numerics_choice import choose as choose_numerics, ggml_enabled, scope as numerics_scope
+from ..numerics_choice import GGML, choose as choose_numerics, scope as numerics_scope
 from ..kernels.cpu.decode_layer import DecodeLayers
 from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, rms_norm, softcap_logits
@@ -179,7 +179,7 @@ class DecoderModel:
         part runs on one row, and a product of one row sums in vec_dot's order, not the tiled order of
         8+ prompt rows (the first token after a prompt would differ in the last bits otherwise)."""
         if step.logits != LAST or x.shape[0] == 1 or w.index != len(self.layers) - 1 or self.device.type != "cpu" \
-                or not ggml_enabled():
+                or self.numerics != GGML:
             return x, attn_out
         return x[-1:], attn_out[-1:]
 

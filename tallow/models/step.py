@@ -41,7 +41,7 @@ from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attenti
 from ..memory.budget import attention_query_rows
 from ..memory.kv_pool import KVPool
 from ..numerics import ggml_attention
-from ..numerics_choice import ggml_enabled
+from ..numerics_choice import GGML
 
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 ALL, LAST = "all", "last"  # Step.logits: every row's, the last row's (a tensor: those rows; None: hidden states)
@@ -109,7 +109,7 @@ class Backend:
 class EagerAttention(Backend):
     def __init__(self, model):
         super().__init__(model)
-        self.ggml = ggml_enabled() and not model.place.on_gpu  # TALLOW_NUMERICS=ggml (read at load)
+        self.ggml = model.numerics == GGML and not model.place.on_gpu  # llama.cpp's numerics (numerics_choice.py)
 
     def attend(self, index: int, q: torch.Tensor, kv: KVPool, step: Step | None, start: int | None = None) -> torch.Tensor:
         """Attention of q (n, n_heads, head_dim) at positions start.. (default: step.start) over

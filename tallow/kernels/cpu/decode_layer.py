@@ -283,7 +283,7 @@ class DecodeLayers:
         from ...models.falcon_h1 import FalconH1Model
         from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
-        from ...numerics_choice import ggml_enabled
+        from ...numerics_choice import GGML
 
         if model.place.on_gpu or not ggml_dot.usable() or not usable():
             return None
@@ -292,7 +292,7 @@ class DecodeLayers:
         gemma3 = kind.block is Gemma3Model.block
         gemma4 = _is_gemma4(model)
         falcon = kind.block is FalconH1Model.block and kind.mixer is FalconH1Model.mixer
-        ggml = ggml_enabled()
+        ggml = model.numerics == GGML
         if not (llama or gemma3 or gemma4 or falcon) or (ggml and not (llama or gemma3)):
             return None  # (under TALLOW_NUMERICS=ggml: only the blocks the C step computes in ggml's arithmetic)
         if falcon:
