@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import switches
-from .numerics_choice import ggml_enabled
+from .numerics_mode import ggml_enabled
 from .numerics import ggml_rms_norm, ggml_rope_angles, ggml_rope_cos_sin, ggml_geglu, ggml_rope_rotate, ggml_swiglu
 
 

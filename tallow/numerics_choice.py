@@ -1,39 +1,17 @@
-"""Which arithmetic a model runs in: llama.cpp's ("ggml", numerics.py and the C kernels) or the
-torch paths' ("default").
+"""Which arithmetic a model runs in (numerics_mode.py): llama.cpp's or the torch paths'.
 
 TALLOW_NUMERICS=ggml or =default forces one for every model. Unset (or =auto), a model gets
 llama.cpp's arithmetic wherever tallow computes it at full speed: on the CPU, with the C library
 built for this CPU (kernels/cpu/ggml_dot.c's products, ggml_ops.c's elementwise ops, decode_layer.c's
 step), a family whose decode step that C step computes in ggml's arithmetic (Family.ggml_step),
 every matrix in a type the C kernel takes, the automatic linear mode. Elsewhere (the GPU, other
-types and families, the fp32 reference) the default path.
-
-The choice belongs to the model (DecoderModel.numerics), made once before its weights are
-planned and loaded. Code running on a model's behalf asks `ggml_enabled()`, which answers for the
-model whose construction or forward pass is running (`scope`); outside one, only
-TALLOW_NUMERICS=ggml turns it on. This module imports nothing heavy until a CPU file is judged.
+types and families, the fp32 reference) the torch paths. Chosen once per load, before the
+weights are planned and loaded; imports torch only when a CPU file is judged.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-
-from . import switches
-from .errors import UsageError
-
-GGML, DEFAULT, AUTO = "ggml", "default", "auto"
-
-_in_force: contextvars.ContextVar[str | None] = contextvars.ContextVar("tallow_numerics", default=None)
-
-
-def requested() -> str:
-    """TALLOW_NUMERICS as asked: ggml, default or auto (unset). A UsageError for anything else."""
-    text = str(switches.value("TALLOW_NUMERICS") or AUTO).strip().lower()
-    if text not in (GGML, DEFAULT, AUTO):
-        raise UsageError(f"TALLOW_NUMERICS={text!r} is not one of ggml, default or auto.")
-    return text
+from .numerics_mode import AUTO, DEFAULT, GGML, requested
 
 
 def choose(header, device: str = "cpu", linear_mode: str | None = None) -> str:
@@ -79,26 +57,3 @@ def describe(header, device: str = "cpu", linear_mode: str | None = None) -> str
     if mode == GGML:
         return "llama.cpp's (its CPU arithmetic bit for bit" + (")" if why is None else f"; TALLOW_NUMERICS=ggml, slow here: {why})")
     return "tallow's torch paths (" + ("TALLOW_NUMERICS=default)" if why is None else f"llama.cpp's is not run in C here: {why})")
-
-
-def in_force() -> str:
-    """The arithmetic of the model being built or run (`scope`); outside one, TALLOW_NUMERICS=ggml's
-    or the default."""
-    mode = _in_force.get()
-    if mode is not None:
-        return mode
-    return GGML if str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == GGML else DEFAULT
-
-
-def ggml_enabled() -> bool:
-    return in_force() == GGML
-
-
-@contextlib.contextmanager
-def scope(mode: str) -> Iterator[None]:
-    """Run the body in `mode`'s arithmetic (a model's construction and each of its forward passes)."""
-    token = _in_force.set(mode)
-    try:
-        yield
-    finally:
-        _in_force.reset(token)

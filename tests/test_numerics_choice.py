@@ -13,7 +13,8 @@ from tallow.families import FAMILIES, model_class
 from tallow.gguf_file import GGUFFile
 from tallow.kernels.cpu import decode_layer, ggml_dot, ggml_ops
 from tallow.memory.budget import plan_memory
-from tallow.numerics_choice import DEFAULT, GGML, choose, ggml_enabled, scope, why_not_ggml
+from tallow.numerics_choice import choose, why_not_ggml
+from tallow.numerics_mode import DEFAULT, GGML, ggml_enabled, scope
 
 from model_paths import require_model
 from tiny_models import tiny_prompt, write_tiny_model

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import switches
-from ..numerics_choice import GGML
+from ..numerics_mode import GGML
 from ..layers import block_aligned_keys_enabled as aligned_reuse_enabled  # one switch: TALLOW_ALIGNED_REUSE
 
 

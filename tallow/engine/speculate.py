@@ -82,7 +82,7 @@ from collections import deque
 import torch
 
 from .. import switches
-from ..numerics_choice import GGML
+from ..numerics_mode import GGML
 from .prefill_plan import model_linears
 
 K_MAX = 7  # drafts per verification pass (8 rows: two of the CPU kernels' 4-row blocks)

@@ -43,7 +43,8 @@ from .. import switches
 from ..errors import MemoryBudgetError, UsageError
 from ..families.tensors import OUTPUT, PER_LAYER_TOKEN_EMBD, TOKEN_EMBD, is_tied, model_roles
 from ..gguf_file import GGUFFile
-from ..numerics_choice import GGML, choose as choose_numerics
+from ..numerics_choice import choose as choose_numerics
+from ..numerics_mode import GGML
 from ..spec import ModelSpec, spec_from_gguf
 from .kv_format import kv_format, user_kv_format
 

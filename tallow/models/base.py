@@ -18,7 +18,8 @@ from ..errors import ModelFileError
 from ..families import family
 from ..families.tensors import OUTPUT, OUTPUT_NORM, TOKEN_EMBD
 from ..gguf_file import GGUFFile
-from ..numerics_choice import GGML, choose as choose_numerics, scope as numerics_scope
+from ..numerics_choice import choose as choose_numerics
+from ..numerics_mode import GGML, scope as numerics_scope
 from ..kernels.cpu.decode_layer import DecodeLayers
 from ..kernels.dispatch import Placement
 from ..layers import RotaryTables, rms_norm, softcap_logits

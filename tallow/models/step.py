@@ -41,7 +41,7 @@ from ..layers import (KEY_BLOCK, QUERY_BLOCK, RotaryTables, attend_keys, attenti
 from ..memory.budget import attention_query_rows
 from ..memory.kv_pool import KVPool
 from ..numerics import ggml_attention
-from ..numerics_choice import GGML
+from ..numerics_mode import GGML
 
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 ALL, LAST = "all", "last"  # Step.logits: every row's, the last row's (a tensor: those rows; None: hidden states)

@@ -125,7 +125,7 @@ def products(layer, bias_ok: bool = False):
         return None
     if len(layers) == 1:
         return ggml_dot.products_of(layers[0])  # the plan the layer's own calls use
-    from ...numerics_choice import ggml_enabled
+    from ...numerics_mode import ggml_enabled
 
     return ggml_dot._Products([wt for x in layers for wt in x._weights()], layers[0].in_features,
                               row_invariant=not ggml_enabled())

@@ -283,7 +283,7 @@ class DecodeLayers:
         from ...models.falcon_h1 import FalconH1Model
         from ...models.gemma3 import Gemma3Model
         from ...models.llama import LlamaModel
-        from ...numerics_choice import GGML
+        from ...numerics_mode import GGML
 
         if model.place.on_gpu or not ggml_dot.usable() or not usable():
             return None

@@ -306,7 +306,7 @@ def products_of(layer) -> _Products:
     """The C plan of a layer's weights (`layer._weights()`, side by side), built at its first use and kept."""
     run = _products.get(layer)
     if run is None:
-        from ...numerics_choice import ggml_enabled
+        from ...numerics_mode import ggml_enabled
 
         run = _products[layer] = _Products(layer._weights(), layer.in_features, row_invariant=not ggml_enabled())
     return run

@@ -46,7 +46,7 @@ from ...families.tensors import EXPERT, OUTPUT
 from ...gguf_file import TensorInfo
 from ...quant.pack import (_N_ALIGN, _PACK_ROWS, GROUP_SIZE, HAS_INT4_OPS, HAS_INT8_OPS, INT4_TYPES, INT4X2_TYPES,
                            INT8_TYPES, Int4Pack, _row_chunks, pack_int4, pack_int8)
-from ...numerics_choice import ggml_enabled
+from ...numerics_mode import ggml_enabled
 from ...quant.reference import SUPPORTED_TYPES, _as_uint8_tensor, dequantize
 from . import dequant_matmul
 
