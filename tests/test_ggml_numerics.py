@@ -402,6 +402,20 @@ def test_c_exp_handles_ggmls_edges(c_ops):
     _same_bits(torch.nan_to_num(ours), torch.nan_to_num(ref))
 
 
+def test_c_geglu_at_the_tables_edges(c_ops):
+    """GeGLU by ggml's table at its edges (the AVX2 code's eight-wide gather and F16C rounding, and its scalar
+    tail): exactly -10 and 10, next to them, f16 rounding ties and halfway values, subnormals, signed zeros,
+    values past f16's range, infinities."""
+    from tallow.numerics import ggml_geglu
+
+    tiny = torch.finfo(torch.float32).tiny
+    x = torch.tensor([-10.0, 10.0, -9.999999, 9.999999, -10.000001, 10.000001, 0.0, -0.0, tiny, -tiny, 1e-40, -1e-40,
+                      1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 2.0 ** -24, 2.0 ** -25, 5e-8, -6e-8, 0.5, -3.25, 7.0001,
+                      1e5, -1e5, 65520.0, float("inf"), float("-inf")] * 3 + [0.75])  # 79 values: a tail of 7
+    up = torch.linspace(-3, 3, x.numel())
+    _same_bits(c_ops.geglu(x[None], up[None]), ggml_geglu(x[None], up[None]))
+
+
 def test_c_ops_switch_picks_the_path(monkeypatch):
     """Under TALLOW_NUMERICS=ggml the layers call the C ops by default and the emulations with
     TALLOW_GGML_C_OPS=0; the same bits either way."""
