@@ -8,13 +8,13 @@ this writes with --write).
 What llama.cpp runs for a product in the configuration of the conformance fixtures and
 TALLOW_NUMERICS=ggml (scripts/numerics_reference.py's CONFIG: weight repacking off, so no
 CPU_REPACK buffer): every quantized weight stays in the file's layout and each row takes
-type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
+type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
 _q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
 calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
 Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
 mirror it.) Prompts: for 8 or more activation rows llama.cpp b11434 takes its tiled K-quant product
 (ggml-cpu/tiled) for Q4_K and Q6_K, another float order, which the C kernel follows for 8+ rows;
-Q5_0/Q8_0 prompts go to llamafile's tinyBLAS_Q0 (per-output order vec_dot's), Q4_1 stays on vec_dot.
+Q4_0/Q5_0/Q8_0 prompts go to llamafile's tinyBLAS_Q0 (per-output order vec_dot's), Q4_1 stays on vec_dot.
 The second check runs whole products of 2, 7, 8, 16 and 40 activation rows through ggml_mul_mat in a
 graph of libggml-cpu's own and compares them bit for bit; --write also records 8-row products
 (prompt_cases) for tests/test_ggml_dot.py.
@@ -130,7 +130,7 @@ def main() -> None:
     k = 1536
     fixture_cases, prompt_cases = [], []
     worst = 0
-    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K):
+    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q4_0):  # (Q4_0 last: the others keep their draws)
         raw = random_weight(qtype, rows, k, rng)
         traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
         vt = QT(traits.vec_dot_type)

@@ -26,6 +26,9 @@ needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_
 needs_c_layers = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
 
 
+_ROW_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34, QT.Q4_K: 144, QT.Q6_K: 210}  # per 32 or 256 values
+
+
 def _b64(s: str, dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=dtype)
 
@@ -48,13 +51,12 @@ def test_bit_identical_to_libggml(case, simd):
     xq = _b64(case["x_quantized"], np.uint8)
     assert (ggml_dot.quantize(x[None], qt).reshape(-1) == xq).all()  # ggml's from_float bytes
     w = _b64(case["weight"], np.uint8).reshape(-1, k // (256 if qt in (QT.Q4_K, QT.Q6_K) else 32) *
-                                               {QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34, QT.Q4_K: 144, QT.Q6_K: 210}[qt])
+                                               _ROW_BYTES[qt])
     ref = _b64(case["dots"], np.float32)
     ours = ggml_dot.gemv_quantized(w, qt, k, xq[None]).reshape(-1)
     assert (ours.view(np.uint32) == ref.view(np.uint32)).all()
 
 
-_ROW_BYTES = {QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34, QT.Q4_K: 144, QT.Q6_K: 210}
 
 
 @needs_c

@@ -18,8 +18,8 @@
  *   - for products of 8 or more activation rows (prompts), Q4_K and Q6_K in the order of llama.cpp's
  *     tiled K-quant product (ggml-cpu/tiled, which ggml_compute_forward_mul_mat takes first there):
  *     per super-block one integer dot, scaled by the weight's d (Q4_K: minus dmin times the mins' integer,
- *     fused), then acc = fma(that, dx, acc) block by block (see tiled_acc). Q4_1, Q5_0 and Q8_0 keep
- *     vec_dot's order at any row count (llamafile's tinyBLAS_Q0, which serves Q5_0/Q8_0 prompts, sums each
+ *     fused), then acc = fma(that, dx, acc) block by block (see tiled_acc). Q4_0, Q4_1, Q5_0 and Q8_0 keep
+ *     vec_dot's order at any row count (llamafile's tinyBLAS_Q0, which serves Q4_0/Q5_0/Q8_0 prompts, sums each
  *     output in that order).
  *   Integer sums are exact, so only the float steps above fix the result; the scalar code, the
  *   AVX-512 VNNI code and the AVX2 code below perform the same float operations in the same order and
@@ -50,7 +50,7 @@
 #endif
 
 /* ggml type ids (ggml.h's enum ggml_type) */
-enum { T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14, T_Q8_K = 15 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14, T_Q8_K = 15 };
 
 #define QK 32
 #define QKK 256
@@ -204,17 +204,21 @@ static inline int q5_0_value(const uint8_t *w, int i) {
     return (lo | (int)(((qh >> i) & 1) << 4)) - 16;
 }
 
-/* Q5_0 x Q8_0: 22-byte blocks d, qh[4], qs[16]; Q8_0 x Q8_0: 34-byte blocks d, qs[32] */
+static inline int q4_0_value(const uint8_t *w, int i) {
+    return (i < 16 ? (w[2 + i] & 15) : (w[2 + i - 16] >> 4)) - 8;
+}
+
+/* Q5_0 x Q8_0: 22-byte blocks d, qh[4], qs[16]; Q4_0: 18-byte blocks d, qs[16]; Q8_0 x Q8_0: 34-byte blocks d, qs[32] */
 static float dot_q5_0_q8_0_scalar(int type, const uint8_t *w, const uint8_t *x, int64_t nb) {
     float acc[8] = {0};
-    const int wb = type == T_Q5_0 ? 22 : 34;
+    const int wb = type == T_Q5_0 ? 22 : type == T_Q4_0 ? 18 : 34;
     for (int64_t b = 0; b < nb; b++, w += wb, x += Q8_0_BYTES) {
         const float d = rdh(w) * rdh(x);
         const int8_t *q8 = (const int8_t *)(x + 2);
         for (int l = 0; l < 8; l++) {
             int s = 0;
             for (int i = 4 * l; i < 4 * l + 4; i++)
-                s += (type == T_Q5_0 ? q5_0_value(w, i) : (int)(int8_t)w[2 + i]) * q8[i];
+                s += (type == T_Q5_0 ? q5_0_value(w, i) : type == T_Q4_0 ? q4_0_value(w, i) : (int)(int8_t)w[2 + i]) * q8[i];
             acc[l] = fmaf(d, (float)s, acc[l]);
         }
     }
@@ -389,6 +393,11 @@ TGT2 static inline __m256i q5_0_codes(const uint8_t *w) {
     return _mm256_or_si256(q4_1_codes(w + 6), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
 }
 
+/* a Q4_0 block's 32 values (-8..7) as int8 in value order */
+TGT2 static inline __m256i q4_0_codes(const uint8_t *w) {
+    return _mm256_sub_epi8(q4_1_codes(w + 2), _mm256_set1_epi8(8));
+}
+
 /* ---------------------------------------------------------------- AVX-512 VNNI row dots */
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
@@ -416,6 +425,16 @@ TGT static float dot_q5_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb)
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q5_0_codes(w), qy)), acc);
+    }
+    return hsum8_v(acc);
+}
+
+TGT static float dot_q4_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 18, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q4_0_codes(w), qy)), acc);
     }
     return hsum8_v(acc);
 }
@@ -715,6 +734,16 @@ TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     return hsum8_v(acc);
 }
 
+TGT2 static float dot_q4_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 18, x += Q8_0_BYTES) {
+        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
+        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(q4_0_codes(w), qy)), acc);
+    }
+    return hsum8_v(acc);
+}
+
 TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 34, x += Q8_0_BYTES) {
@@ -844,6 +873,7 @@ TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_
 
 typedef float (*row_dot_fn)(const uint8_t *, const uint8_t *, int64_t);
 
+static float dot_q4_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q4_0, w, x, nb); }
 static float dot_q5_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q5_0, w, x, nb); }
 static float dot_q8_0_s(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q5_0_q8_0_scalar(T_Q8_0, w, x, nb); }
 
@@ -870,6 +900,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
 #if TG_X86
     if (simd == SIMD_AVX512) {
         switch (type) {
+        case T_Q4_0: return dot_q4_0_avx512;
         case T_Q4_1: return dot_q4_1_avx512;
         case T_Q5_0: return dot_q5_0_avx512;
         case T_Q8_0: return dot_q8_0_avx512;
@@ -879,6 +910,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
     }
     if (simd == SIMD_AVX2) {
         switch (type) {
+        case T_Q4_0: return dot_q4_0_avx2;
         case T_Q4_1: return dot_q4_1_avx2;
         case T_Q5_0: return dot_q5_0_avx2;
         case T_Q8_0: return dot_q8_0_avx2;
@@ -888,6 +920,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
     }
 #endif
     switch (type) {
+    case T_Q4_0: return dot_q4_0_s;
     case T_Q4_1: return dot_q4_1_scalar;
     case T_Q5_0: return dot_q5_0_s;
     case T_Q8_0: return dot_q8_0_s;
@@ -980,7 +1013,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 7; }
+int tg_abi_version(void) { return 8; }
 
 /* the code in use: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 int tg_simd(void) {

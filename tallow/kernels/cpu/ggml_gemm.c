@@ -22,7 +22,7 @@
  * codes; Q6_K's are signed (code - 32), so its activations are offset to unsigned (x + 128) and the
  * offset's share, -128 * sum(scale * block's code sum), is each row's starting value.
  *
- * Q4_1, Q5_0 and Q8_0 (32-value blocks with one scale) keep vec_dot's order at every row count in llama.cpp
+ * Q4_0, Q4_1, Q5_0 and Q8_0 (32-value blocks with one scale) keep vec_dot's order at every row count in llama.cpp
  * (llamafile's tinyBLAS for Q5_0/Q8_0 sums each output in that order too), so here as well: per block, eight
  * float lanes acc[l] = fma(dw * dx, lane l, acc[l]), Q4_1's summs = fma(m, s, summs), ggml's horizontal sum
  * -- the decode rows' bits. AVX-512: two weight rows share a register (lanes 0-7 and 8-15), dpbusd gives each
@@ -40,7 +40,7 @@
 #include <omp.h>
 #endif
 
-enum { G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q6_K = 14 };
+enum { G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q6_K = 14 };
 #define QK 32
 #define QKK 256
 #define Q8K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
@@ -67,7 +67,7 @@ int tg_simd(void); /* ggml_dot.c: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 
 /* every type with AVX-512 VNNI or AVX2 */
 int tg_gemm_takes(int type) {
-    return g_gemm && tg_simd() >= 1 && (k_quant(type) || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0);
+    return g_gemm && tg_simd() >= 1 && (k_quant(type) || type == G_Q4_0 || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0);
 }
 
 /* One super-block of a 16-row panel. */
@@ -359,7 +359,7 @@ typedef struct {
     float pad[14];
 } act0_t;
 
-static int block_bytes(int type) { return type == G_Q4_1 ? 20 : type == G_Q5_0 ? 22 : 34; }
+static int block_bytes(int type) { return type == G_Q4_0 ? 18 : type == G_Q4_1 ? 20 : type == G_Q5_0 ? 22 : 34; }
 static int act_bytes0(int type) { return type == G_Q4_1 ? 36 : 34; }  /* Q8_1 or Q8_0 */
 static int act_codes0(int type) { return type == G_Q4_1 ? 4 : 2; }   /* where the 32 codes start */
 
@@ -372,6 +372,12 @@ TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, i
             v[16 + i] = q[4 + i] >> 4;
         }
         out->mw[c] = h2f(q + 2);
+    } else if (type == G_Q4_0) {
+        for (int i = 0; i < 16; i++) {
+            v[i] = q[2 + i] & 15;
+            v[16 + i] = q[2 + i] >> 4;
+        }
+        out->mw[c] = 0.0f;
     } else if (type == G_Q5_0) {
         uint32_t qh;
         memcpy(&qh, q + 2, 4);
@@ -386,7 +392,7 @@ TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, i
 }
 
 static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nb, act0_t *out, int signed8) {
-    const int off = type == G_Q4_1 ? 0 : type == G_Q5_0 ? 16 : signed8 ? 0 : 128, ab = act_bytes0(type), co = act_codes0(type);
+    const int off = type == G_Q4_1 ? 0 : type == G_Q4_0 ? 8 : type == G_Q5_0 ? 16 : signed8 ? 0 : 128, ab = act_bytes0(type), co = act_codes0(type);
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *x = xq + i * xq_stride + b * ab;
@@ -442,6 +448,9 @@ TGT static inline __attribute__((always_inline)) void tile0(const int type, cons
 
 TGT static void tile0_q4_1(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
     tile0(G_Q4_1, pan, nb, x, a, 36, y);
+}
+TGT static void tile0_q4_0(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
+    tile0(G_Q4_0, pan, nb, x, a, 34, y);
 }
 TGT static void tile0_q5_0(const panel0_t *pan, int64_t nb, const uint8_t *const x[TILE0], const act0_t *const a[TILE0], float y[TILE0][8]) {
     tile0(G_Q5_0, pan, nb, x, a, 34, y);
@@ -506,6 +515,10 @@ TGT2 static void tile0_2_q4_1(const panel0_t *pan, int h, int64_t nb, const uint
                               float y[TILE0_2][4]) {
     tile0_2(G_Q4_1, pan, h, nb, x, a, 36, y);
 }
+TGT2 static void tile0_2_q4_0(const panel0_t *pan, int h, int64_t nb, const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
+                              float y[TILE0_2][4]) {
+    tile0_2(G_Q4_0, pan, h, nb, x, a, 34, y);
+}
 TGT2 static void tile0_2_q5_0(const panel0_t *pan, int h, int64_t nb, const uint8_t *const x[TILE0_2], const act0_t *const a[TILE0_2],
                               float y[TILE0_2][4]) {
     tile0_2(G_Q5_0, pan, h, nb, x, a, 34, y);
@@ -515,7 +528,7 @@ TGT2 static void tile0_2_q8_0(const panel0_t *pan, int h, int64_t nb, const uint
     tile0_2(G_Q8_0, pan, h, nb, x, a, 34, y);
 }
 
-/* activation rows [m0, m) against weight rows [c0, c0 + 8) of a Q4_1/Q5_0/Q8_0 part, with the AVX-512 tile or
+/* activation rows [m0, m) against weight rows [c0, c0 + 8) of a Q4_0/Q4_1/Q5_0/Q8_0 part, with the AVX-512 tile or
  * (avx2) the AVX2 one over each 4-row half */
 TGT2 static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, int64_t m0, int64_t m, const act0_t *act,
                             panel0_t *pan, float *y, int64_t y_stride, int avx2) {
@@ -538,11 +551,13 @@ TGT2 static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, in
             for (int h = 0; h < 2 && 4 * h < nc; h++) {
                 float half[TILE0_2][4];
                 if (type == G_Q4_1) tile0_2_q4_1(pan, h, nb, x, a, half);
+                else if (type == G_Q4_0) tile0_2_q4_0(pan, h, nb, x, a, half);
                 else if (type == G_Q5_0) tile0_2_q5_0(pan, h, nb, x, a, half);
                 else tile0_2_q8_0(pan, h, nb, x, a, half);
                 for (int i = 0; i < TILE0_2; i++) memcpy(&out[i][4 * h], half[i], sizeof half[i]);
             }
         } else if (type == G_Q4_1) tile0_q4_1(pan, nb, x, a, out);
+        else if (type == G_Q4_0) tile0_q4_0(pan, nb, x, a, out);
         else if (type == G_Q5_0) tile0_q5_0(pan, nb, x, a, out);
         else tile0_q8_0(pan, nb, x, a, out);
         for (int i = 0; i < tile && i0 + i < m; i++) memcpy(y + (i0 + i) * y_stride + pt->col + c0, out[i], sizeof(float) * (size_t)nc);
