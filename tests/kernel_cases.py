@@ -537,12 +537,13 @@ def _experts_inputs(shape, dtype, g):
 
 
 def _experts(a, mode=None):
+    from tallow.families.tensors import EXPERT
     from tallow.kernels.cpu.linear import make_linear
     from tallow.kernels.cpu.moe import ExpertBank, expert_slice
 
-    n = a["n"]
-    return ExpertBank([make_linear(expert_slice(a["gate_up"], e, n), mode=mode) for e in range(n)],
-                      [make_linear(expert_slice(a["down"], e, n), mode=mode) for e in range(n)], a["scale"])
+    n = a["n"]  # (role EXPERT, as models/qwen3moe.py builds them: the torch kernels, never the C one)
+    return ExpertBank([make_linear(expert_slice(a["gate_up"], e, n), mode=mode, role=EXPERT) for e in range(n)],
+                      [make_linear(expert_slice(a["down"], e, n), mode=mode, role=EXPERT) for e in range(n)], a["scale"])
 
 
 def _glu(gu):

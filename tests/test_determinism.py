@@ -132,6 +132,7 @@ def test_old_reuse_switch_reuses_more(tmp_path, monkeypatch):
     """TALLOW_ALIGNED_REUSE=0: any common prefix is reused again (the faster, unstable reuse)."""
     from gguf import GGMLQuantizationType as QT
 
+    monkeypatch.setenv("TALLOW_NUMERICS", "default")  # the torch paths' 64-row chunks (llama.cpp's numerics: 8)
     gf = GGUFFile(write_tiny_model("llama", tmp_path / "llama.gguf", qtype=QT.Q4_0))
     engine = Engine(build_model(gf, spec_from_gguf(gf), device=DEVICE), n_ctx=256, prefill_chunk=128)
     prompt = list(range(40, 140))

@@ -55,11 +55,12 @@ def test_rings_read_by_shared_layers_give_the_full_layout_logits(gemma4):
     torch.testing.assert_close(_run(model, ring, IDS), full, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("kv_dtype, bound", [("int8", 3e-2), ("fp8", 1e-1)])
+@pytest.mark.parametrize("kv_dtype, bound", [("int8", 5e-2), ("fp8", 1e-1)])
 def test_quantized_kv_logits_stay_close_to_f16(gemma4, kv_dtype, bound):
     """int8/fp8 codes with per-position scales in both head sizes, rings wrapped. This tiny
     model is sensitive: f32 KV against f16 already moves its logits by 1.5% (measured; int8
-    2.2%, fp8 7.0%), so the bounds are tests/test_kv_ring.py's for gemma3 plus that 1%."""
+    2.2%, fp8 7.0%), so the bounds are tests/test_kv_ring.py's for gemma3 plus that 1%. Session 25: with its Q4_0
+    decode products in the C kernel (Q8-rounded activations, llama.cpp's arithmetic) int8 measured 4.0%: 5e-2."""
     spec, model, _ = gemma4
     ref = _run(model, KVPool(spec, 64, "f16", max_chunk=4), IDS)
     got = _run(model, KVPool(spec, 64, kv_dtype, max_chunk=4), IDS)

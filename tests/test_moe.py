@@ -156,6 +156,9 @@ def test_experts_read_only_the_chosen_experts(tmp_path, monkeypatch):
     assert called == expected and len(called) == spec.n_layers * MOE_USED
 
 
+NEAR_TIE = 0.15  # tests/test_conformance.py's: two llama.cpp builds agree up to such gaps
+
+
 @pytest.mark.parametrize("arch, qtype", [(a, q) for a in MOE_ARCHITECTURES for q in ("Q8_0", "Q4_0")]
                          + [("qwen3moe", "MXFP4"), ("qwen3moe", "NVFP4")])  # 4-bit float experts, Q8_0 elsewhere
 def test_quantized_greedy_through_the_api_matches_llama_server(tmp_path, arch, qtype):
@@ -178,7 +181,11 @@ def test_quantized_greedy_through_the_api_matches_llama_server(tmp_path, arch, q
     ours = llm.generate(ref["ids"], max_tokens=len(expected), temperature=0).tokens
     if expected[-1] in llm.tokenizer.eog_ids:
         expected = expected[:-1]  # our tokens exclude the end-of-generation token
-    assert ours == expected, f"ours {ours}, llama.cpp {expected}, its gaps {gaps}"
+    # Identical up to llama.cpp's own first near-tie (tests/test_conformance.py's rule and bound): the Q4_0 files'
+    # dense products run in llama.cpp's arithmetic (the C kernel), the experts in the torch kernels.
+    n = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), min(len(ours), len(expected)))
+    tie = next((i for i, g in enumerate(gaps) if g is not None and g < NEAR_TIE), len(gaps))
+    assert (n == len(expected) == len(ours)) or n >= tie, f"ours {ours}, llama.cpp {expected}, its gaps {gaps}"
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
