@@ -4,12 +4,14 @@ TALLOW_NUMERICS=ggml or =default forces one for every model. Unset (or =auto), a
 llama.cpp's arithmetic wherever tallow computes it at full speed: on the CPU, with the C library
 built for this CPU (kernels/cpu/ggml_dot.c's products, ggml_ops.c's elementwise ops, decode_layer.c's
 step), a family whose decode step that C step computes in ggml's arithmetic (Family.ggml_step),
-every matrix in a type the C kernel takes, the automatic linear mode. Elsewhere (the GPU, other
+every matrix in a type the C kernel takes (Q4_0 aside: its prompts are slower there), the automatic linear mode. Elsewhere (the GPU, other
 types and families, the fp32 reference) the torch paths. Chosen once per load, before the
 weights are planned and loaded; imports torch only when a CPU file is judged.
 """
 
 from __future__ import annotations
+
+from gguf import GGMLQuantizationType as QT
 
 from .numerics_mode import AUTO, DEFAULT, GGML, requested
 
@@ -48,6 +50,8 @@ def why_not_ggml(header, device: str = "cpu", linear_mode: str | None = None) ->
             return "routed experts"
         if t.qtype not in ggml_dot.TYPES:
             return f"{t.qtype.name} weights ({t.name})"
+        if t.qtype == QT.Q4_0:  # its prompt products in llama.cpp's order: 1.22-1.65x the torch paths' time (session 25)
+            return f"Q4_0 weights ({t.name}: llama.cpp's numerics prefill them slower; TALLOW_NUMERICS=ggml asks for them)"
     return None
 
 

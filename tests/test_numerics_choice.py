@@ -44,6 +44,8 @@ def test_what_keeps_a_model_on_the_torch_paths(tmp_path, monkeypatch):
     assert choose(f32) == DEFAULT and "F32 weights" in why_not_ggml(f32)
     q51 = GGUFFile(write_tiny_model("llama", tmp_path / "q51.gguf", qtype=QT.Q5_1))
     assert choose(q51) == DEFAULT and "Q5_1 weights" in why_not_ggml(q51)
+    q40 = GGUFFile(write_tiny_model("llama", tmp_path / "q40.gguf", qtype=QT.Q4_0))  # in C, its prompts slower
+    assert choose(q40) == DEFAULT and "Q4_0 weights" in why_not_ggml(q40)
     gemma4 = GGUFFile(write_tiny_model("gemma4", tmp_path / "g4.gguf", qtype=QT.Q8_0))
     assert choose(gemma4) == DEFAULT and "gemma4" in why_not_ggml(gemma4)
     q80 = GGUFFile(write_tiny_model("llama", tmp_path / "q80.gguf", qtype=QT.Q8_0))
