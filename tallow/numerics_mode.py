@@ -34,7 +34,7 @@ def in_force() -> str:
     mode = _in_force.get()
     if mode is not None:
         return mode
-    return GGML if str(switches.value("TALLOW_NUMERICS") or "").strip().lower() == GGML else DEFAULT
+    return GGML if requested() == GGML else DEFAULT
 
 
 def ggml_enabled() -> bool:

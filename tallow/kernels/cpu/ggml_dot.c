@@ -204,6 +204,8 @@ static inline int q5_0_value(const uint8_t *w, int i) {
     return (lo | (int)(((qh >> i) & 1) << 4)) - 16;
 }
 
+static inline int q_0_bytes(int type) { return type == T_Q4_0 ? 18 : type == T_Q5_0 ? 22 : 34; }
+
 static inline int q4_0_value(const uint8_t *w, int i) {
     return (i < 16 ? (w[2 + i] & 15) : (w[2 + i - 16] >> 4)) - 8;
 }
@@ -211,7 +213,7 @@ static inline int q4_0_value(const uint8_t *w, int i) {
 /* Q5_0 x Q8_0: 22-byte blocks d, qh[4], qs[16]; Q4_0: 18-byte blocks d, qs[16]; Q8_0 x Q8_0: 34-byte blocks d, qs[32] */
 static float dot_q5_0_q8_0_scalar(int type, const uint8_t *w, const uint8_t *x, int64_t nb) {
     float acc[8] = {0};
-    const int wb = type == T_Q5_0 ? 22 : type == T_Q4_0 ? 18 : 34;
+    const int wb = q_0_bytes(type);
     for (int64_t b = 0; b < nb; b++, w += wb, x += Q8_0_BYTES) {
         const float d = rdh(w) * rdh(x);
         const int8_t *q8 = (const int8_t *)(x + 2);
@@ -398,6 +400,12 @@ TGT2 static inline __m256i q4_0_codes(const uint8_t *w) {
     return _mm256_sub_epi8(q4_1_codes(w + 2), _mm256_set1_epi8(8));
 }
 
+/* Q4_0, Q5_0 and Q8_0 blocks (one d per 32 values, against Q8_0): their codes as int8 in value order, and
+ * their bytes; `type` is a constant wherever these are inlined */
+TGT2 static inline __m256i q_0_codes(const int type, const uint8_t *w) {
+    return type == T_Q4_0 ? q4_0_codes(w) : type == T_Q5_0 ? q5_0_codes(w) : _mm256_loadu_si256((const __m256i *)(w + 2));
+}
+
 /* ---------------------------------------------------------------- AVX-512 VNNI row dots */
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
@@ -419,36 +427,23 @@ TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb)
     return hsum8_v(acc) + summs;
 }
 
-TGT static float dot_q5_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+/* Q4_0/Q5_0/Q8_0 x Q8_0: ggml's per-block d = dw * dx, then fma over eight lanes of 4-value integer sums */
+TGT static inline __attribute__((always_inline)) float dot_q_0_avx512(const int type, const uint8_t *w, const uint8_t *x,
+                                                                      int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += q_0_bytes(type), x += Q8_0_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q5_0_codes(w), qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q_0_codes(type, w), qy)), acc);
     }
     return hsum8_v(acc);
 }
+TGT static float dot_q4_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx512(T_Q4_0, w, x, nb); }
+TGT static float dot_q5_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx512(T_Q5_0, w, x, nb); }
+TGT static float dot_q8_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx512(T_Q8_0, w, x, nb); }
 
-TGT static float dot_q4_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 18, x += Q8_0_BYTES) {
-        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(q4_0_codes(w), qy)), acc);
-    }
-    return hsum8_v(acc);
-}
 
-TGT static float dot_q8_0_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 34, x += Q8_0_BYTES) {
-        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        __m256i qx = _mm256_loadu_si256((const __m256i *)(w + 2));
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_lanes(qx, qy)), acc);
-    }
-    return hsum8_v(acc);
-}
+
 
 /* Q6_K's eight integer lanes of one super-block (q6_k_lanes_scalar's) */
 TGT static inline __attribute__((always_inline)) __m256i q6_k_lanes_avx512(const uint8_t *w, const uint8_t *x) {
@@ -724,36 +719,23 @@ TGT2 static void dot2_q4_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint
     *y1 = hsum8_v(acc1) + summs1;
 }
 
-TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+/* Q4_0/Q5_0/Q8_0 x Q8_0: ggml's per-block d = dw * dx, then fma over eight lanes of 4-value integer sums */
+TGT2 static inline __attribute__((always_inline)) float dot_q_0_avx2(const int type, const uint8_t *w, const uint8_t *x,
+                                                                     int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 22, x += Q8_0_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += q_0_bytes(type), x += Q8_0_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(q5_0_codes(w), qy)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(q_0_codes(type, w), qy)), acc);
     }
     return hsum8_v(acc);
 }
+TGT2 static float dot_q4_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx2(T_Q4_0, w, x, nb); }
+TGT2 static float dot_q5_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx2(T_Q5_0, w, x, nb); }
+TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_0_avx2(T_Q8_0, w, x, nb); }
 
-TGT2 static float dot_q4_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 18, x += Q8_0_BYTES) {
-        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(q4_0_codes(w), qy)), acc);
-    }
-    return hsum8_v(acc);
-}
 
-TGT2 static float dot_q8_0_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 34, x += Q8_0_BYTES) {
-        const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
-        __m256i qx = _mm256_loadu_si256((const __m256i *)(w + 2));
-        __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(dot_i8_avx2(qx, qy)), acc);
-    }
-    return hsum8_v(acc);
-}
+
 
 /* Q6_K's eight integer lanes of one super-block (q6_k_lanes_scalar's): per 32-value chunk the 4-byte sums,
  * each int16 pair times its 16-value scale (madd), summed over the chunks */
