@@ -9,7 +9,7 @@ What llama.cpp runs for a product in the configuration of the conformance fixtur
 TALLOW_NUMERICS=ggml (scripts/numerics_reference.py's CONFIG: weight repacking off, so no
 CPU_REPACK buffer): every quantized weight stays in the file's layout and each row takes
 type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
-_q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
+_q5_K_q8_K, _q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
 calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
 Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
 mirror it.) Prompts: for 8 or more activation rows llama.cpp b11434 takes its tiled K-quant product
@@ -43,7 +43,7 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ggml_
 
 
 def random_weight(qtype: QT, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    if qtype in (QT.Q4_K, QT.Q6_K):  # random codes and scales, sane fp16 super-block scales
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):  # random codes and scales, sane fp16 super-block scales
         bb = GGML_QUANT_SIZES[qtype][1]
         raw = rng.integers(0, 256, size=(n, k // 256, bb), dtype=np.uint8)
         half = lambda: (rng.uniform(0.2, 2.0, size=(n, k // 256)) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, k // 256, 2)
@@ -130,7 +130,7 @@ def main() -> None:
     k = 1536
     fixture_cases, prompt_cases = [], []
     worst = 0
-    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q4_0):  # (Q4_0 last: the others keep their draws)
+    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q4_0, QT.Q5_K):  # (the later ones last: the others keep their draws)
         raw = random_weight(qtype, rows, k, rng)
         traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
         vt = QT(traits.vec_dot_type)

@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--no-teacher", action="store_true")
     ap.add_argument("--prompt", default=None, help="only cases whose prompt starts with this")
     ap.add_argument("--live", action="store_true", help="compare with llama.cpp run here, not the fixture")
+    ap.add_argument("--file", default=None, help="--live: another GGUF of the model (say a requantized Q5_K_M) on the fixture's prompts")
     ap.add_argument("--steps", action="store_true",
                     help="teacher-force through the decode step, one token at a time (not prefill in chunks of 256)")
     ap.add_argument("--ref-ubatch", type=int, default=None,
@@ -61,7 +62,10 @@ def main() -> None:
 
     fixture = json.loads((ROOT / "tests" / "fixtures" / f"conformance_{args.model}.json").read_text())
     t0 = time.time()
-    llm = tallow.LLM(require_model(args.model), ctx=1024)
+    if args.file and not args.live:
+        sys.exit("--file needs --live: the fixture's logits are the fixture file's")
+    path = args.file or require_model(args.model)
+    llm = tallow.LLM(path, ctx=1024)
     print(f"{args.model}: loaded in {time.time() - t0:.1f} s", flush=True)
     ref = None
     if args.live:
@@ -70,7 +74,7 @@ def main() -> None:
 
         if args.ref_ubatch:
             CONFIG["n_ubatch"] = args.ref_ubatch
-        ref = Reference(require_model(args.model))
+        ref = Reference(path)
     if not args.no_teacher:
         tf = fixture["teacher_forced"]
         ids = tf["ids"]

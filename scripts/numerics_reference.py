@@ -43,10 +43,13 @@ def _load_libraries():
                              "../shared/llama.cpp/llama-b11434-cpu.tar.xz -C " + str(LLAMA_DIR))
         ctypes.CDLL(str(LLAMA_DIR / name), mode=ctypes.RTLD_GLOBAL)
     # The bindings look for lib<name>.so (no version suffix) in LLAMA_CPP_LIB_PATH.
-    links = Path(os.environ.get("TMPDIR", "/tmp")) / "llama-b11434-links"
+    # (One links folder per LLAMA_DIR: links kept from another build would load its libllama beside these.)
+    links = Path(os.environ.get("TMPDIR", "/tmp")) / ("llama-b11434-links-" + str(LLAMA_DIR.resolve()).strip("/").replace("/", "_"))
     links.mkdir(exist_ok=True)
     for lib in LLAMA_DIR.glob("lib*.so.0"):
         link = links / lib.name[: -len(".0")]
+        if link.is_symlink() and link.resolve() != lib.resolve():
+            link.unlink()
         if not link.exists():
             link.symlink_to(lib)
     os.environ["LLAMA_CPP_LIB_PATH"] = str(links)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from tallow.gguf_file import TensorInfo
@@ -26,7 +27,9 @@ needs_c = pytest.mark.skipif(not ggml_dot.available(), reason=f"C kernel: {ggml_
 needs_c_layers = pytest.mark.skipif(not ggml_dot.usable(), reason=f"C kernel in the layers: {ggml_dot.status()}")
 
 
-_ROW_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34, QT.Q4_K: 144, QT.Q6_K: 210}  # per 32 or 256 values
+def _row_bytes(qt: QT, k: int) -> int:
+    block, nbytes = GGML_QUANT_SIZES[qt]
+    return k // block * nbytes
 
 
 def _b64(s: str, dtype) -> np.ndarray:
@@ -50,8 +53,7 @@ def test_bit_identical_to_libggml(case, simd):
     x = _b64(case["x"], np.float32)
     xq = _b64(case["x_quantized"], np.uint8)
     assert (ggml_dot.quantize(x[None], qt).reshape(-1) == xq).all()  # ggml's from_float bytes
-    w = _b64(case["weight"], np.uint8).reshape(-1, k // (256 if qt in (QT.Q4_K, QT.Q6_K) else 32) *
-                                               _ROW_BYTES[qt])
+    w = _b64(case["weight"], np.uint8).reshape(-1, _row_bytes(qt, k))
     ref = _b64(case["dots"], np.float32)
     ours = ggml_dot.gemv_quantized(w, qt, k, xq[None]).reshape(-1)
     assert (ours.view(np.uint32) == ref.view(np.uint32)).all()
@@ -62,18 +64,17 @@ def test_bit_identical_to_libggml(case, simd):
 @needs_c
 @pytest.mark.parametrize("case", json.loads(FIXTURE.read_text())["prompt_cases"], ids=lambda c: c["weight_type"])
 def test_prompt_products_bit_identical_to_ggml_mul_mat(case, simd):
-    """Products of 8 activation rows, as libggml-cpu's ggml_mul_mat computed them in a graph: for Q4_K and
-    Q6_K that is llama.cpp's tiled K-quant product (another float order than vec_dot's), for Q5_0/Q8_0
+    """Products of 8 activation rows, as libggml-cpu's ggml_mul_mat computed them in a graph: for Q4_K, Q5_K
+    and Q6_K that is llama.cpp's tiled K-quant product (another float order than vec_dot's), for Q5_0/Q8_0
     llamafile's tinyBLAS; fewer rows than that stay in vec_dot's order."""
     qt, k, m = QT[case["weight_type"]], case["K"], case["rows"]
-    block = 256 if qt in (QT.Q4_K, QT.Q6_K) else 32
-    w = _b64(case["weight"], np.uint8).reshape(-1, k // block * _ROW_BYTES[qt])
+    w = _b64(case["weight"], np.uint8).reshape(-1, _row_bytes(qt, k))
     xq = _b64(case["x_quantized"], np.uint8).reshape(m, -1)
     ref = _b64(case["products"], np.float32).reshape(m, -1)
     ours = ggml_dot.gemv_quantized(w, qt, k, xq)
     assert (ours.view(np.uint32) == ref.view(np.uint32)).all()
     one_by_one = np.concatenate([ggml_dot.gemv_quantized(w, qt, k, xq[i : i + 1]) for i in range(m)])
-    if qt in (QT.Q4_K, QT.Q6_K):  # the fixture does tell the two orders apart
+    if qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):  # the fixture does tell the two orders apart
         assert (one_by_one.view(np.uint32) != ref.view(np.uint32)).any()
     else:
         assert (one_by_one.view(np.uint32) == ref.view(np.uint32)).all()
@@ -332,7 +333,7 @@ def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
 
 @needs_c_layers
 @pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q5_0, QT.Q8_0), (QT.Q4_1, QT.Q4_1),
-                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K)], ids=lambda t: "+".join(q.name for q in t))
+                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K), (QT.Q5_K, QT.Q5_K, QT.Q6_K)], ids=lambda t: "+".join(q.name for q in t))
 def test_group_equals_its_parts(types, monkeypatch):
     """GgmlDotGroup (FusedLinear of C layers: one call, the input quantized once per activation type,
     one parallel region over all rows, the four-row code) gives each part's bits exactly as the part

@@ -1,4 +1,4 @@
-"""The prefill product (tallow/kernels/cpu/ggml_gemm.c): Q4_K and Q6_K products of many activation rows in
+"""The prefill product (tallow/kernels/cpu/ggml_gemm.c): Q4_K, Q5_K and Q6_K products of many activation rows in
 llama.cpp's tiled prompt order (Q4_1/Q5_0/Q8_0 in vec_dot's), bit for bit the row functions that compute that order one output at a time
 (themselves checked against libggml-cpu's ggml_mul_mat in test_ggml_dot.py, whose 8-row fixture now runs
 through this product), so a row's bits do not depend on the rows beside it; decode and verification rows
@@ -26,7 +26,7 @@ def level(request):
         pytest.skip(f"this CPU runs {ggml_dot.status()}")
     yield request.param
     ggml_dot.set_simd(True)
-GEMM_TYPES = (QT.Q4_K, QT.Q6_K)
+GEMM_TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 VEC_DOT_TYPES = (QT.Q4_1, QT.Q5_0, QT.Q8_0)  # vec_dot's order at every row count
 
 
@@ -67,9 +67,9 @@ def test_extreme_codes_and_scales_stay_exact(level):
     for qt in GEMM_TYPES:
         raw = random_rows(qt, n, k, seed=7).copy()
         blocks = raw.reshape(n, k // 256, -1)
-        if qt == QT.Q4_K:
+        if qt in (QT.Q4_K, QT.Q5_K):
             blocks[:, :, 4:16] = 0xFF  # scales and mins 63
-            blocks[:, :, 16:] = 0xFF  # codes 15
+            blocks[:, :, 16:] = 0xFF  # codes 15 (Q5_K: 31)
         else:
             blocks[:, :, :192] = 0xFF  # codes 63
             blocks[:, :, 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)  # scales -128, 127

@@ -15,7 +15,7 @@
  *     more lanes, accm[u] = fma(-dmin, mins 2u..2u+1 times their activation sums, accm[u]), added last as
  *     ((m0+m2)+(m1+m3)). (With repacking on, llama.cpp's AVX2 default, Q4_K goes through the repacked
  *     ggml_gemv_q4_K_8x8_q8_K instead, another float order: not this one.)
- *   - for products of 8 or more activation rows (prompts), Q4_K and Q6_K in the order of llama.cpp's
+ *   - for products of 8 or more activation rows (prompts), Q4_K, Q5_K and Q6_K in the order of llama.cpp's
  *     tiled K-quant product (ggml-cpu/tiled, which ggml_compute_forward_mul_mat takes first there):
  *     per super-block one integer dot, scaled by the weight's d (Q4_K: minus dmin times the mins' integer,
  *     fused), then acc = fma(that, dx, acc) block by block (see tiled_acc). Q4_0, Q4_1, Q5_0 and Q8_0 keep
@@ -50,7 +50,7 @@
 #endif
 
 /* ggml type ids (ggml.h's enum ggml_type) */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14, T_Q8_K = 15 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15 };
 
 #define QK 32
 #define QKK 256
@@ -302,20 +302,21 @@ static inline void q4_k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
 /* Q4_K's integer lanes of one super-block as vec_dot holds them: lane l (of 8) the scaled sums of values
  * 4l..4l+3 of each of the eight 32-value groups; mins lane u (of 4) mins 2u, 2u+1 times their 32-value
  * activation sums */
-static inline void q4_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t lanes[8], int32_t mins[4]) {
+static inline void qk_lanes_scalar(const uint8_t *w, const uint8_t *qh, const uint8_t *qs, const uint8_t *x, int32_t lanes[8],
+                                   int32_t mins[4]) {
     uint8_t sc[8], mn[8];
     q4_k_scales(w + 4, sc, mn);
     const int8_t *q8 = (const int8_t *)(x + 4);
     int16_t bs[16];
     memcpy(bs, x + 4 + QKK, sizeof bs);
-    const uint8_t *qs = w + 16;
     for (int l = 0; l < 8; l++) {
         int s = 0;
         for (int j = 0; j < 4; j++) {
             int s0 = 0, s1 = 0;
             for (int i = 4 * l; i < 4 * l + 4; i++) {
-                s0 += (qs[32 * j + i] & 15) * q8[64 * j + i];
-                s1 += (qs[32 * j + i] >> 4) * q8[64 * j + 32 + i];
+                const int h0 = qh ? ((qh[i] >> (2 * j)) & 1) << 4 : 0, h1 = qh ? ((qh[i] >> (2 * j + 1)) & 1) << 4 : 0;
+                s0 += ((qs[32 * j + i] & 15) | h0) * q8[64 * j + i];
+                s1 += ((qs[32 * j + i] >> 4) | h1) * q8[64 * j + 32 + i];
             }
             s += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
         }
@@ -323,6 +324,16 @@ static inline void q4_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t
     }
     for (int u = 0; u < 4; u++)
         mins[u] = mn[2 * u] * (bs[4 * u] + bs[4 * u + 1]) + mn[2 * u + 1] * (bs[4 * u + 2] + bs[4 * u + 3]);
+}
+
+static inline void q4_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t lanes[8], int32_t mins[4]) {
+    qk_lanes_scalar(w, 0, w + 16, x, lanes, mins);
+}
+
+/* Q5_K: 176-byte blocks d, dmin, scales[12], qh[32], qs[128]: Q4_K's codes with a fifth bit, bit 2j (low
+ * nibbles) or 2j+1 (high nibbles) of qh[i] for value i of each 32 in the j-th 64-value chunk */
+static inline void q5_k_lanes_scalar(const uint8_t *w, const uint8_t *x, int32_t lanes[8], int32_t mins[4]) {
+    qk_lanes_scalar(w, w + 16, w + 48, x, lanes, mins);
 }
 
 /* ggml_vec_dot_q4_K_q8_K (AVX2 form): acc[l] = fma(d, lane l, acc[l]) per super-block,
@@ -348,6 +359,38 @@ static float dot_q4_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t n
         memcpy(&dx, x, 4);
         int32_t lanes[8], mins[4], s = 0, m = 0;
         q4_k_lanes_scalar(w, x, lanes, mins);
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        for (int u = 0; u < 4; u++) m += mins[u];
+        acc = tiled_acc(fmaf(-rdh(w + 2), (float)m, (float)s * rdh(w)), dx, acc);
+    }
+    return acc;
+}
+
+/* ggml_vec_dot_q5_K_q8_K (AVX2 form, which llama.cpp also runs on AVX-512 machines): acc[l] = fma(d, lane l,
+ * acc[l]) per super-block as Q4_K, but the mins in one float, summs = fma(-dx * dmin, the whole mins integer,
+ * summs) (GCC contracts ggml's `summs += dmin * m`); then hsum8(acc) + summs. */
+static float dot_q5_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc[8] = {0}, summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        const float d = dx * rdh(w), dmin = -dx * rdh(w + 2);
+        int32_t lanes[8], mins[4];
+        q5_k_lanes_scalar(w, x, lanes, mins);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lanes[l], acc[l]);
+        summs = fmaf(dmin, (float)(mins[0] + mins[1] + mins[2] + mins[3]), summs);
+    }
+    return hsum8(acc) + summs;
+}
+
+/* the tiled product's order (Q5_K's is Q4_K's: ggml-cpu/tiled unpacks both to bytes) */
+static float dot_q5_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        int32_t lanes[8], mins[4], s = 0, m = 0;
+        q5_k_lanes_scalar(w, x, lanes, mins);
         for (int l = 0; l < 8; l++) s += lanes[l];
         for (int u = 0; u < 4; u++) m += mins[u];
         acc = tiled_acc(fmaf(-rdh(w + 2), (float)m, (float)s * rdh(w)), dx, acc);
@@ -795,8 +838,11 @@ TGT2 static float dot_q6_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_
 
 /* Q4_K's integer lanes of one super-block (q4_k_lanes_scalar's) over the plain Q8_K layout; *mins gets
  * the four mins lanes */
-TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const uint8_t *w, const uint8_t *x, __m128i *mins) {
+TGT2 static inline __attribute__((always_inline)) __m256i qk_lanes_avx2(const int type, const uint8_t *w, const uint8_t *x,
+                                                                        __m128i *mins) {
     const __m256i m4 = _mm256_set1_epi8(15);
+    const int qs = type == T_Q5_K ? 48 : 16;
+    const __m256i hbits = type == T_Q5_K ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     uint32_t u[4];
     q4_k_unpack(w + 4, u);
     /* the scales as int16 in both register halves, each broadcast by a byte shuffle: kept in registers, not stored
@@ -806,10 +852,15 @@ TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const 
     __m256i sum = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
-        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(raw, m4), _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
-        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
-                                                _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + qs + 32 * j));
+        __m256i c_lo = _mm256_and_si256(raw, m4), c_hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (type == T_Q5_K) { /* bit 2j of qh[i] onto byte i's low code, bit 2j+1 onto its high code, as 16 */
+            const __m256i one = _mm256_set1_epi8(1);
+            c_lo = _mm256_or_si256(c_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+            c_hi = _mm256_or_si256(c_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+        }
+        const __m256i lo = _mm256_maddubs_epi16(c_lo, _mm256_loadu_si256((const __m256i *)(y + 64 * j)));
+        const __m256i hi = _mm256_maddubs_epi16(c_hi, _mm256_loadu_si256((const __m256i *)(y + 64 * j + 32)));
         const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
         const __m256i s_hi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(((4 * j + 3) << 8) | (4 * j + 2))));
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, s_lo), _mm256_madd_epi16(hi, s_hi)));
@@ -820,6 +871,9 @@ TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const 
     const __m128i s8 = _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     *mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2])), s8);
     return sum;
+}
+TGT2 static inline __attribute__((always_inline)) __m256i q4_k_lanes_avx2(const uint8_t *w, const uint8_t *x, __m128i *mins) {
+    return qk_lanes_avx2(T_Q4_K, w, x, mins);
 }
 
 TGT2 static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -845,6 +899,33 @@ TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_
         memcpy(&dx, x, 4);
         __m128i mins;
         const int32_t s = hsum_i32x8(q4_k_lanes_avx2(w, x, &mins));
+        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
+    }
+    return acc;
+}
+
+/* Q5_K (dot_q5_k_scalar's steps); the AVX-512 level runs these too, as llama.cpp does */
+TGT2 static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        __m128i mins;
+        const __m256i lanes = qk_lanes_avx2(T_Q5_K, w, x, &mins);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * _cvtsh_ss(rd16(w))), _mm256_cvtepi32_ps(lanes), acc);
+        summs = fmaf(-dx * _cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), summs);
+    }
+    return hsum8_v(acc) + summs;
+}
+
+TGT2 static float dot_q5_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
+        float dx;
+        memcpy(&dx, x, 4);
+        __m128i mins;
+        const int32_t s = hsum_i32x8(qk_lanes_avx2(T_Q5_K, w, x, &mins));
         acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
     }
     return acc;
@@ -888,6 +969,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
         case T_Q8_0: return dot_q8_0_avx512;
         case T_Q6_K: return tiled ? dot_q6_k_tiled_avx512 : dot_q6_k_avx512;
         case T_Q4_K: return tiled ? dot_q4_k_tiled_avx512 : dot_q4_k_avx512; /* read prep_q4_k's layout */
+        case T_Q5_K: return tiled ? dot_q5_k_tiled_avx2 : dot_q5_k_avx2;
         }
     }
     if (simd == SIMD_AVX2) {
@@ -898,6 +980,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
         case T_Q8_0: return dot_q8_0_avx2;
         case T_Q6_K: return tiled ? dot_q6_k_tiled_avx2 : dot_q6_k_avx2;
         case T_Q4_K: return tiled ? dot_q4_k_tiled_avx2 : dot_q4_k_avx2;
+        case T_Q5_K: return tiled ? dot_q5_k_tiled_avx2 : dot_q5_k_avx2;
         }
     }
 #endif
@@ -908,11 +991,13 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
     case T_Q8_0: return dot_q8_0_s;
     case T_Q6_K: return tiled ? dot_q6_k_tiled_scalar : dot_q6_k_scalar;
     case T_Q4_K: return tiled ? dot_q4_k_tiled_scalar : dot_q4_k_scalar;
+    case T_Q5_K: return tiled ? dot_q5_k_tiled_scalar : dot_q5_k_scalar;
     }
     return 0;
 }
 
-static int act_type(int type) { return type == T_Q4_1 ? T_Q8_1 : (type == T_Q4_K || type == T_Q6_K) ? T_Q8_K : T_Q8_0; }
+static int k_quant(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
+static int act_type(int type) { return type == T_Q4_1 ? T_Q8_1 : k_quant(type) ? T_Q8_K : T_Q8_0; }
 static int act_block(int atype) { return atype == T_Q8_K ? QKK : QK; }
 static int act_bytes(int atype) { return atype == T_Q8_K ? Q8_K_BYTES : atype == T_Q8_1 ? Q8_1_BYTES : Q8_0_BYTES; }
 
@@ -995,7 +1080,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 8; }
+int tg_abi_version(void) { return 9; }
 
 /* the code in use: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 int tg_simd(void) {
@@ -1143,7 +1228,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
         }
         ntot += p->n[i];
     }
-    /* Prompts: Q4_K/Q6_K in llama.cpp's tiled order through ggml_gemm.c's register-tiled product (the bits of
+    /* Prompts: the K-quants in llama.cpp's tiled order through ggml_gemm.c's register-tiled product (the bits of
      * the tiled row functions below). From 9 rows by default: up to 8 rows (decode, speculative verification)
      * every row keeps vec_dot's order; under TALLOW_NUMERICS=ggml (row_invariant 0) from 8, as llama.cpp. */
     if (m >= TG_TILED_MIN_ROWS + (p->row_invariant ? 1 : 0) && simd >= SIMD_AVX2) {
@@ -1177,7 +1262,7 @@ int tg_linear_multi(const tg_plan_t *p, const float *x, int64_t m, uint8_t *scra
         j->w = p->w[i];
         j->row_bytes = p->row_bytes[i];
         j->n = p->n[i];
-        j->nb = k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK);
+        j->nb = k / (k_quant(type) ? QKK : QK);
         if (type == T_Q4_K && q4k) {
             j->xq = q4k;
             j->xq_stride = q4k_stride;
@@ -1215,7 +1300,7 @@ int tg_gemv_q(int type, const uint8_t *w, int64_t row_bytes, int64_t n, int64_t 
 #endif
     multi_t mj;
     mj.nparts = 1;
-    mj.jobs[0] = (job_t){fn, w, row_bytes, n, k / (type == T_Q4_K || type == T_Q6_K ? QKK : QK), xq, xq_stride, m, y, n};
+    mj.jobs[0] = (job_t){fn, w, row_bytes, n, k / (k_quant(type) ? QKK : QK), xq, xq_stride, m, y, n};
     mj.off[0] = 0;
     mj.off[1] = n * row_bytes;
     run_products(&mj, (int)m, nthreads);

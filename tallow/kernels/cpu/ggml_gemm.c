@@ -1,4 +1,4 @@
-/* Prefill products of Q4_K and Q6_K weights (many activation rows x many weight rows) in llama.cpp's
+/* Prefill products of Q4_K, Q5_K and Q6_K weights (many activation rows x many weight rows) in llama.cpp's
  * prompt arithmetic, with AVX-512 VNNI over a register tile.
  *
  * What it computes: each output exactly as ggml_dot.c's tiled row functions (dot_q4_k_tiled_*,
@@ -40,7 +40,7 @@
 #include <omp.h>
 #endif
 
-enum { G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q6_K = 14 };
+enum { G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q5_K = 13, G_Q6_K = 14 };
 #define QK 32
 #define QKK 256
 #define Q8K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
@@ -61,7 +61,10 @@ int tg_set_gemm(int on) {
 #define TGT2 __attribute__((target("avx2,fma,f16c"))) /* also what the AVX-512 code shares: unpacking */
 #define UNROLL _Pragma("GCC unroll 8") /* registers, not arrays on the stack */
 
-static int k_quant(int type) { return type == G_Q4_K || type == G_Q6_K; }
+static int k_quant(int type) { return type == G_Q4_K || type == G_Q5_K || type == G_Q6_K; }
+/* Q4_K and Q5_K: unsigned codes, a scale and a min per 32 values (their panels and tiles are one form) */
+static int with_mins(int type) { return type == G_Q4_K || type == G_Q5_K; }
+static int kq_bytes(int type) { return type == G_Q4_K ? 144 : type == G_Q5_K ? 176 : 210; }
 
 int tg_simd(void); /* ggml_dot.c: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 
@@ -88,12 +91,17 @@ TGT2 static inline float h2f(const uint8_t *p) {
 /* one weight row's super-block b as 256 code bytes in value order, into the panel's lane c */
 TGT2 static void unpack_row(int type, const uint8_t *q, panel_t *out, int c) {
     uint8_t v[QKK];
-    if (type == G_Q4_K) { /* 144 bytes: d, dmin, scales[12], qs[128] (32 bytes: block 2j low nibbles, 2j+1 high) */
-        const __m256i m4 = _mm256_set1_epi8(15);
+    if (with_mins(type)) { /* Q4_K, 144 bytes: d, dmin, scales[12], qs[128] (32 bytes: block 2j low nibbles, 2j+1 high);
+                            * Q5_K, 176 bytes: qh[32] before qs, bit 2j (2j+1) of qh[i] the fifth bit of value i of block 2j (2j+1) */
+        const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        const int five = type == G_Q5_K;
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(q + 16)) : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 16 + 32 * j));
-            _mm256_storeu_si256((__m256i *)(v + 64 * j), _mm256_and_si256(raw, m4));
-            _mm256_storeu_si256((__m256i *)(v + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + (five ? 48 : 16) + 32 * j));
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            _mm256_storeu_si256((__m256i *)(v + 64 * j), _mm256_or_si256(_mm256_and_si256(raw, m4), h0));
+            _mm256_storeu_si256((__m256i *)(v + 64 * j + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), h1));
         }
         for (int j = 0; j < 4; j++) {
             const int sc0 = q[4 + j] & 63, mn0 = q[8 + j] & 63;
@@ -140,7 +148,7 @@ TGT2 static int unpack_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, 
     const int nc = pt->n - c0 < PANEL ? (int)(pt->n - c0) : PANEL;
     for (int c = 0; c < PANEL; c++) {
         const uint8_t *w = pt->w + (c0 + (c < nc ? c : nc - 1)) * pt->row_bytes;
-        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * (pt->type == G_Q4_K ? 144 : 210), pan + b, c);
+        for (int64_t b = 0; b < nsb; b++) unpack_row((int)pt->type, w + b * kq_bytes((int)pt->type), pan + b, c);
     }
     return nc;
 }
@@ -241,23 +249,28 @@ TGT2 static inline int32_t x4(const uint8_t *p) {
 TGT2 static inline __attribute__((always_inline)) void tile2(const int type, const panel_t *pan, int h, int64_t nsb,
                                                              const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
                                                              const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
-    const int xstride = type == G_Q4_K ? Q8K_BYTES : QKK, xoff = type == G_Q4_K ? 4 : 0;
+    const int xstride = with_mins(type) ? Q8K_BYTES : QKK, xoff = with_mins(type) ? 4 : 0;
     const int c = 8 * h;
+    /* units summed in int16 before they widen: 8 for Q4_K (16 products of at most 15 x 127 each), 4 for Q5_K
+     * (codes up to 31) */
+    const int span = type == G_Q5_K ? 4 : 8;
     for (int64_t b = 0; b < nsb; b++, pan++) {
         __m256i s[TILE2];
         const __m256i start = _mm256_loadu_si256((const __m256i *)(pan->start + c));
         UNROLL for (int i = 0; i < TILE2; i++) s[i] = start;
-        if (type == G_Q4_K) {
+        if (with_mins(type)) {
             for (int j = 0; j < 8; j++) { /* 32-value blocks: units 8j..8j+7 */
-                __m256i a[TILE2];
-                UNROLL for (int i = 0; i < TILE2; i++) a[i] = _mm256_setzero_si256();
-                UNROLL for (int u = 0; u < 8; u++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(pan->codes[8 * j + u] + c));
-                    UNROLL for (int i = 0; i < TILE2; i++)
-                        a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4(x[i] + b * xstride + xoff + 32 * j + 4 * u))));
-                }
                 const __m256i sc = scale_pairs(pan->sc[j] + c);
-                UNROLL for (int i = 0; i < TILE2; i++) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(a[i], sc));
+                UNROLL for (int u0 = 0; u0 < 8; u0 += span) {
+                    __m256i a[TILE2];
+                    UNROLL for (int i = 0; i < TILE2; i++) a[i] = _mm256_setzero_si256();
+                    UNROLL for (int u = u0; u < u0 + span; u++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(pan->codes[8 * j + u] + c));
+                        UNROLL for (int i = 0; i < TILE2; i++)
+                            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4(x[i] + b * xstride + xoff + 32 * j + 4 * u))));
+                    }
+                    UNROLL for (int i = 0; i < TILE2; i++) s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(a[i], sc));
+                }
             }
         } else {
             for (int k = 0; k < 16; k++) { /* 16-value sub-blocks: units 4k..4k+3, two at a time */
@@ -276,7 +289,7 @@ TGT2 static inline __attribute__((always_inline)) void tile2(const int type, con
             }
         }
         const __m256 d = _mm256_loadu_ps(pan->d + c);
-        if (type == G_Q4_K) {
+        if (with_mins(type)) {
             const __m256 nd = _mm256_loadu_ps(pan->ndmin + c);
             const __m256i mn0 = _mm256_loadu_si256((const __m256i *)(pan->mn[0] + c)), mn1 = _mm256_loadu_si256((const __m256i *)(pan->mn[1] + c));
             const __m256i mn2 = _mm256_loadu_si256((const __m256i *)(pan->mn[2] + c)), mn3 = _mm256_loadu_si256((const __m256i *)(pan->mn[3] + c));
@@ -303,6 +316,11 @@ TGT2 static inline __attribute__((always_inline)) void tile2(const int type, con
 TGT2 static void tile2_q4_k(const panel_t *pan, int h, int64_t nsb, const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
                             const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
     tile2(G_Q4_K, pan, h, nsb, x, b8, dx, acc);
+}
+
+TGT2 static void tile2_q5_k(const panel_t *pan, int h, int64_t nsb, const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
+                            const uint8_t *const dx[TILE2], __m256 acc[TILE2]) {
+    tile2(G_Q5_K, pan, h, nsb, x, b8, dx, acc);
 }
 
 TGT2 static void tile2_q6_k(const panel_t *pan, int h, int64_t nsb, const uint8_t *const x[TILE2], const int32_t *const b8[TILE2],
@@ -583,11 +601,11 @@ TGT static void run_panel(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, int
             for (int i = 0; i < TILE; i++) {
                 const int64_t row = i0 + i < m ? i0 + i : m - 1;
                 dx[i] = pt->xq + row * pt->xq_stride + b0 * Q8K_BYTES;
-                x[i] = pt->type == G_Q4_K ? dx[i] : codes + (row * nsb + b0) * QKK;
+                x[i] = with_mins((int)pt->type) ? dx[i] : codes + (row * nsb + b0) * QKK;
                 b8[i] = sums ? sums + (row * nsb + b0) * 4 : 0;
                 acc[i] = b0 ? _mm512_loadu_ps(carry + row * PANEL) : _mm512_setzero_ps();
             }
-            if (pt->type == G_Q4_K) tile_q4_k(pan + b0, nb, x, b8, dx, acc);
+            if (with_mins((int)pt->type)) tile_q4_k(pan + b0, nb, x, b8, dx, acc);
             else tile_q6_k(pan + b0, nb, x, b8, dx, acc);
             for (int i = 0; i < TILE && i0 + i < m; i++) {
                 if (last) _mm512_mask_storeu_ps(y + (i0 + i) * y_stride + pt->col + c0, keep, acc[i]);
@@ -613,11 +631,12 @@ TGT2 static void run_panel2(const tg_gemm_part_t *pt, int64_t nsb, int64_t c0, i
                 for (int i = 0; i < TILE2; i++) {
                     const int64_t row = i0 + i < m ? i0 + i : m - 1;
                     dx[i] = pt->xq + row * pt->xq_stride + b0 * Q8K_BYTES;
-                    x[i] = pt->type == G_Q4_K ? dx[i] : codes + (row * nsb + b0) * QKK;
+                    x[i] = with_mins((int)pt->type) ? dx[i] : codes + (row * nsb + b0) * QKK;
                     b8[i] = sums ? sums + (row * nsb + b0) * 4 : 0;
                     acc[i] = b0 ? _mm256_loadu_ps(carry + row * PANEL + 8 * h) : _mm256_setzero_ps();
                 }
-                if (pt->type == G_Q4_K) tile2_q4_k(pan + b0, h, nb, x, b8, dx, acc);
+                if (pt->type == G_Q5_K) tile2_q5_k(pan + b0, h, nb, x, b8, dx, acc);
+                else if (pt->type == G_Q4_K) tile2_q4_k(pan + b0, h, nb, x, b8, dx, acc);
                 else tile2_q6_k(pan + b0, h, nb, x, b8, dx, acc);
                 for (int i = 0; i < TILE2 && i0 + i < m; i++) {
                     if (last) {
@@ -657,7 +676,7 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
         if (owner[i] != i) continue;
         const int type = (int)parts[i].type;
         const tg_gemm_part_t *pt = &parts[i];
-        if (type == G_Q4_K) {
+        if (with_mins(type)) {
             if (!(prep[i] = malloc((size_t)(m * nsb * 4) * sizeof(int32_t)))) failed = 1;
             else prep_q4_k_sums(pt->xq, pt->xq_stride, m, nsb, prep[i]);
         } else if (type == G_Q6_K) {
@@ -694,7 +713,7 @@ int tg_gemm_run(const tg_gemm_part_t *parts, int nparts, int64_t k, int64_t m, f
                 const tg_gemm_part_t *pt = &parts[i];
                 const void *pp = prep[owner[i]];
                 if (k_quant((int)pt->type))
-                    (avx512 ? run_panel : run_panel2)(pt, nsb, PANEL * (g - panels[i]), m0, m1, pt->type == G_Q4_K ? pp : 0,
+                    (avx512 ? run_panel : run_panel2)(pt, nsb, PANEL * (g - panels[i]), m0, m1, with_mins((int)pt->type) ? pp : 0,
                                                       pt->type == G_Q6_K ? pp : 0, pan, carry, y, y_stride);
                 else
                     run_panel0(pt, nb, 8 * (g - panels[i]), m0, m1, pp, pan, y, y_stride, !avx512);
