@@ -9,8 +9,8 @@
 cd "$(dirname "$0")/.." || exit 1
 LB=${LLAMA_BENCH:-/tmp/llama/llama-bench}
 best() { python3 -c "import json,sys; d=json.load(sys.stdin); s=d[0]['samples_ts'] if 'samples_ts' in d[0] else d[0]['samples']; print(f'mean {sum(s)/len(s):.1f} best {max(s):.1f}  samples', [round(x,1) for x in s])"; }
-for m in ${MODELS:-smollm2-135m gemma3-270m qwen2.5-coder-1.5b-instruct}; do
-  f=$HOME/.cache/tallow/models/$m.gguf
+for m in ${MODELS:-smollm2-135m gemma3-270m qwen2.5-coder-1.5b-instruct}; do  # MODELS: names or GGUF paths
+  f=$m; [ -f "$f" ] || f=$HOME/.cache/tallow/models/$m.gguf  # a name from the cache, or a file
   echo "### $m $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg)"
   for t in "-p 0 -n 64" "-p 512 -n 0"; do
     echo "llama.cpp $t: $(LD_LIBRARY_PATH=$(dirname "$LB") "$LB" -m $f -t 2 $t -r 3 -o json 2>/dev/null | best)"
