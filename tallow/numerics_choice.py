@@ -60,4 +60,4 @@ def describe(header, device: str = "cpu", linear_mode: str | None = None) -> str
     mode, why = choose(header, device, linear_mode), why_not_ggml(header, device, linear_mode)
     if mode == GGML:
         return "llama.cpp's (its CPU arithmetic bit for bit" + (")" if why is None else f"; TALLOW_NUMERICS=ggml, slow here: {why})")
-    return "tallow's torch paths (" + ("TALLOW_NUMERICS=default)" if why is None else f"llama.cpp's is not run in C here: {why})")
+    return "tallow's torch paths (" + ("TALLOW_NUMERICS=default)" if why is None else f"not llama.cpp's: {why})")

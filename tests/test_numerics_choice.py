@@ -13,7 +13,7 @@ from tallow.families import FAMILIES, model_class
 from tallow.gguf_file import GGUFFile
 from tallow.kernels.cpu import decode_layer, ggml_dot, ggml_ops
 from tallow.memory.budget import plan_memory
-from tallow.numerics_choice import choose, why_not_ggml
+from tallow.numerics_choice import choose, describe, why_not_ggml
 from tallow.numerics_mode import DEFAULT, GGML, ggml_enabled, scope
 
 from model_paths import require_model
@@ -46,6 +46,7 @@ def test_what_keeps_a_model_on_the_torch_paths(tmp_path, monkeypatch):
     assert choose(q51) == DEFAULT and "Q5_1 weights" in why_not_ggml(q51)
     q40 = GGUFFile(write_tiny_model("llama", tmp_path / "q40.gguf", qtype=QT.Q4_0))  # in C, its prompts slower
     assert choose(q40) == DEFAULT and "Q4_0 weights" in why_not_ggml(q40)
+    assert describe(q40).startswith("tallow's torch paths (not llama.cpp's: Q4_0 weights")  # tallow inspect's line
     gemma4 = GGUFFile(write_tiny_model("gemma4", tmp_path / "g4.gguf", qtype=QT.Q8_0))
     assert choose(gemma4) == DEFAULT and "gemma4" in why_not_ggml(gemma4)
     q80 = GGUFFile(write_tiny_model("llama", tmp_path / "q80.gguf", qtype=QT.Q8_0))
