@@ -184,7 +184,7 @@ def test_kernel_attention_with_shared_scratch(arch, tmp_path, monkeypatch):
     from test_graph_step import check_rows_equal_steps
 
     monkeypatch.setattr(step_module, "_kernel_attention", lambda q: True)
-    steps, eager, _, _ = fused_steps_and_eager(arch, tmp_path, 20, max_chunk=8)
+    steps, eager, _, _ = fused_steps_and_eager(arch, tmp_path, 12, max_chunk=8)
     assert float((steps - eager).abs().max() / eager.abs().max()) < 2e-3
     assert torch.equal(steps.argmax(-1), eager.argmax(-1))
     check_rows_equal_steps(arch, tmp_path, TritonOps())
