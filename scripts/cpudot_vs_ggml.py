@@ -8,7 +8,7 @@ this writes with --write).
 What llama.cpp runs for a product in the configuration of the conformance fixtures and
 TALLOW_NUMERICS=ggml (scripts/numerics_reference.py's CONFIG: weight repacking off, so no
 CPU_REPACK buffer): every quantized weight stays in the file's layout and each row takes
-type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K,
+type_traits_cpu[type].vec_dot (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q5_0_q8_0, _q5_1_q8_1, _q8_0_q8_0, _q4_K_q8_K,
 _q5_K_q8_K, _q6_K_q8_K) over activations from the vec_dot_type's from_float (Q8_1 / Q8_0 / Q8_K). This script
 calls exactly those, one row at a time. (With repacking on, llama.cpp's default on AVX2 machines,
 Q4_K would go through ggml_gemv_q4_K_8x8_q8_K, whose float order differs; the C kernel does not
@@ -130,7 +130,7 @@ def main() -> None:
     k = 1536
     fixture_cases, prompt_cases = [], []
     worst = 0
-    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q4_0, QT.Q5_K):  # (the later ones last: the others keep their draws)
+    for qtype in (QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q4_0, QT.Q5_K, QT.Q5_1):  # (the later ones last: the others keep their draws)
         raw = random_weight(qtype, rows, k, rng)
         traits = lib.ggml_get_type_traits_cpu(int(qtype)).contents
         vt = QT(traits.vec_dot_type)

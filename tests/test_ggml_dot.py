@@ -333,7 +333,7 @@ def test_weight_cache_restores_the_c_layer(tmp_path, monkeypatch):
 
 @needs_c_layers
 @pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q5_0, QT.Q8_0), (QT.Q4_1, QT.Q4_1),
-                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K), (QT.Q5_K, QT.Q5_K, QT.Q6_K)], ids=lambda t: "+".join(q.name for q in t))
+                                   (QT.Q8_0, QT.Q4_1, QT.Q6_K, QT.Q4_K), (QT.Q5_K, QT.Q5_K, QT.Q6_K), (QT.Q5_1, QT.Q5_1, QT.Q4_1)], ids=lambda t: "+".join(q.name for q in t))
 def test_group_equals_its_parts(types, monkeypatch):
     """GgmlDotGroup (FusedLinear of C layers: one call, the input quantized once per activation type,
     one parallel region over all rows, the four-row code) gives each part's bits exactly as the part

@@ -27,7 +27,7 @@ def level(request):
     yield request.param
     ggml_dot.set_simd(True)
 GEMM_TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-VEC_DOT_TYPES = (QT.Q4_1, QT.Q5_0, QT.Q8_0)  # vec_dot's order at every row count
+VEC_DOT_TYPES = (QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)  # vec_dot's order at every row count
 
 
 def _bits(a) -> np.ndarray:

@@ -42,8 +42,10 @@ def test_what_keeps_a_model_on_the_torch_paths(tmp_path, monkeypatch):
     monkeypatch.delenv("TALLOW_NUMERICS", raising=False)
     f32 = GGUFFile(write_tiny_model("llama", tmp_path / "f32.gguf"))
     assert choose(f32) == DEFAULT and "F32 weights" in why_not_ggml(f32)
-    q51 = GGUFFile(write_tiny_model("llama", tmp_path / "q51.gguf", qtype=QT.Q5_1))
-    assert choose(q51) == DEFAULT and "Q5_1 weights" in why_not_ggml(q51)
+    f16 = GGUFFile(write_tiny_model("llama", tmp_path / "f16.gguf", qtype=QT.F16))
+    assert choose(f16) == DEFAULT and "F16 weights" in why_not_ggml(f16)
+    q51 = GGUFFile(write_tiny_model("llama", tmp_path / "q51.gguf", qtype=QT.Q5_1))  # in C since session 26
+    assert choose(q51) == GGML
     q40 = GGUFFile(write_tiny_model("llama", tmp_path / "q40.gguf", qtype=QT.Q4_0))  # in C, its prompts slower
     assert choose(q40) == DEFAULT and "Q4_0 weights" in why_not_ggml(q40)
     assert describe(q40).startswith("tallow's torch paths (not llama.cpp's: Q4_0 weights")  # tallow inspect's line

@@ -160,7 +160,7 @@ def _c_kernel_bytes(t, linear_mode: str | None, output: bool = False, ggml: bool
     return t.n_bytes if ggml or output or ggml_dot.prefills(QT(t.qtype)) else t.n_bytes + linear_bytes(t.n_rows, t.n_cols, linear_kind(t.qtype, linear_mode))
 
 
-_C_KERNEL_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K})  # ggml_dot.TYPES
+_C_KERNEL_TYPES = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K})  # ggml_dot.TYPES
 
 
 def weights_bytes(header: GGUFFile, linear_mode: str | None = None, ggml: bool = False) -> int:

@@ -50,7 +50,7 @@
 #endif
 
 /* ggml type ids (ggml.h's enum ggml_type) */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15 };
 
 #define QK 32
 #define QKK 256
@@ -178,17 +178,21 @@ static void quantize_q8_k(const float *x, uint8_t *out, int64_t k) {
 
 /* ---------------------------------------------------------------- scalar row dots */
 
-/* Q4_1 x Q8_1: 20-byte blocks d, m, qs[16] */
-static float dot_q4_1_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+/* Q4_1 x Q8_1: 20-byte blocks d, m, qs[16]; Q5_1: 24-byte blocks d, m, qh (32 bits: bit i the fifth bit of value
+ * i), qs[16], the same arithmetic over the 5-bit codes (ggml_vec_dot_q5_1_q8_1's AVX2 form is Q4_1's) */
+static inline __attribute__((always_inline)) float dot_q_1_scalar(const int type, const uint8_t *w, const uint8_t *x, int64_t nb) {
     float acc[8] = {0}, summs = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
+    const int five = type == T_Q5_1, qs = five ? 8 : 4;
+    for (int64_t b = 0; b < nb; b++, w += five ? 24 : 20, x += Q8_1_BYTES) {
         const float d = rdh(w) * rdh(x);
         summs = fmaf(rdh(w + 2), rdh(x + 2), summs); /* ggml's `summs += m * s`, contracted by its build */
+        uint32_t qh = 0;
+        if (five) memcpy(&qh, w + 4, 4);
         const int8_t *q8 = (const int8_t *)(x + 4);
         for (int l = 0; l < 8; l++) {
             int s = 0;
             for (int i = 4 * l; i < 4 * l + 4; i++) {
-                int q = i < 16 ? (w[4 + i] & 15) : (w[4 + i - 16] >> 4);
+                int q = (i < 16 ? (w[qs + i] & 15) : (w[qs + i - 16] >> 4)) | (int)(((qh >> i) & 1) << 4);
                 s += q * q8[i];
             }
             acc[l] = fmaf(d, (float)s, acc[l]);
@@ -196,6 +200,8 @@ static float dot_q4_1_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
     }
     return hsum8(acc) + summs;
 }
+static float dot_q4_1_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_1_scalar(T_Q4_1, w, x, nb); }
+static float dot_q5_1_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_1_scalar(T_Q5_1, w, x, nb); }
 
 static inline int q5_0_value(const uint8_t *w, int i) {
     uint32_t qh;
@@ -438,6 +444,17 @@ TGT2 static inline __m256i q5_0_codes(const uint8_t *w) {
     return _mm256_or_si256(q4_1_codes(w + 6), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
 }
 
+/* a Q5_1 block's 32 codes (0..31) in value order: Q4_1's, and 16 where bit i of qh is set */
+TGT2 static inline __m256i q5_1_codes(const uint8_t *w) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    uint32_t qh;
+    memcpy(&qh, w + 4, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
+    return _mm256_or_si256(q4_1_codes(w + 8), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+
 /* a Q4_0 block's 32 values (-8..7) as int8 in value order */
 TGT2 static inline __m256i q4_0_codes(const uint8_t *w) {
     return _mm256_sub_epi8(q4_1_codes(w + 2), _mm256_set1_epi8(8));
@@ -457,18 +474,21 @@ TGT static inline __m256i dot_i8_lanes(__m256i x, __m256i y) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
-TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) {
+TGT static inline __attribute__((always_inline)) float dot_q_1_avx512(const int type, const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += type == T_Q5_1 ? 24 : 20, x += Q8_1_BYTES) {
         const float d = _cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x));
         summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
         __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_1_codes(w + 4), qy));
+        const __m256i codes = type == T_Q5_1 ? q5_1_codes(w) : q4_1_codes(w + 4);
+        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, qy));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
     }
     return hsum8_v(acc) + summs;
 }
+TGT static float dot_q4_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_1_avx512(T_Q4_1, w, x, nb); }
+TGT static float dot_q5_1_avx512(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_q_1_avx512(T_Q5_1, w, x, nb); }
 
 /* Q4_0/Q5_0/Q8_0 x Q8_0: ggml's per-block d = dw * dx, then fma over eight lanes of 4-value integer sums */
 TGT static inline __attribute__((always_inline)) float dot_q_0_avx512(const int type, const uint8_t *w, const uint8_t *x,
@@ -746,6 +766,19 @@ TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     return hsum8_v(acc) + summs;
 }
 
+/* Q5_1: q4_1_block_avx2's steps over the 5-bit codes */
+TGT2 static float dot_q5_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 24, x += Q8_1_BYTES) {
+        summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x))),
+                              _mm256_cvtepi32_ps(dot_u8_i8_avx2(q5_1_codes(w), qy)), acc);
+    }
+    return hsum8_v(acc) + summs;
+}
+
 /* dot_q4_1_avx2 of two weight rows against one activation row, interleaved: each row's operations and order
  * unchanged (so its bits), the activation block's load and scale conversions shared and the two rows'
  * chains overlapping (one-row products, decode) */
@@ -965,6 +998,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
         switch (type) {
         case T_Q4_0: return dot_q4_0_avx512;
         case T_Q4_1: return dot_q4_1_avx512;
+        case T_Q5_1: return dot_q5_1_avx512;
         case T_Q5_0: return dot_q5_0_avx512;
         case T_Q8_0: return dot_q8_0_avx512;
         case T_Q6_K: return tiled ? dot_q6_k_tiled_avx512 : dot_q6_k_avx512;
@@ -976,6 +1010,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
         switch (type) {
         case T_Q4_0: return dot_q4_0_avx2;
         case T_Q4_1: return dot_q4_1_avx2;
+        case T_Q5_1: return dot_q5_1_avx2;
         case T_Q5_0: return dot_q5_0_avx2;
         case T_Q8_0: return dot_q8_0_avx2;
         case T_Q6_K: return tiled ? dot_q6_k_tiled_avx2 : dot_q6_k_avx2;
@@ -987,6 +1022,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
     switch (type) {
     case T_Q4_0: return dot_q4_0_s;
     case T_Q4_1: return dot_q4_1_scalar;
+    case T_Q5_1: return dot_q5_1_scalar;
     case T_Q5_0: return dot_q5_0_s;
     case T_Q8_0: return dot_q8_0_s;
     case T_Q6_K: return tiled ? dot_q6_k_tiled_scalar : dot_q6_k_scalar;
@@ -997,7 +1033,7 @@ static row_dot_fn pick(int type, int simd, int64_t rows) {
 }
 
 static int k_quant(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
-static int act_type(int type) { return type == T_Q4_1 ? T_Q8_1 : k_quant(type) ? T_Q8_K : T_Q8_0; }
+static int act_type(int type) { return type == T_Q4_1 || type == T_Q5_1 ? T_Q8_1 : k_quant(type) ? T_Q8_K : T_Q8_0; }
 static int act_block(int atype) { return atype == T_Q8_K ? QKK : QK; }
 static int act_bytes(int atype) { return atype == T_Q8_K ? Q8_K_BYTES : atype == T_Q8_1 ? Q8_1_BYTES : Q8_0_BYTES; }
 
@@ -1080,7 +1116,7 @@ int64_t tg_set_par_min(int64_t bytes) {
     return old;
 }
 
-int tg_abi_version(void) { return 9; }
+int tg_abi_version(void) { return 10; }
 
 /* the code in use: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 int tg_simd(void) {

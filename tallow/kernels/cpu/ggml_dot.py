@@ -2,7 +2,7 @@
 
 `ggml_dot.c` (built at install as tallow/kernels/cpu/_ggml_dot*.so, optional: without a compiler
 the torch paths run) quantizes the activations to Q8_0/Q8_1/Q8_K exactly as ggml's x86 from_float
-and takes the integer block dot products of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K rows, combining the
+and takes the integer block dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows, combining the
 block sums in the float order of llama.cpp b11434's x86 vec_dot_* with weight repacking off (the
 fixtures' configuration; with repacking on, Q4_K would take the repacked gemv's other order), and for
 products of 8+ rows Q4_K/Q5_K/Q6_K in the order of llama.cpp's tiled K-quant product, as ggml_mul_mat does
@@ -43,10 +43,10 @@ from .linear import Linear
 __all__ = ["TYPES", "wanted", "available", "usable", "unavailable_reason", "simd", "set_simd", "AVX512", "AVX2", "PORTABLE", "status", "quantize", "gemv_quantized",
            "linear", "parallel_min_bytes", "prefetch_bytes", "GgmlDotLinear", "GgmlDotGroup"]
 
-TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q5_K})
-_ACT = {QT.Q4_0: QT.Q8_0, QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K, QT.Q5_K: QT.Q8_K}
+TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q5_K})
+_ACT = {QT.Q4_0: QT.Q8_0, QT.Q4_1: QT.Q8_1, QT.Q5_0: QT.Q8_0, QT.Q5_1: QT.Q8_1, QT.Q8_0: QT.Q8_0, QT.Q6_K: QT.Q8_K, QT.Q4_K: QT.Q8_K, QT.Q5_K: QT.Q8_K}
 _ACT_BLOCK = {QT.Q8_0: (32, 34), QT.Q8_1: (32, 36), QT.Q8_K: (256, 292)}
-_ABI = 9  # 6: code levels (tg_simd: 2 AVX-512 VNNI, 1 AVX2, 0 portable); 7: tg_set_row_pairs; 8: Q4_0; 9: Q5_K
+_ABI = 10  # 6: code levels (tg_simd: 2 AVX-512 VNNI, 1 AVX2, 0 portable); 7: tg_set_row_pairs; 8: Q4_0; 9: Q5_K; 10: Q5_1
 MAX_PARTS = 8  # ggml_dot.c's TG_MAX_PARTS
 PORTABLE, AVX2, AVX512 = 0, 1, 2  # ggml_dot.c's code levels
 _LEVEL_NAMES = {AVX512: "AVX-512 VNNI", AVX2: "AVX2", PORTABLE: "portable C (no AVX2 on this CPU)"}
@@ -232,7 +232,7 @@ def row_pairs(on: bool | None = None) -> bool:
 # The types ggml_gemm.c's prefill product takes (AVX-512 VNNI or AVX2): the K-quants in llama.cpp's tiled prompt
 # order, the others in vec_dot's (used wherever the C kernel serves many rows: TALLOW_NUMERICS=ggml, the output
 # projection).
-GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K})
+GEMM_TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K})
 # Those make_linear builds without a torch copy (TALLOW_CPU_GEMM), prefill in C: the K-quants, where one
 # integer per super-block lets the product run faster than torch's bf16 GEMM. Q4_1/Q5_0/Q8_0 keep the torch
 # layer for prefill: in vec_dot's order every 32 values cost a float convert, multiply and FMA per output, and

@@ -40,7 +40,7 @@
 #include <omp.h>
 #endif
 
-enum { G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8, G_Q4_K = 12, G_Q5_K = 13, G_Q6_K = 14 };
+enum { G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q5_1 = 7, G_Q8_0 = 8, G_Q4_K = 12, G_Q5_K = 13, G_Q6_K = 14 };
 #define QK 32
 #define QKK 256
 #define Q8K_BYTES 292 /* float d, int8 qs[256], int16 bsums[16] */
@@ -70,7 +70,7 @@ int tg_simd(void); /* ggml_dot.c: 2 AVX-512 VNNI, 1 AVX2, 0 portable */
 
 /* every type with AVX-512 VNNI or AVX2 */
 int tg_gemm_takes(int type) {
-    return g_gemm && tg_simd() >= 1 && (k_quant(type) || type == G_Q4_0 || type == G_Q4_1 || type == G_Q5_0 || type == G_Q8_0);
+    return g_gemm && tg_simd() >= 1 && (k_quant(type) || type == G_Q4_0 || type == G_Q4_1 || type == G_Q5_0 || type == G_Q5_1 || type == G_Q8_0);
 }
 
 /* One super-block of a 16-row panel. */
@@ -377,9 +377,11 @@ typedef struct {
     float pad[14];
 } act0_t;
 
-static int block_bytes(int type) { return type == G_Q4_0 ? 18 : type == G_Q4_1 ? 20 : type == G_Q5_0 ? 22 : 34; }
-static int act_bytes0(int type) { return type == G_Q4_1 ? 36 : 34; }  /* Q8_1 or Q8_0 */
-static int act_codes0(int type) { return type == G_Q4_1 ? 4 : 2; }   /* where the 32 codes start */
+/* Q4_1 and Q5_1: unsigned codes, d and m, against Q8_1 (after unpacking, one panel form and one tile) */
+static int q8_1_form(int type) { return type == G_Q4_1 || type == G_Q5_1; }
+static int block_bytes(int type) { return type == G_Q4_0 ? 18 : type == G_Q4_1 ? 20 : type == G_Q5_0 ? 22 : type == G_Q5_1 ? 24 : 34; }
+static int act_bytes0(int type) { return q8_1_form(type) ? 36 : 34; }  /* Q8_1 or Q8_0 */
+static int act_codes0(int type) { return q8_1_form(type) ? 4 : 2; }   /* where the 32 codes start */
 
 /* signed8: Q8_0's codes as they are (the AVX2 tile's sign trick) instead of offset to unsigned (dpbusd's) */
 TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, int signed8) {
@@ -389,6 +391,11 @@ TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, i
             v[i] = q[4 + i] & 15;
             v[16 + i] = q[4 + i] >> 4;
         }
+        out->mw[c] = h2f(q + 2);
+    } else if (type == G_Q5_1) { /* 24 bytes: d, m, qh (bit i: value i's fifth bit), qs[16] */
+        uint32_t qh;
+        memcpy(&qh, q + 4, 4);
+        for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? q[8 + i] & 15 : q[8 + i - 16] >> 4) | (((qh >> i) & 1) << 4));
         out->mw[c] = h2f(q + 2);
     } else if (type == G_Q4_0) {
         for (int i = 0; i < 16; i++) {
@@ -410,7 +417,7 @@ TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, i
 }
 
 static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m, int64_t nb, act0_t *out, int signed8) {
-    const int off = type == G_Q4_1 ? 0 : type == G_Q4_0 ? 8 : type == G_Q5_0 ? 16 : signed8 ? 0 : 128, ab = act_bytes0(type), co = act_codes0(type);
+    const int off = q8_1_form(type) ? 0 : type == G_Q4_0 ? 8 : type == G_Q5_0 ? 16 : signed8 ? 0 : 128, ab = act_bytes0(type), co = act_codes0(type);
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *x = xq + i * xq_stride + b * ab;
@@ -424,7 +431,7 @@ static void prep_act0(int type, const uint8_t *xq, int64_t xq_stride, int64_t m,
             memcpy(&h, x, 2);
             o->d = tg_f16_to_f32(h);
             memcpy(&h, x + 2, 2);
-            o->s = type == G_Q4_1 ? tg_f16_to_f32(h) : 0.0f;
+            o->s = q8_1_form(type) ? tg_f16_to_f32(h) : 0.0f;
         }
 }
 
@@ -478,7 +485,7 @@ TGT static void tile0_q8_0(const panel0_t *pan, int64_t nb, const uint8_t *const
 }
 
 /* AVX2: a register holds one row's 32 codes; maddubs (unsigned x signed byte pairs into int16, which no pair
- * here can saturate: Q4_1's codes are at most 15, Q5_0's 31, against |x| <= 127) then madd by ones give its
+ * here can saturate: Q4_1's codes are at most 15, Q5_0's and Q5_1's 31, against |x| <= 127) then madd by ones give its
  * eight 4-value lanes, as ggml's AVX2 vec_dot. Q8_0's +128 offset could saturate, so its codes stay signed
  * and each product takes ggml's sign trick (|w| against x with w's sign). Rows 4h..4h+3 of the panel. */
 #define TILE0_2 2 /* activation rows per AVX2 tile: 8 accumulators for 4 rows x 2 */
@@ -568,13 +575,13 @@ TGT2 static void run_panel0(const tg_gemm_part_t *pt, int64_t nb, int64_t c0, in
         if (avx2) {
             for (int h = 0; h < 2 && 4 * h < nc; h++) {
                 float half[TILE0_2][4];
-                if (type == G_Q4_1) tile0_2_q4_1(pan, h, nb, x, a, half);
+                if (q8_1_form(type)) tile0_2_q4_1(pan, h, nb, x, a, half);
                 else if (type == G_Q4_0) tile0_2_q4_0(pan, h, nb, x, a, half);
                 else if (type == G_Q5_0) tile0_2_q5_0(pan, h, nb, x, a, half);
                 else tile0_2_q8_0(pan, h, nb, x, a, half);
                 for (int i = 0; i < TILE0_2; i++) memcpy(&out[i][4 * h], half[i], sizeof half[i]);
             }
-        } else if (type == G_Q4_1) tile0_q4_1(pan, nb, x, a, out);
+        } else if (q8_1_form(type)) tile0_q4_1(pan, nb, x, a, out);
         else if (type == G_Q4_0) tile0_q4_0(pan, nb, x, a, out);
         else if (type == G_Q5_0) tile0_q5_0(pan, nb, x, a, out);
         else tile0_q8_0(pan, nb, x, a, out);

@@ -17,7 +17,7 @@ Environment switches, read when a layer is constructed (so tests and the CLI can
                       rounding and block arithmetic over fp32 weights (before all the above);
                       GgmlDotLinear (ggml_dot.py, the C kernel over the file's bytes) where it
                       takes the type
-  TALLOW_CPU_GGML_DOT Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K decode products in the C kernel (GgmlDotLinear
+  TALLOW_CPU_GGML_DOT Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K decode products in the C kernel (GgmlDotLinear
                       wrapping the layer above, which keeps prefill; the output projection in C
                       alone, it runs one row; not a routed expert's); on where built, =0 never
   TALLOW_CPU_GEMM     with TALLOW_CPU_GGML_DOT, Q4_K/Q6_K prefill (9+ rows) in C as well (ggml_gemm.c:
