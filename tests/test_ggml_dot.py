@@ -178,12 +178,13 @@ def test_q8_k_quantization_of_non_finite_blocks_is_the_scalar_loops():
 
 
 @needs_c
+@pytest.mark.parametrize("qt", [QT.Q4_1, QT.Q5_1], ids=lambda q: q.name)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_row_pairs_change_no_bit(threads, monkeypatch):
-    """TALLOW_CPU_ROW_PAIRS: one-row Q4_1 products reading two weight rows per call (an odd row count, so
+def test_row_pairs_change_no_bit(threads, qt, monkeypatch):
+    """TALLOW_CPU_ROW_PAIRS: one-row Q4_1/Q5_1 products reading two weight rows per call (an odd row count, so
     a thread's share can end on a single row) give the one-row-per-call bits, and the portable code's."""
     monkeypatch.setattr(ggml_dot, "_threads", lambda: threads)
-    qt, n, k = QT.Q4_1, 37, 512
+    n, k = 37, 512
     raw = random_rows(qt, n, k, seed=3)
     xq = ggml_dot.quantize(torch.randn(1, k, generator=torch.Generator().manual_seed(6)), qt)
     before = ggml_dot.row_pairs(True)

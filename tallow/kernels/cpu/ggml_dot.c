@@ -358,19 +358,22 @@ static float dot_q4_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
     return hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
 }
 
-static float dot_q4_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
+/* the tiled product's order for Q4_K and Q5_K (ggml-cpu/tiled unpacks both to bytes) */
+static inline __attribute__((always_inline)) float dot_kmin_tiled_scalar(const int type, const uint8_t *w, const uint8_t *x,
+                                                                         int64_t nb) {
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += type == T_Q5_K ? 176 : 144, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
         int32_t lanes[8], mins[4], s = 0, m = 0;
-        q4_k_lanes_scalar(w, x, lanes, mins);
+        qk_lanes_scalar(w, type == T_Q5_K ? w + 16 : 0, w + (type == T_Q5_K ? 48 : 16), x, lanes, mins);
         for (int l = 0; l < 8; l++) s += lanes[l];
         for (int u = 0; u < 4; u++) m += mins[u];
         acc = tiled_acc(fmaf(-rdh(w + 2), (float)m, (float)s * rdh(w)), dx, acc);
     }
     return acc;
 }
+static float dot_q4_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_kmin_tiled_scalar(T_Q4_K, w, x, nb); }
 
 /* ggml_vec_dot_q5_K_q8_K (AVX2 form, which llama.cpp also runs on AVX-512 machines): acc[l] = fma(d, lane l,
  * acc[l]) per super-block as Q4_K, but the mins in one float, summs = fma(-dx * dmin, the whole mins integer,
@@ -389,20 +392,7 @@ static float dot_q5_k_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
     return hsum8(acc) + summs;
 }
 
-/* the tiled product's order (Q5_K's is Q4_K's: ggml-cpu/tiled unpacks both to bytes) */
-static float dot_q5_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
-        float dx;
-        memcpy(&dx, x, 4);
-        int32_t lanes[8], mins[4], s = 0, m = 0;
-        q5_k_lanes_scalar(w, x, lanes, mins);
-        for (int l = 0; l < 8; l++) s += lanes[l];
-        for (int u = 0; u < 4; u++) m += mins[u];
-        acc = tiled_acc(fmaf(-rdh(w + 2), (float)m, (float)s * rdh(w)), dx, acc);
-    }
-    return acc;
-}
+static float dot_q5_k_tiled_scalar(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_kmin_tiled_scalar(T_Q5_K, w, x, nb); }
 
 /* ---------------------------------------------------------------- SIMD helpers (AVX2; the AVX-512 code inlines them too) */
 #if TG_X86
@@ -752,47 +742,53 @@ TGT2 static void quantize_q8_k_avx2(const float *x, uint8_t *out, int64_t k) {
     }
 }
 
-/* one Q4_1 block of a weight row against the activation block whose scale dx, sum sx and codes qy are given */
-TGT2 static inline void q4_1_block_avx2(const uint8_t *w, float dx, float sx, __m256i qy, __m256 *acc, float *summs) {
+/* one Q4_1 (Q5_1) block of a weight row against the activation block whose scale dx, sum sx and codes qy are given */
+TGT2 static inline __attribute__((always_inline)) void q_1_block_avx2(const int type, const uint8_t *w, float dx, float sx, __m256i qy,
+                                                                     __m256 *acc, float *summs) {
     *summs = fmaf(_cvtsh_ss(rd16(w + 2)), sx, *summs);
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(rd16(w)) * dx), _mm256_cvtepi32_ps(dot_u8_i8_avx2(q4_1_codes(w + 4), qy)), *acc);
+    const __m256i codes = type == T_Q5_1 ? q5_1_codes(w) : q4_1_codes(w + 4);
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(rd16(w)) * dx), _mm256_cvtepi32_ps(dot_u8_i8_avx2(codes, qy)), *acc);
 }
 
 TGT2 static float dot_q4_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += 20, x += Q8_1_BYTES)
-        q4_1_block_avx2(w, _cvtsh_ss(rd16(x)), _cvtsh_ss(rd16(x + 2)), _mm256_loadu_si256((const __m256i *)(x + 4)), &acc, &summs);
+        q_1_block_avx2(T_Q4_1, w, _cvtsh_ss(rd16(x)), _cvtsh_ss(rd16(x + 2)), _mm256_loadu_si256((const __m256i *)(x + 4)), &acc, &summs);
     return hsum8_v(acc) + summs;
 }
 
-/* Q5_1: q4_1_block_avx2's steps over the 5-bit codes */
+/* Q5_1: Q4_1's steps over the 5-bit codes */
 TGT2 static float dot_q5_1_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 24, x += Q8_1_BYTES) {
-        summs = fmaf(_cvtsh_ss(rd16(w + 2)), _cvtsh_ss(rd16(x + 2)), summs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(rd16(w)) * _cvtsh_ss(rd16(x))),
-                              _mm256_cvtepi32_ps(dot_u8_i8_avx2(q5_1_codes(w), qy)), acc);
-    }
+    for (int64_t b = 0; b < nb; b++, w += 24, x += Q8_1_BYTES)
+        q_1_block_avx2(T_Q5_1, w, _cvtsh_ss(rd16(x)), _cvtsh_ss(rd16(x + 2)), _mm256_loadu_si256((const __m256i *)(x + 4)), &acc, &summs);
     return hsum8_v(acc) + summs;
 }
 
 /* dot_q4_1_avx2 of two weight rows against one activation row, interleaved: each row's operations and order
  * unchanged (so its bits), the activation block's load and scale conversions shared and the two rows'
  * chains overlapping (one-row products, decode) */
-TGT2 static void dot2_q4_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint8_t *x, int64_t nb, float *y0, float *y1) {
+TGT2 static inline __attribute__((always_inline)) void dot2_q_1_avx2(const int type, const uint8_t *w0, const uint8_t *w1,
+                                                                    const uint8_t *x, int64_t nb, float *y0, float *y1) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     float summs0 = 0.0f, summs1 = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w0 += 20, w1 += 20, x += Q8_1_BYTES) {
+    const int bytes = type == T_Q5_1 ? 24 : 20;
+    for (int64_t b = 0; b < nb; b++, w0 += bytes, w1 += bytes, x += Q8_1_BYTES) {
         const float dx = _cvtsh_ss(rd16(x)), sx = _cvtsh_ss(rd16(x + 2));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)(x + 4));
-        q4_1_block_avx2(w0, dx, sx, qy, &acc0, &summs0);
-        q4_1_block_avx2(w1, dx, sx, qy, &acc1, &summs1);
+        q_1_block_avx2(type, w0, dx, sx, qy, &acc0, &summs0);
+        q_1_block_avx2(type, w1, dx, sx, qy, &acc1, &summs1);
     }
     *y0 = hsum8_v(acc0) + summs0;
     *y1 = hsum8_v(acc1) + summs1;
+}
+TGT2 static void dot2_q4_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint8_t *x, int64_t nb, float *y0, float *y1) {
+    dot2_q_1_avx2(T_Q4_1, w0, w1, x, nb, y0, y1);
+}
+TGT2 static void dot2_q5_1_avx2(const uint8_t *w0, const uint8_t *w1, const uint8_t *x, int64_t nb, float *y0, float *y1) {
+    dot2_q_1_avx2(T_Q5_1, w0, w1, x, nb, y0, y1);
 }
 
 /* Q4_0/Q5_0/Q8_0 x Q8_0: ggml's per-block d = dw * dx, then fma over eight lanes of 4-value integer sums */
@@ -925,17 +921,19 @@ TGT2 static float dot_q4_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     return hsum8_v(acc) + ((m[0] + m[2]) + (m[1] + m[3]));
 }
 
-TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
+TGT2 static inline __attribute__((always_inline)) float dot_kmin_tiled_avx2(const int type, const uint8_t *w, const uint8_t *x,
+                                                                             int64_t nb) {
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144, x += Q8_K_BYTES) {
+    for (int64_t b = 0; b < nb; b++, w += type == T_Q5_K ? 176 : 144, x += Q8_K_BYTES) {
         float dx;
         memcpy(&dx, x, 4);
         __m128i mins;
-        const int32_t s = hsum_i32x8(q4_k_lanes_avx2(w, x, &mins));
+        const int32_t s = hsum_i32x8(qk_lanes_avx2(type, w, x, &mins));
         acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
     }
     return acc;
 }
+TGT2 static float dot_q4_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_kmin_tiled_avx2(T_Q4_K, w, x, nb); }
 
 /* Q5_K (dot_q5_k_scalar's steps); the AVX-512 level runs these too, as llama.cpp does */
 TGT2 static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
@@ -952,17 +950,7 @@ TGT2 static float dot_q5_k_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) 
     return hsum8_v(acc) + summs;
 }
 
-TGT2 static float dot_q5_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 176, x += Q8_K_BYTES) {
-        float dx;
-        memcpy(&dx, x, 4);
-        __m128i mins;
-        const int32_t s = hsum_i32x8(qk_lanes_avx2(T_Q5_K, w, x, &mins));
-        acc = tiled_acc(fmaf(-_cvtsh_ss(rd16(w + 2)), (float)hsum_i32x4(mins), (float)s * _cvtsh_ss(rd16(w))), dx, acc);
-    }
-    return acc;
-}
+TGT2 static float dot_q5_k_tiled_avx2(const uint8_t *w, const uint8_t *x, int64_t nb) { return dot_kmin_tiled_avx2(T_Q5_K, w, x, nb); }
 #endif
 
 /* ---------------------------------------------------------------- dispatch */
@@ -1077,6 +1065,7 @@ int tg_set_row_pairs(int on) {
 static row_dot2_fn pair_of(row_dot_fn fn) {
 #if TG_X86
     if (g_row_pairs && fn == dot_q4_1_avx2) return dot2_q4_1_avx2;
+    if (g_row_pairs && fn == dot_q5_1_avx2) return dot2_q5_1_avx2;
 #endif
     (void)fn;
     return 0;
