@@ -422,27 +422,25 @@ TGT2 static inline __m256i q4_1_codes(const uint8_t *qs) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
 }
 
-/* a Q5_0 block's 32 values (-16..15) as int8 in value order: byte i gets 0xF0 where bit i of qh is clear,
- * and lo | 0xF0 = lo - 16 as int8 */
-TGT2 static inline __m256i q5_0_codes(const uint8_t *w) {
+/* the 32 bits of a Q5_0/Q5_1 block's qh (at p) as bytes: byte i 0xFF where bit i is set, else 0 */
+TGT2 static inline __m256i qh_bytes(const uint8_t *p) {
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     uint32_t qh;
-    memcpy(&qh, w + 2, 4);
+    memcpy(&qh, p, 4);
     const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
-    return _mm256_or_si256(q4_1_codes(w + 6), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
+}
+
+/* a Q5_0 block's 32 values (-16..15) as int8 in value order: byte i gets 0xF0 where bit i of qh is clear,
+ * and lo | 0xF0 = lo - 16 as int8 */
+TGT2 static inline __m256i q5_0_codes(const uint8_t *w) {
+    return _mm256_or_si256(q4_1_codes(w + 6), _mm256_andnot_si256(qh_bytes(w + 2), _mm256_set1_epi8((char)0xF0)));
 }
 
 /* a Q5_1 block's 32 codes (0..31) in value order: Q4_1's, and 16 where bit i of qh is set */
 TGT2 static inline __m256i q5_1_codes(const uint8_t *w) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    uint32_t qh;
-    memcpy(&qh, w + 4, 4);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bitsel), bitsel);
-    return _mm256_or_si256(q4_1_codes(w + 8), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    return _mm256_or_si256(q4_1_codes(w + 8), _mm256_and_si256(qh_bytes(w + 4), _mm256_set1_epi8(16)));
 }
 
 /* a Q4_0 block's 32 values (-8..7) as int8 in value order */
