@@ -6,6 +6,7 @@
 #   build_llama        llama-bench b11434 at $LLAMA: unpacked from .llbin's xz pieces, else built from .llsrc (~6 min)
 #   llama TWIN ARGS    llama-bench -ngl 99 -fa 1 on /root/twins/TWIN.gguf: its steady repetitions into $OUT/table.log
 #   setup_twins        the twin headers unpacked, llama-bench built in the background, the study's six twins written
+#   extra_twin NAME    /root/twins/NAME.gguf written if missing: gemma4-* by make_gemma4_twin.py, else from .twins2's header
 set -o pipefail
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p $OUT /root/twins
 export PYTHONUNBUFFERED=1
@@ -43,4 +44,12 @@ setup_twins() {
   python3 .twins2/make_twin.py make .twins2/qwen25-1.5b /root/twins/qwen25-1.5b.gguf >> $OUT/twins.log 2>&1 \
     || say "qwen twin FAILED"
   ls -la /root/twins | tee -a $OUT/steps.log; state
+}
+extra_twin() {
+  local t=$1 f=/root/twins/$1.gguf
+  [ -s $f ] && return 0
+  case $t in
+    gemma4-*) python3 scripts/make_gemma4_twin.py ${t#gemma4-} $f.tmp ;;
+    *) python3 .twins2/make_twin.py make .twins2/$t $f.tmp ;;
+  esac >> $OUT/twins.log 2>&1 && mv $f.tmp $f
 }

@@ -3,17 +3,9 @@
 #   bash scripts/gpu_s22.sh [kernel] [ab] [profile]
 # Carry: .whl (gguf 0.19.0, llguidance 1.9.1), .twins2 (make_twin.py + qwen3-4b.hdr/.json from ../shared/twins).
 . scripts/gpu_lib.sh  # the wheels into /tmp/site, $OUT, say, state
-twin() {
-  local t=$1 f=/root/twins/$1.gguf
-  [ -s $f ] && return 0
-  case $t in
-    gemma4-*) python3 scripts/make_gemma4_twin.py ${t#gemma4-} $f.tmp ;;
-    *) python3 .twins2/make_twin.py make .twins2/$t $f.tmp ;;
-  esac >> $OUT/twins.log 2>&1 && mv $f.tmp $f
-}
 state; git log --oneline -1 2>/dev/null | tee -a $OUT/steps.log
 say "twins in the background"
-(twin gemma4-e2b || echo "gemma4-e2b FAILED"; twin qwen3-4b || echo "qwen3-4b FAILED") >> $OUT/twins.log 2>&1 &
+(extra_twin gemma4-e2b || echo "gemma4-e2b FAILED"; extra_twin qwen3-4b || echo "qwen3-4b FAILED") >> $OUT/twins.log 2>&1 &
 for step in "$@"; do
   case $step in
     kernel) say "kernel: scripts/gpu_norm_add_q8.py"

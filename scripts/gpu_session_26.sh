@@ -12,14 +12,6 @@
 #   pack      wait for llama-bench, then its xz pieces into $OUT (a later lease carries them as .llbin)
 #   study     scripts/gpu_study.sh over the six twins (tg64 and pp512 at 0..32768 beside llama-bench, -r 2)
 . "$(dirname "$0")/gpu_lib.sh" || exit 1
-extra_twin() {
-  local t=$1 f=/root/twins/$1.gguf
-  [ -s $f ] && return 0
-  case $t in
-    gemma4-*) python3 scripts/make_gemma4_twin.py ${t#gemma4-} $f.tmp ;;
-    *) python3 .twins2/make_twin.py make .twins2/$t $f.tmp ;;
-  esac >> $OUT/twins.log 2>&1 && mv $f.tmp $f
-}
 state; git log --oneline -1 2>/dev/null | tee -a $OUT/steps.log
 for step in "$@"; do
   case $step in
