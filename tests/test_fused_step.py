@@ -215,7 +215,7 @@ def test_integer_dot_decode_with_folded_q8(tmp_path, monkeypatch):
     separate, _ = _decode_steps(gf, spec, ids)
     assert float((folded - separate).abs().max() / separate.abs().max()) < 1e-3
     monkeypatch.delenv("TALLOW_Q8_PROLOGUE")
-    check_rows_equal_steps("llama", tmp_path, None, passes=(1, 3, 2))  # every pass kind; the interpreter is slow
+    check_rows_equal_steps("llama", tmp_path, None, passes=(1, 3))  # a decode step and a verification pass: the interpreter is slow
 
 
 def test_norm_add_writing_q8_is_bit_identical(tmp_path, monkeypatch):
