@@ -13,6 +13,7 @@ On a GPU (--device cuda) the same run reports, against the plan's GPU account: t
 of allocated and of reserved bytes (weights, KV, state, scratch, the decode graphs' pools), and the device's
 used memory above what it was after the CUDA context was made (mem_get_info: also cuBLAS's workspaces and
 Triton's loaded kernels, which the plan's "runtime" allowance stands for)."""
+import argparse
 import json
 import os
 import sys
@@ -33,10 +34,13 @@ import torch  # noqa: E402
 import tallow  # noqa: E402
 from tallow import bench  # noqa: E402
 
-args = [a for a in sys.argv[1:] if a not in ("--device", "cuda")]
-on_gpu = "--device" in sys.argv
-path, ctx = args[0], int(args[1])
-decode = int(args[2]) if len(args) > 2 else 16
+ap = argparse.ArgumentParser()
+ap.add_argument("model")
+ap.add_argument("ctx", type=int)
+ap.add_argument("decode", type=int, nargs="?", default=16)
+ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+args = ap.parse_args()
+path, ctx, decode, on_gpu = args.model, args.ctx, args.decode, args.device == "cuda"
 MiB = 1 << 20
 if on_gpu:
     free0, whole = torch.cuda.mem_get_info()  # makes the CUDA context

@@ -55,7 +55,9 @@ def test_type_sets_agree_with_the_kernels():
     assert budget.INT8_TYPES == pack.INT8_TYPES
     assert budget.INT4X2_TYPES == pack.INT4X2_TYPES
     assert budget.FLOAT_TYPES == linear.FLOAT_TYPES
-    from tallow.kernels.cpu import dequant_matmul
+    from tallow.kernels.cpu import dequant_matmul, ggml_dot
+
+    assert budget._C_KERNEL_TYPES == ggml_dot.TYPES  # the types the plan counts at the file's bytes
 
     # bf16 tile (2 bytes per element) plus its nibbles (1 byte per element) at the cap
     assert budget.PREFILL_DEQUANT_SCRATCH == dequant_matmul.SCRATCH_ELEMENTS * 3

@@ -383,34 +383,26 @@ static int block_bytes(int type) { return type == G_Q4_0 ? 18 : type == G_Q4_1 ?
 static int act_bytes0(int type) { return q8_1_form(type) ? 36 : 34; }  /* Q8_1 or Q8_0 */
 static int act_codes0(int type) { return q8_1_form(type) ? 4 : 2; }   /* where the 32 codes start */
 
-/* signed8: Q8_0's codes as they are (the AVX2 tile's sign trick) instead of offset to unsigned (dpbusd's) */
+/* a 32-value block's codes in value order: the low nibbles of qs[16], then the high ones, each with bit i of
+ * the block's qh (Q5_0/Q5_1; qh NULL: none) as 16 */
+static inline void nibble_codes(const uint8_t *qs, const uint8_t *qh, uint8_t v[32]) {
+    uint32_t bits = 0;
+    if (qh) memcpy(&bits, qh, 4);
+    for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? qs[i] & 15 : qs[i - 16] >> 4) | (((bits >> i) & 1) << 4));
+}
+
+/* signed8: Q8_0's codes as they are (the AVX2 tile's sign trick) instead of offset to unsigned (dpbusd's).
+ * Blocks: Q4_0 d, qs; Q4_1 d, m, qs; Q5_0 d, qh, qs; Q5_1 d, m, qh, qs; Q8_0 d, 32 int8 */
 TGT2 static void unpack_row0(int type, const uint8_t *q, panel0_t *out, int c, int signed8) {
     uint8_t *v = &out->codes[c >> 1][32 * (c & 1)];
-    if (type == G_Q4_1) {
-        for (int i = 0; i < 16; i++) {
-            v[i] = q[4 + i] & 15;
-            v[16 + i] = q[4 + i] >> 4;
-        }
-        out->mw[c] = h2f(q + 2);
-    } else if (type == G_Q5_1) { /* 24 bytes: d, m, qh (bit i: value i's fifth bit), qs[16] */
-        uint32_t qh;
-        memcpy(&qh, q + 4, 4);
-        for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? q[8 + i] & 15 : q[8 + i - 16] >> 4) | (((qh >> i) & 1) << 4));
-        out->mw[c] = h2f(q + 2);
-    } else if (type == G_Q4_0) {
-        for (int i = 0; i < 16; i++) {
-            v[i] = q[2 + i] & 15;
-            v[16 + i] = q[2 + i] >> 4;
-        }
-        out->mw[c] = 0.0f;
-    } else if (type == G_Q5_0) {
-        uint32_t qh;
-        memcpy(&qh, q + 2, 4);
-        for (int i = 0; i < 32; i++) v[i] = (uint8_t)((i < 16 ? q[6 + i] & 15 : q[6 + i - 16] >> 4) | (((qh >> i) & 1) << 4));
-        out->mw[c] = 0.0f;
+    out->mw[c] = q8_1_form(type) ? h2f(q + 2) : 0.0f;
+    if (type == G_Q4_0 || type == G_Q4_1) {
+        nibble_codes(q + (type == G_Q4_1 ? 4 : 2), 0, v);
+    } else if (type == G_Q5_0 || type == G_Q5_1) {
+        const int qh = type == G_Q5_1 ? 4 : 2;
+        nibble_codes(q + qh + 4, q + qh, v);
     } else {
         for (int i = 0; i < 32; i++) v[i] = signed8 ? q[2 + i] : q[2 + i] ^ 0x80; /* int8 w -> w + 128 */
-        out->mw[c] = 0.0f;
     }
     const float d = h2f(q);
     for (int t = 0; t < 8; t++) out->dw[c >> 1][8 * (c & 1) + t] = d;

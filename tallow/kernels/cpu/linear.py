@@ -20,7 +20,7 @@ Environment switches, read when a layer is constructed (so tests and the CLI can
   TALLOW_CPU_GGML_DOT Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K decode products in the C kernel (GgmlDotLinear
                       wrapping the layer above, which keeps prefill; the output projection in C
                       alone, it runs one row; not a routed expert's); on where built, =0 never
-  TALLOW_CPU_GEMM     with TALLOW_CPU_GGML_DOT, Q4_K/Q6_K prefill (9+ rows) in C as well (ggml_gemm.c:
+  TALLOW_CPU_GEMM     with TALLOW_CPU_GGML_DOT, K-quant prefill (9+ rows) in C as well (ggml_gemm.c:
                       llama.cpp's tiled prompt arithmetic), with no torch layer behind it; =0 keeps it
   TALLOW_INT4X2=1     opt-in: Q8_0/Q5_0/Q5_1/Q5_K become exact-code int4 over a doubled K
                       (kind "int4x2", as is mode="int4x2"): ~6x less weight error than int8
@@ -323,7 +323,7 @@ def make_linear(tensor: TensorInfo, bias: np.ndarray | torch.Tensor | None = Non
     # the torch kernels give a row the same bits at every count below 64 (engine/prefill_plan.py).
     use_c = (mode in (None, "auto") and tensor.qtype in ggml_dot.TYPES and len(tensor.shape) == 2 and role != EXPERT
              and ggml_dot.wanted() and ggml_dot.usable())
-    # TALLOW_CPU_GEMM: prefill of Q4_K/Q6_K (ggml_dot.PREFILL_TYPES) in C too, in llama.cpp's prompt
+    # TALLOW_CPU_GEMM: prefill of the K-quants (ggml_dot.PREFILL_TYPES) in C too, in llama.cpp's prompt
     # arithmetic (ggml_gemm.c); no torch copy of those weights is made.
     if use_c and (ggml_enabled() or role == OUTPUT or ggml_dot.prefills(QT(tensor.qtype))):
         return ggml_dot.GgmlDotLinear(tensor, _bias_tensor(bias, tensor.n_rows, tensor.name))
